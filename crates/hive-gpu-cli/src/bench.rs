@@ -1,0 +1,210 @@
+//! `hive-gpu bench`: build time, QPS, per-call latency and recall on one data set.
+
+use std::time::{Duration, Instant};
+
+use hive_gpu::{GpuDistanceMetric, GpuVector, GpuVectorStorage, HiveGpuError, StorageConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::BenchArgs;
+use crate::dataset::{self, Dataset};
+use crate::json::{self, Value};
+use crate::reference;
+
+/// Vectors per `add_vectors` call while building.
+const ADD_CHUNK: usize = 50_000;
+/// Timed rounds continue until this much search time has passed...
+const MIN_TIMED: Duration = Duration::from_secs(1);
+/// ...or this many rounds ran.
+const MAX_ROUNDS: usize = 25;
+
+struct Timings {
+    /// Wall time of each full pass over the queries.
+    rounds: Vec<Duration>,
+    /// Wall time of each search call.
+    calls: Vec<Duration>,
+    /// Neighbour ids of every query from the first timed round.
+    ids: Vec<Vec<usize>>,
+}
+
+pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
+    let settings = &args.settings;
+    let metric = settings.metric();
+    let k = settings.k;
+    if k == 0 {
+        return Err(HiveGpuError::InvalidArgument("-k must be at least 1".into()));
+    }
+    let data = dataset::load(&args.data)?;
+    if data.queries.dim != data.base.dim {
+        return Err(HiveGpuError::DimensionMismatch {
+            expected: data.base.dim,
+            actual: data.queries.dim,
+            id: None,
+        });
+    }
+    let nq = data.queries.rows;
+    let batch = args.batch.unwrap_or(nq).clamp(1, nq.max(1));
+    let context = settings.context()?;
+    let device = context.device_info();
+
+    let config = StorageConfig::new(data.base.dim, metric).with_precision(settings.precision());
+    let storage = context.create_storage_with(config)?;
+    let build = build(&storage, &data, args.json)?;
+
+    let timings = time_search(&storage, &data, k, batch, args.json)?;
+    let (recall, recall_source) = recall(&data, &timings.ids, k, metric);
+
+    let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
+    let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
+    let p99 = percentile(&timings.calls, 0.99).as_secs_f64() * 1e3;
+    let threads = rayon::current_num_threads();
+    if args.json {
+        println!(
+            "{}",
+            json::object(&[
+                ("dataset", Value::Str(data.name.clone())),
+                ("backend", Value::Str(context.backend_type().name().into())),
+                ("device", Value::Str(device.name.clone())),
+                ("simd_or_cc", Value::Str(device.compute_capability.clone())),
+                ("threads", Value::Int(threads as u64)),
+                ("n", Value::Int(data.base.rows as u64)),
+                ("dim", Value::Int(data.base.dim as u64)),
+                ("nq", Value::Int(nq as u64)),
+                ("k", Value::Int(k as u64)),
+                ("metric", Value::Str(metric.to_string())),
+                ("precision", Value::Str(config.precision.to_string())),
+                ("batch", Value::Int(batch as u64)),
+                ("recall", Value::Num(recall)),
+                ("recall_source", Value::Str(recall_source)),
+                ("qps", Value::Num(qps)),
+                ("p50_ms", Value::Num(p50)),
+                ("p99_ms", Value::Num(p99)),
+                ("build_s", Value::Num(build.as_secs_f64())),
+                ("rounds", Value::Int(timings.rounds.len() as u64)),
+            ])
+        );
+        return Ok(());
+    }
+    println!("hive-gpu bench");
+    println!("  data      {}: {} x {} base, {} queries", data.name, data.base.rows, data.base.dim, nq);
+    println!(
+        "  backend   {} on {} ({}, {} threads), {} storage",
+        context.backend_type(),
+        device.name,
+        device.compute_capability,
+        threads,
+        config.precision
+    );
+    println!("  search    metric {metric}, k = {k}, {batch} queries per call");
+    println!();
+    println!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
+    println!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
+    println!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
+    println!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms"));
+    println!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
+    println!();
+    println!(
+        "  QPS is queries per second over a whole pass (median of {} passes); latency is per\n  call of {batch} queries; recall is measured against {recall_source}.",
+        timings.rounds.len()
+    );
+    Ok(())
+}
+
+fn progress(len: usize, what: &str, hidden: bool) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len as u64);
+    if let Ok(style) = ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} ({eta})") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn build(storage: &GpuVectorStorage, data: &Dataset, quiet: bool) -> Result<Duration, HiveGpuError> {
+    let bar = progress(data.base.rows, "adding", quiet);
+    let mut spent = Duration::ZERO;
+    for start in (0..data.base.rows).step_by(ADD_CHUNK) {
+        let end = (start + ADD_CHUNK).min(data.base.rows);
+        let chunk: Vec<GpuVector> =
+            (start..end).map(|i| GpuVector::new(i.to_string(), data.base.row(i).to_vec())).collect();
+        let began = Instant::now();
+        storage.add_vectors(&chunk)?;
+        spent += began.elapsed();
+        bar.set_position(end as u64);
+    }
+    bar.finish_and_clear();
+    Ok(spent)
+}
+
+fn time_search(
+    storage: &GpuVectorStorage,
+    data: &Dataset,
+    k: usize,
+    batch: usize,
+    quiet: bool,
+) -> Result<Timings, HiveGpuError> {
+    let dim = data.queries.dim;
+    let nq = data.queries.rows;
+    let queries = &data.queries.data;
+    // Warm-up: first touches of memory and thread-pool start-up stay out of the numbers.
+    storage.search_batch(&queries[..batch * dim], k)?;
+
+    let mut timings = Timings { rounds: Vec::new(), calls: Vec::new(), ids: Vec::new() };
+    let started = Instant::now();
+    let bar = progress(nq, "searching", quiet || nq / batch < 50);
+    while timings.rounds.is_empty() || (started.elapsed() < MIN_TIMED && timings.rounds.len() < MAX_ROUNDS) {
+        let first = timings.rounds.is_empty();
+        let round_start = Instant::now();
+        for start in (0..nq).step_by(batch) {
+            let end = (start + batch).min(nq);
+            let call_start = Instant::now();
+            let results = storage.search_batch(&queries[start * dim..end * dim], k)?;
+            timings.calls.push(call_start.elapsed());
+            if first {
+                bar.set_position(end as u64);
+                for list in results {
+                    timings.ids.push(list.iter().filter_map(|r| r.id.parse().ok()).collect());
+                }
+            }
+        }
+        timings.rounds.push(round_start.elapsed());
+        bar.finish_and_clear();
+    }
+    Ok(timings)
+}
+
+/// Recall@k against the ground truth when it applies (L2, enough columns), else against the
+/// f64 reference on a sample of queries.
+fn recall(data: &Dataset, ids: &[Vec<usize>], k: usize, metric: GpuDistanceMetric) -> (f64, String) {
+    if let Some(truth) = &data.groundtruth
+        && metric == GpuDistanceMetric::Euclidean
+        && truth.dim >= k
+        && truth.rows >= ids.len()
+    {
+        let truth: Vec<Vec<usize>> =
+            (0..ids.len()).map(|i| truth.row(i).iter().map(|&x| x.max(0) as usize).collect()).collect();
+        let source = data.groundtruth_source.clone().unwrap_or_else(|| "ground truth".into());
+        return (reference::recall(ids, &truth, k), format!("{source} (all {} queries)", ids.len()));
+    }
+    let sample = reference::sample(data.queries.rows, data.base.rows, data.base.dim);
+    let truth = reference::knn(&data.base, &data.queries, &sample, k, metric);
+    let ours: Vec<Vec<usize>> = sample.iter().map(|&i| ids[i].clone()).collect();
+    (
+        reference::recall(&ours, &truth, k),
+        format!("an exact f64 brute force on {} sampled queries", sample.len()),
+    )
+}
+
+fn median(values: &[Duration]) -> Duration {
+    percentile(values, 0.5)
+}
+
+fn percentile(values: &[Duration], p: f64) -> Duration {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    match sorted.len() {
+        0 => Duration::ZERO,
+        n => sorted[((n - 1) as f64 * p).round() as usize],
+    }
+}

@@ -1,0 +1,42 @@
+//! `hive-gpu info`: every backend, whether it can run here and why, and its devices.
+
+use hive_gpu::{GpuDeviceInfo, HiveGpuError, detect_available_backends, select_best_backend};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+pub fn run() -> Result<(), HiveGpuError> {
+    let statuses = detect_available_backends();
+    println!("{:<8} {:<10} detail", "backend", "available");
+    for s in &statuses {
+        println!("{:<8} {:<10} {}", s.backend.name(), if s.available { "yes" } else { "no" }, s.reason);
+    }
+    match select_best_backend() {
+        Ok(best) => println!("\nselected by default: {} (HIVE_GPU_BACKEND overrides)", best.name()),
+        Err(err) => println!("\nno default backend: {err}"),
+    }
+    for device in statuses.iter().flat_map(|s| &s.devices) {
+        println!();
+        print_device(device);
+    }
+    Ok(())
+}
+
+fn print_device(d: &GpuDeviceInfo) {
+    let rows: Vec<(&str, String)> = vec![
+        ("device", format!("{} #{} ({})", d.backend, d.device_id, d.name)),
+        ("compute capability / SIMD", d.compute_capability.clone()),
+        ("compute units", d.compute_units.to_string()),
+        ("memory total", format!("{:.1} GiB", d.total_vram_bytes as f64 / GIB)),
+        (
+            "memory available",
+            format!("{:.1} GiB ({:.1}% in use)", d.available_vram_bytes as f64 / GIB, d.vram_usage_percent()),
+        ),
+        ("driver", d.driver_version.clone().unwrap_or_else(|| "unknown".into())),
+        ("max threads per block", d.max_threads_per_block.to_string()),
+        ("shared memory per block", format!("{} KiB", d.max_shared_memory_per_block / 1024)),
+        ("PCI bus id", d.pci_bus_id.clone().unwrap_or_else(|| "none (not a PCI device)".into())),
+    ];
+    for (key, value) in rows {
+        println!("  {key:<26} {value}");
+    }
+}

@@ -1,0 +1,159 @@
+//! `hive-gpu`: backend information, benchmarks and exact searches from the command line.
+
+mod bench;
+mod dataset;
+mod info;
+mod json;
+mod reference;
+mod search;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use hive_gpu::{GpuBackendType, GpuContext, GpuDistanceMetric, HiveGpuError, StoragePrecision};
+
+#[derive(Parser)]
+#[command(name = "hive-gpu", version, about = "Exact vector similarity search on CUDA, ROCm, Vulkan and CPU")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List every backend, whether it is available and why, and each device's details.
+    Info,
+    /// Measure build time, QPS, latency and recall (default: the embedded SIFT10K set).
+    Bench(BenchArgs),
+    /// Exact k-NN of query vectors against base vectors; prints ids and scores.
+    Search(SearchArgs),
+}
+
+/// Where the vectors come from and how they are searched.
+#[derive(Args, Clone)]
+struct DataArgs {
+    /// Folder holding `*_base.fvecs`, `*_query.fvecs` and optionally `*_groundtruth.ivecs`.
+    #[arg(long, conflicts_with_all = ["base", "query"])]
+    data: Option<PathBuf>,
+    /// Base vectors (.fvecs, .bvecs, .npy, or IDX such as train-images-idx3-ubyte.gz).
+    #[arg(long, requires = "query")]
+    base: Option<PathBuf>,
+    /// Query vectors (same formats as --base).
+    #[arg(long, requires = "base")]
+    query: Option<PathBuf>,
+    /// Ground-truth neighbour ids (.ivecs, one row per query, nearest first; L2 only).
+    #[arg(long, requires = "base")]
+    groundtruth: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct SearchSettings {
+    /// Distance metric.
+    #[arg(long, value_enum, default_value_t = MetricArg::L2)]
+    metric: MetricArg,
+    /// Neighbours per query.
+    #[arg(short = 'k', default_value_t = 10)]
+    k: usize,
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Storage precision of the vectors.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    settings: SearchSettings,
+    /// Queries per search call (default: all at once; 1 = one by one).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Print one JSON object instead of the report.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct SearchArgs {
+    /// Base vectors (.fvecs, .bvecs, .npy, IDX).
+    #[arg(long)]
+    base: PathBuf,
+    /// Query vectors (same formats as --base).
+    #[arg(long)]
+    query: PathBuf,
+    #[command(flatten)]
+    settings: SearchSettings,
+    /// Print JSON lines (one object per query) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MetricArg {
+    L2,
+    Cosine,
+    Dot,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    Auto,
+    Cpu,
+    Cuda,
+    Rocm,
+    Vulkan,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    F32,
+    F16,
+}
+
+impl SearchSettings {
+    fn metric(&self) -> GpuDistanceMetric {
+        match self.metric {
+            MetricArg::L2 => GpuDistanceMetric::Euclidean,
+            MetricArg::Cosine => GpuDistanceMetric::Cosine,
+            MetricArg::Dot => GpuDistanceMetric::DotProduct,
+        }
+    }
+
+    fn precision(&self) -> StoragePrecision {
+        match self.precision {
+            PrecisionArg::F32 => StoragePrecision::F32,
+            PrecisionArg::F16 => StoragePrecision::F16,
+        }
+    }
+
+    fn context(&self) -> Result<GpuContext, HiveGpuError> {
+        let backend = match self.backend {
+            BackendArg::Auto => return GpuContext::new(),
+            BackendArg::Cpu => GpuBackendType::Cpu,
+            BackendArg::Cuda => GpuBackendType::Cuda,
+            BackendArg::Rocm => GpuBackendType::Rocm,
+            BackendArg::Vulkan => GpuBackendType::Vulkan,
+        };
+        GpuContext::with_backend(backend, 0)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Info => info::run(),
+        Command::Bench(args) => bench::run(&args),
+        Command::Search(args) => search::run(&args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("hive-gpu: error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

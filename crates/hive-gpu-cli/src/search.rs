@@ -1,0 +1,39 @@
+//! `hive-gpu search`: exact k-NN of a query file against a base file.
+
+use hive_gpu::io;
+use hive_gpu::{GpuVector, HiveGpuError, StorageConfig};
+
+use crate::SearchArgs;
+use crate::json::{self, Value};
+
+pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
+    let base = io::read_vectors(&args.base)?;
+    let queries = io::read_vectors(&args.query)?;
+    let settings = &args.settings;
+    let context = settings.context()?;
+    let config = StorageConfig::new(base.dim, settings.metric()).with_precision(settings.precision());
+    let storage = context.create_storage_with(config)?;
+    let vectors: Vec<GpuVector> =
+        (0..base.rows).map(|i| GpuVector::new(i.to_string(), base.row(i).to_vec())).collect();
+    storage.add_vectors(&vectors)?;
+    drop(vectors);
+    let results = storage.search_batch(&queries.data, settings.k)?;
+    for (qi, list) in results.iter().enumerate() {
+        if args.json {
+            let ids = list.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(",");
+            let scores = list.iter().map(|r| r.score.to_string()).collect::<Vec<_>>().join(",");
+            println!(
+                "{}",
+                json::object(&[
+                    ("query", Value::Int(qi as u64)),
+                    ("ids", Value::Str(ids)),
+                    ("scores", Value::Str(scores)),
+                ])
+            );
+        } else {
+            let hits: Vec<String> = list.iter().map(|r| format!("{}:{:.6}", r.id, r.score)).collect();
+            println!("query {qi}: {}", hits.join(" "));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! The SIMD CPU backend: always available, exact, multi-threaded with rayon.
+
+mod filter;
+mod rows;
+pub mod simd;
+mod topk;
+
+use crate::backend::{GpuBackend, RowStore};
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuBackendType, GpuDeviceInfo, StoragePrecision};
+
+pub use simd::SimdLevel;
+
+/// The CPU as a backend. Threads come from rayon's global pool (`RAYON_NUM_THREADS`).
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    simd: SimdLevel,
+}
+
+impl CpuBackend {
+    /// The CPU backend with the widest SIMD level this machine supports.
+    pub fn new() -> Self {
+        Self { simd: SimdLevel::detect() }
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GpuBackend for CpuBackend {
+    fn backend_type(&self) -> GpuBackendType {
+        GpuBackendType::Cpu
+    }
+
+    fn device_info(&self) -> GpuDeviceInfo {
+        let total = meminfo_bytes("MemTotal:").unwrap_or(0);
+        let available = meminfo_bytes("MemAvailable:").unwrap_or(0);
+        GpuDeviceInfo {
+            name: cpu_model().unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+            backend: GpuBackendType::Cpu,
+            device_id: 0,
+            total_vram_bytes: total,
+            available_vram_bytes: available,
+            used_vram_bytes: total.saturating_sub(available),
+            driver_version: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .ok()
+                .map(|s| format!("Linux {}", s.trim())),
+            compute_capability: self.simd.name().to_string(),
+            max_threads_per_block: 1,
+            max_shared_memory_per_block: l2_cache_bytes().unwrap_or(0),
+            compute_units: rayon::current_num_threads() as u32,
+            pci_bus_id: None,
+        }
+    }
+
+    fn new_rows(&self, dim: usize, precision: StoragePrecision) -> Result<Box<dyn RowStore>> {
+        if dim == 0 {
+            return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
+        }
+        Ok(Box::new(rows::CpuRows::new(dim, precision, self.simd)))
+    }
+}
+
+/// Free memory as the OS reports it (Linux `MemAvailable`), None where unknown.
+pub(crate) fn available_memory_bytes() -> Option<u64> {
+    meminfo_bytes("MemAvailable:")
+}
+
+fn meminfo_bytes(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kib: u64 = line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("model name") || l.starts_with("Model"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+fn l2_cache_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size").ok()?;
+    let text = text.trim();
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let value: u64 = number.parse().ok()?;
+    Some(match unit {
+        "K" => value * 1024,
+        "M" => value * 1024 * 1024,
+        _ => value,
+    })
+}

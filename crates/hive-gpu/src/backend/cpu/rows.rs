@@ -1,0 +1,469 @@
+//! Row storage of the CPU backend and its exact k-NN: a SIMD scan for a few queries, GEMM
+//! tiles fused with per-query selection for batches, then an exact f64 re-rank.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use super::simd::{self, Kernel, SimdLevel};
+use super::topk::{self, Collector, ErrorBound};
+use super::{available_memory_bytes, filter};
+use crate::backend::{Neighbor, RowStore};
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
+
+/// Batches of at least this many queries go through GEMM tiles: below it, re-reading the rows
+/// once per query costs less than a thin matrix product.
+const GEMM_MIN_QUERIES: usize = 4;
+/// Queries per GEMM tile.
+const QUERY_BLOCK: usize = 192;
+/// Rows per GEMM tile: a `QUERY_BLOCK x ROW_TILE` f32 tile stays in a core's L2.
+const ROW_TILE: usize = 512;
+/// Target f32 values per scan block, so a block of rows stays in L1/L2.
+const SCAN_BLOCK_VALUES: usize = 8192;
+/// Rows per parallel scan task (at least).
+const SCAN_TASK_ROWS: usize = 16384;
+
+#[derive(Debug, Clone)]
+enum Elements {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+/// Rows in host memory, a squared norm per row and a tombstone bitmap.
+#[derive(Debug)]
+pub struct CpuRows {
+    dim: usize,
+    elements: Elements,
+    /// Squared norm of each stored row (computed in f64, rounded to f32).
+    sq_norms: Vec<f32>,
+    /// At least the largest squared norm of any slot, removed ones included.
+    max_sq_norm: f32,
+    dead: Vec<u64>,
+    dead_count: usize,
+    simd: SimdLevel,
+}
+
+impl CpuRows {
+    pub(super) fn new(dim: usize, precision: StoragePrecision, simd: SimdLevel) -> Self {
+        let elements = match precision {
+            StoragePrecision::F32 => Elements::F32(Vec::new()),
+            StoragePrecision::F16 => Elements::F16(Vec::new()),
+        };
+        Self { dim, elements, sq_norms: Vec::new(), max_sq_norm: 0.0, dead: Vec::new(), dead_count: 0, simd }
+    }
+
+    fn is_dead(&self, slot: usize) -> bool {
+        self.dead_count > 0 && self.dead[slot / 64] & (1 << (slot % 64)) != 0
+    }
+
+    fn set_dead(&mut self, slot: usize, dead: bool) {
+        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
+        let was = self.dead[word] & bit != 0;
+        if was != dead {
+            self.dead[word] ^= bit;
+            if dead {
+                self.dead_count += 1;
+            } else {
+                self.dead_count -= 1;
+            }
+        }
+    }
+
+    /// Rows `start..start + count` as f32, converting f16 storage into `scratch`.
+    fn rows_f32<'a>(&'a self, start: usize, count: usize, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+        let range = start * self.dim..(start + count) * self.dim;
+        match &self.elements {
+            Elements::F32(v) => &v[range],
+            Elements::F16(v) => {
+                scratch.resize(range.len(), 0.0);
+                v[range].convert_to_f32_slice(scratch);
+                scratch
+            }
+        }
+    }
+
+    fn store_row(&mut self, row: &[f32]) -> f32 {
+        match &mut self.elements {
+            Elements::F32(v) => v.extend_from_slice(row),
+            Elements::F16(v) => v.extend(row.iter().map(|&x| f16::from_f32(x))),
+        }
+        self.stored_norm(self.len_slots() - 1)
+    }
+
+    fn len_slots(&self) -> usize {
+        match &self.elements {
+            Elements::F32(v) => v.len() / self.dim,
+            Elements::F16(v) => v.len() / self.dim,
+        }
+    }
+
+    /// Squared norm of the stored (rounded) row.
+    fn stored_norm(&self, slot: usize) -> f32 {
+        let mut scratch = Vec::new();
+        simd::squared_norm_f64(self.rows_f32(slot, 1, &mut scratch)) as f32
+    }
+
+    /// Per-row `scale` and `offset` that turn a block's raw kernel values into canonical
+    /// distances (`raw * scale + offset`); removed rows get `+inf`.
+    fn block_transform(
+        &self,
+        metric: GpuDistanceMetric,
+        raw_is_l2: bool,
+        start: usize,
+        scale: &mut [f32],
+        offset: &mut [f32],
+    ) {
+        for (j, (s, o)) in scale.iter_mut().zip(offset.iter_mut()).enumerate() {
+            let slot = start + j;
+            let norm = self.sq_norms[slot];
+            (*s, *o) = match metric {
+                GpuDistanceMetric::Euclidean if raw_is_l2 => (1.0, 0.0),
+                GpuDistanceMetric::Euclidean => (-2.0, norm),
+                GpuDistanceMetric::DotProduct => (-1.0, 0.0),
+                GpuDistanceMetric::Cosine if norm > 0.0 => (-1.0 / norm.sqrt(), 0.0),
+                GpuDistanceMetric::Cosine => (0.0, 0.0),
+            };
+            if self.is_dead(slot) {
+                (*s, *o) = (0.0, f32::INFINITY);
+            }
+        }
+    }
+
+    /// The error bound of the approximate distances one query sees on `path`.
+    fn bound(&self, metric: GpuDistanceMetric, q_norm: f32, gemm_path: bool) -> ErrorBound {
+        let gamma = ErrorBound::gamma(self.dim);
+        let max_norm = self.max_sq_norm.sqrt();
+        let tiny = f32::MIN_POSITIVE * self.dim as f32;
+        match metric {
+            GpuDistanceMetric::Euclidean if gemm_path => ErrorBound {
+                absolute: gamma * (2.0 * q_norm * max_norm + self.max_sq_norm) + tiny,
+                relative: 0.0,
+            },
+            GpuDistanceMetric::Euclidean => ErrorBound { absolute: tiny, relative: gamma },
+            GpuDistanceMetric::DotProduct => {
+                ErrorBound { absolute: gamma * q_norm * max_norm + tiny, relative: 0.0 }
+            }
+            GpuDistanceMetric::Cosine => ErrorBound { absolute: gamma * q_norm + tiny, relative: 0.0 },
+        }
+    }
+
+    /// Candidates of one query by scanning every row, split across threads.
+    fn scan(&self, q: &[f32], metric: GpuDistanceMetric, k: usize, bound: ErrorBound) -> Collector {
+        let n = self.len_slots();
+        let tasks = n.div_ceil(SCAN_TASK_ROWS).max(1);
+        let per_task = n.div_ceil(tasks);
+        (0..tasks)
+            .into_par_iter()
+            .map(|t| {
+                let (start, end) = (t * per_task, ((t + 1) * per_task).min(n));
+                self.scan_range(q, metric, k, bound, start, end)
+            })
+            .reduce_with(|mut a, b| {
+                a.merge(b);
+                a
+            })
+            .unwrap_or_else(|| Collector::new(k, bound))
+    }
+
+    fn scan_range(
+        &self,
+        q: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bound: ErrorBound,
+        start: usize,
+        end: usize,
+    ) -> Collector {
+        let kernel = if metric == GpuDistanceMetric::Euclidean { Kernel::L2 } else { Kernel::Dot };
+        let block = (SCAN_BLOCK_VALUES / self.dim).clamp(1, 256);
+        let mut collector = Collector::new(k, bound);
+        let (mut raw, mut scale, mut offset) = (vec![0f32; block], vec![0f32; block], vec![0f32; block]);
+        let mut scratch = Vec::new();
+        let mut at = start;
+        while at < end {
+            let count = block.min(end - at);
+            let rows = self.rows_f32(at, count, &mut scratch);
+            simd::distances(self.simd, kernel, q, rows, &mut raw[..count]);
+            self.block_transform(metric, true, at, &mut scale[..count], &mut offset[..count]);
+            filter::collect(self.simd, &mut collector, &raw[..count], &scale[..count], &offset[..count], at);
+            at += count;
+        }
+        collector
+    }
+
+    /// Candidates of every query through GEMM tiles fused with selection; the full
+    /// queries x rows matrix never exists, only one `QUERY_BLOCK x ROW_TILE` tile per task.
+    fn gemm_collect(
+        &self,
+        queries: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bounds: &[ErrorBound],
+    ) -> Vec<Collector> {
+        let (dim, n) = (self.dim, self.len_slots());
+        let nq = queries.len() / dim;
+        let query_blocks = nq.div_ceil(QUERY_BLOCK);
+        let threads = rayon::current_num_threads().max(1);
+        // With fewer query blocks than threads, split the rows too and merge afterwards.
+        let row_ranges = if query_blocks >= 2 * threads {
+            1
+        } else {
+            (2 * threads).div_ceil(query_blocks).min(n.div_ceil(ROW_TILE)).max(1)
+        };
+        let range_len = n.div_ceil(row_ranges).div_ceil(ROW_TILE) * ROW_TILE;
+        let tasks: Vec<(usize, usize)> =
+            (0..query_blocks).flat_map(|b| (0..row_ranges).map(move |r| (b, r))).collect();
+        let mut partial: Vec<Vec<Collector>> = tasks
+            .par_iter()
+            .map(|&(b, r)| {
+                let (q0, q1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(nq));
+                let (r0, r1) = ((r * range_len).min(n), ((r + 1) * range_len).min(n));
+                self.gemm_task(&queries[q0 * dim..q1 * dim], metric, k, &bounds[q0..q1], r0, r1)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(nq);
+        for block in partial.chunks_mut(row_ranges) {
+            let mut merged = std::mem::take(&mut block[0]);
+            for rest in &mut block[1..] {
+                for (m, c) in merged.iter_mut().zip(std::mem::take(rest)) {
+                    m.merge(c);
+                }
+            }
+            out.extend(merged);
+        }
+        out
+    }
+
+    fn gemm_task(
+        &self,
+        queries: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bounds: &[ErrorBound],
+        start: usize,
+        end: usize,
+    ) -> Vec<Collector> {
+        let dim = self.dim;
+        let nq = queries.len() / dim;
+        let mut collectors: Vec<Collector> = bounds.iter().map(|&b| Collector::new(k, b)).collect();
+        let mut products = vec![0f32; nq * ROW_TILE];
+        let (mut scale, mut offset) = (vec![0f32; ROW_TILE], vec![0f32; ROW_TILE]);
+        let mut scratch = Vec::new();
+        let mut at = start;
+        while at < end {
+            let count = ROW_TILE.min(end - at);
+            let rows = self.rows_f32(at, count, &mut scratch);
+            let products = &mut products[..nq * count];
+            inner_products(queries, rows, dim, nq, count, products);
+            self.block_transform(metric, false, at, &mut scale[..count], &mut offset[..count]);
+            for (c, p) in collectors.iter_mut().zip(products.chunks_exact(count)) {
+                filter::collect(self.simd, c, p, &scale[..count], &offset[..count], at);
+            }
+            at += count;
+        }
+        collectors
+    }
+
+    /// Exact canonical distance of one stored row to `q`, in f64.
+    fn exact_distance(
+        &self,
+        q: &[f32],
+        q_norm: f64,
+        slot: usize,
+        metric: GpuDistanceMetric,
+        scratch: &mut Vec<f32>,
+    ) -> f64 {
+        let row = self.rows_f32(slot, 1, scratch);
+        match metric {
+            GpuDistanceMetric::Euclidean => {
+                q.iter().zip(row).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum()
+            }
+            GpuDistanceMetric::DotProduct => -dot_f64(q, row),
+            GpuDistanceMetric::Cosine => {
+                let norm = simd::squared_norm_f64(row).sqrt();
+                if norm == 0.0 || q_norm == 0.0 { 0.0 } else { -dot_f64(q, row) / (norm * q_norm) }
+            }
+        }
+    }
+}
+
+fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
+}
+
+/// `products[i][j] = queries[i] . rows[j]` for `nq` queries and `count` rows (row-major).
+fn inner_products(queries: &[f32], rows: &[f32], dim: usize, nq: usize, count: usize, products: &mut [f32]) {
+    assert!(queries.len() >= nq * dim && rows.len() >= count * dim && products.len() >= nq * count);
+    // SAFETY: the assert above bounds every access: lhs is nq x dim row-major (row stride dim),
+    // rhs is the transpose of `rows` (dim x count, column stride dim), dst is nq x count
+    // row-major (row stride count). The three buffers are distinct borrows, so they do not alias.
+    unsafe {
+        gemm::gemm(
+            nq,
+            count,
+            dim,
+            products.as_mut_ptr(),
+            1,
+            count as isize,
+            false,
+            queries.as_ptr(),
+            1,
+            dim as isize,
+            rows.as_ptr(),
+            dim as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+impl RowStore for CpuRows {
+    fn len(&self) -> usize {
+        self.len_slots()
+    }
+
+    fn reserve(&mut self, additional: usize) -> Result<()> {
+        let element_bytes = match self.elements {
+            Elements::F32(_) => 4,
+            Elements::F16(_) => 2,
+        };
+        let requested = (additional * (self.dim * element_bytes + 4)) as u64;
+        let too_much = |available: u64| HiveGpuError::VramLimitExceeded {
+            backend: GpuBackendType::Cpu,
+            requested,
+            available,
+        };
+        if let Some(available) = available_memory_bytes()
+            && requested > available
+        {
+            return Err(too_much(available));
+        }
+        let values = additional * self.dim;
+        let reserved = match &mut self.elements {
+            Elements::F32(v) => v.try_reserve(values),
+            Elements::F16(v) => v.try_reserve(values),
+        };
+        reserved
+            .and_then(|_| self.sq_norms.try_reserve(additional))
+            .and_then(|_| self.dead.try_reserve((self.len_slots() + additional).div_ceil(64)))
+            .map_err(|_| too_much(available_memory_bytes().unwrap_or(0)))
+    }
+
+    fn append(&mut self, rows: &[f32]) -> Result<()> {
+        if !rows.len().is_multiple_of(self.dim) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "{} values are not whole rows of dimension {}",
+                rows.len(),
+                self.dim
+            )));
+        }
+        for row in rows.chunks_exact(self.dim) {
+            let norm = self.store_row(row);
+            self.sq_norms.push(norm);
+            self.max_sq_norm = self.max_sq_norm.max(norm);
+        }
+        self.dead.resize(self.len_slots().div_ceil(64), 0);
+        Ok(())
+    }
+
+    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
+        if slot >= self.len_slots() || row.len() != self.dim {
+            return Err(HiveGpuError::InvalidArgument(format!("overwrite of slot {slot} out of range")));
+        }
+        let range = slot * self.dim..(slot + 1) * self.dim;
+        match &mut self.elements {
+            Elements::F32(v) => v[range].copy_from_slice(row),
+            Elements::F16(v) => v[range].convert_from_f32_slice(row),
+        }
+        let norm = self.stored_norm(slot);
+        self.sq_norms[slot] = norm;
+        self.max_sq_norm = self.max_sq_norm.max(norm);
+        self.set_dead(slot, false);
+        Ok(())
+    }
+
+    fn tombstone(&mut self, slots: &[usize]) {
+        for &slot in slots {
+            if slot < self.len_slots() {
+                self.set_dead(slot, true);
+            }
+        }
+    }
+
+    fn compact(&mut self, keep: &[usize]) -> Result<()> {
+        let dim = self.dim;
+        fn gather<T: Copy>(v: &[T], keep: &[usize], dim: usize) -> Vec<T> {
+            keep.iter().flat_map(|&s| v[s * dim..(s + 1) * dim].iter().copied()).collect()
+        }
+        self.elements = match &self.elements {
+            Elements::F32(v) => Elements::F32(gather(v, keep, dim)),
+            Elements::F16(v) => Elements::F16(gather(v, keep, dim)),
+        };
+        self.sq_norms = keep.iter().map(|&s| self.sq_norms[s]).collect();
+        self.max_sq_norm = self.sq_norms.iter().copied().fold(0.0, f32::max);
+        self.dead = vec![0; keep.len().div_ceil(64)];
+        self.dead_count = 0;
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        match &mut self.elements {
+            Elements::F32(v) => *v = Vec::new(),
+            Elements::F16(v) => *v = Vec::new(),
+        }
+        self.sq_norms = Vec::new();
+        self.dead = Vec::new();
+        self.dead_count = 0;
+        self.max_sq_norm = 0.0;
+    }
+
+    fn read_row(&self, slot: usize) -> Vec<f32> {
+        let mut scratch = Vec::new();
+        self.rows_f32(slot, 1, &mut scratch).to_vec()
+    }
+
+    fn memory_bytes(&self) -> usize {
+        let values = match &self.elements {
+            Elements::F32(v) => v.capacity() * 4,
+            Elements::F16(v) => v.capacity() * 2,
+        };
+        values + self.sq_norms.capacity() * 4 + self.dead.capacity() * 8
+    }
+
+    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        let dim = self.dim;
+        let nq = queries.len() / dim;
+        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
+        let gemm_path = nq >= GEMM_MIN_QUERIES;
+        let bounds: Vec<ErrorBound> =
+            q_norms.iter().map(|&qn| self.bound(metric, qn as f32, gemm_path)).collect();
+        let collectors = if gemm_path {
+            self.gemm_collect(queries, metric, k, &bounds)
+        } else {
+            queries.chunks_exact(dim).zip(&bounds).map(|(q, &b)| self.scan(q, metric, k, b)).collect()
+        };
+        Ok(collectors
+            .into_par_iter()
+            .zip(queries.par_chunks_exact(dim))
+            .zip(q_norms.par_iter())
+            .map(|((collector, q), &q_norm)| {
+                let mut scratch = Vec::new();
+                let scored = collector
+                    .into_slots()
+                    .into_iter()
+                    .map(|slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
+                    .collect();
+                topk::best_k(scored, k)
+                    .into_iter()
+                    .map(|(slot, distance)| Neighbor { slot, distance })
+                    .collect()
+            })
+            .collect())
+    }
+}

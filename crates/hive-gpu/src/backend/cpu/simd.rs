@@ -1,0 +1,217 @@
+//! Distance kernels for the scan path, compiled once per SIMD level and picked at run time.
+//!
+//! The kernels are plain Rust written lane-parallel (32 independent accumulators), so LLVM
+//! turns them into full-width vector code when the function is compiled with the target's
+//! features enabled; no intrinsics are needed. Only the call into a `#[target_feature]`
+//! function is `unsafe`, and it happens after the feature was detected.
+
+use std::sync::OnceLock;
+
+/// The widest instruction set the CPU backend uses on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// x86-64 with AVX-512F (and FMA).
+    Avx512,
+    /// x86-64 with AVX2 and FMA.
+    Avx2,
+    /// 64-bit Arm with NEON.
+    Neon,
+    /// No vector extension we use.
+    Scalar,
+}
+
+impl SimdLevel {
+    /// The level this machine supports, detected once.
+    pub fn detect() -> SimdLevel {
+        static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+        *LEVEL.get_or_init(detect_uncached)
+    }
+
+    /// Lower-case name ("avx512", "avx2", "neon", "scalar").
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Avx512 => "avx512",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Neon => "neon",
+            SimdLevel::Scalar => "scalar",
+        }
+    }
+}
+
+fn detect_uncached() -> SimdLevel {
+    if let Ok(forced) = std::env::var("HIVE_GPU_CPU_SIMD") {
+        // Lets the conformance suite run every kernel on one machine; only downgrades.
+        let native = detect_native();
+        let wanted = match forced.as_str() {
+            "avx2" => SimdLevel::Avx2,
+            "scalar" => SimdLevel::Scalar,
+            _ => native,
+        };
+        return if rank(wanted) <= rank(native) { wanted } else { native };
+    }
+    detect_native()
+}
+
+fn rank(level: SimdLevel) -> u8 {
+    match level {
+        SimdLevel::Scalar => 0,
+        SimdLevel::Neon | SimdLevel::Avx2 => 1,
+        SimdLevel::Avx512 => 2,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_native() -> SimdLevel {
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+        SimdLevel::Avx512
+    } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        SimdLevel::Avx2
+    } else {
+        SimdLevel::Scalar
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn detect_native() -> SimdLevel {
+    SimdLevel::Neon
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn detect_native() -> SimdLevel {
+    SimdLevel::Scalar
+}
+
+const LANES: usize = 32;
+
+/// Which quantity a scan computes per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Squared Euclidean distance, by differences (no cancellation on near-duplicates).
+    L2,
+    /// Inner product.
+    Dot,
+}
+
+#[inline(always)]
+fn reduce_one<const FMA: bool>(kernel: Kernel, q: &[f32], row: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut qc = q.chunks_exact(LANES);
+    let mut rc = row.chunks_exact(LANES);
+    for (a, b) in (&mut qc).zip(&mut rc) {
+        for i in 0..LANES {
+            let (x, y) = match kernel {
+                Kernel::L2 => {
+                    let t = a[i] - b[i];
+                    (t, t)
+                }
+                Kernel::Dot => (a[i], b[i]),
+            };
+            acc[i] = if FMA { x.mul_add(y, acc[i]) } else { acc[i] + x * y };
+        }
+    }
+    let mut tail = 0f32;
+    for (a, b) in qc.remainder().iter().zip(rc.remainder()) {
+        tail += match kernel {
+            Kernel::L2 => (a - b) * (a - b),
+            Kernel::Dot => a * b,
+        };
+    }
+    // Pairwise halving keeps the horizontal sum in vector registers.
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0] + tail
+}
+
+#[inline(always)]
+fn rows_generic<const FMA: bool>(kernel: Kernel, q: &[f32], rows: &[f32], out: &mut [f32]) {
+    for (row, o) in rows.chunks_exact(q.len()).zip(out.iter_mut()) {
+        *o = reduce_one::<FMA>(kernel, q, row);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,fma")]
+fn rows_avx512(kernel: Kernel, q: &[f32], rows: &[f32], out: &mut [f32]) {
+    rows_generic::<true>(kernel, q, rows, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn rows_avx2(kernel: Kernel, q: &[f32], rows: &[f32], out: &mut [f32]) {
+    rows_generic::<true>(kernel, q, rows, out)
+}
+
+/// Computes `kernel(q, row)` for each row of the row-major block `rows` into `out`
+/// (`out.len()` rows; `q.len()` is the dimension).
+pub fn distances(level: SimdLevel, kernel: Kernel, q: &[f32], rows: &[f32], out: &mut [f32]) {
+    debug_assert!(rows.len() >= out.len() * q.len());
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `SimdLevel::Avx512` is only produced after avx512f and fma were detected.
+        SimdLevel::Avx512 => unsafe { rows_avx512(kernel, q, rows, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.
+        SimdLevel::Avx2 => unsafe { rows_avx2(kernel, q, rows, out) },
+        // NEON and FMA are part of the aarch64 baseline: the generic code is already vectorised.
+        SimdLevel::Neon => rows_generic::<true>(kernel, q, rows, out),
+        _ => rows_generic::<false>(kernel, q, rows, out),
+    }
+}
+
+/// Sum of squares in f64: exact enough to serve as the reference norm of a row.
+pub fn squared_norm_f64(v: &[f32]) -> f64 {
+    v.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(kernel: Kernel, q: &[f32], r: &[f32]) -> f64 {
+        q.iter()
+            .zip(r)
+            .map(|(&a, &b)| {
+                let (a, b) = (f64::from(a), f64::from(b));
+                match kernel {
+                    Kernel::L2 => (a - b) * (a - b),
+                    Kernel::Dot => a * b,
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn every_level_matches_f64_for_awkward_dimensions() {
+        let mut levels = vec![SimdLevel::Scalar, SimdLevel::detect()];
+        if SimdLevel::detect() == SimdLevel::Avx512 {
+            levels.push(SimdLevel::Avx2);
+        }
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for dim in [1usize, 3, 31, 32, 33, 128, 785] {
+            let q: Vec<f32> = (0..dim).map(|_| next()).collect();
+            let rows: Vec<f32> = (0..dim * 5).map(|_| next()).collect();
+            for kernel in [Kernel::L2, Kernel::Dot] {
+                for &level in &levels {
+                    let mut out = [0f32; 5];
+                    distances(level, kernel, &q, &rows, &mut out);
+                    for (i, o) in out.iter().enumerate() {
+                        let want = reference(kernel, &q, &rows[i * dim..(i + 1) * dim]);
+                        assert!(
+                            (f64::from(*o) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{level:?} {kernel:?} dim {dim}: {o} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

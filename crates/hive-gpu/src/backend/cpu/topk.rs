@@ -1,0 +1,196 @@
+//! Per-query top-k selection over approximate f32 distances, with a proven error margin so
+//! that an exact re-rank of the survivors returns exactly the true k nearest.
+//!
+//! Fast kernels (GEMM with norms, SIMD sums) compute each distance with an error of at most
+//! `E`. Keeping every row whose approximate distance is within `2E` of the current k-th best
+//! keeps every true top-k row: if `a_i` is approximate and `t_i` true, a true top-k row has
+//! `a_i <= t_k + E <= a_k + 2E`. The survivors are then scored exactly in f64.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// How far an approximate distance may be from the truth: `absolute + relative * |d|`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorBound {
+    /// Error independent of the distance (from norms, for GEMM-based distances).
+    pub absolute: f32,
+    /// Error proportional to the distance itself (for sums of non-negative terms).
+    pub relative: f32,
+}
+
+impl ErrorBound {
+    /// The margin for summing `dim` products in f32 in any order: `gamma_dim`
+    /// (Higham's bound `n u / (1 - n u)`), doubled for safety and for the extra operations
+    /// around the sum (norm rounding, scaling).
+    pub fn gamma(dim: usize) -> f32 {
+        let u = f64::from(f32::EPSILON) / 2.0;
+        let n = dim as f64 + 4.0;
+        (2.0 * n * u / (1.0 - n * u)) as f32
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    distance: f32,
+    slot: u32,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.distance.total_cmp(&other.distance).then(self.slot.cmp(&other.slot))
+    }
+}
+
+/// Candidates of one query: the k best approximate distances seen so far plus every other row
+/// within the error margin of the k-th.
+#[derive(Debug, Clone)]
+pub struct Collector {
+    k: usize,
+    bound: ErrorBound,
+    best: BinaryHeap<Entry>,
+    near: Vec<Entry>,
+    gate: f32,
+}
+
+impl Collector {
+    /// An empty collector for `k >= 1` results.
+    pub fn new(k: usize, bound: ErrorBound) -> Self {
+        Self { k, bound, best: BinaryHeap::with_capacity(k + 1), near: Vec::new(), gate: f32::INFINITY }
+    }
+
+    /// Rows with an approximate distance above this value cannot be among the true k nearest.
+    #[inline]
+    pub fn gate(&self) -> f32 {
+        self.gate
+    }
+
+    /// Offers a row; cheap to call only for distances at or under [`Collector::gate`].
+    #[inline]
+    pub fn push(&mut self, distance: f32, slot: u32) {
+        if distance > self.gate {
+            return;
+        }
+        let entry = Entry { distance, slot };
+        if self.best.len() < self.k {
+            self.best.push(entry);
+            if self.best.len() == self.k {
+                self.update_gate();
+            }
+            return;
+        }
+        let evicted = match self.best.peek() {
+            Some(&worst) if entry < worst => {
+                self.best.pop();
+                self.best.push(entry);
+                self.update_gate();
+                worst
+            }
+            _ => entry,
+        };
+        if evicted.distance <= self.gate {
+            self.near.push(evicted);
+            if self.near.len() > 4 * self.k + 64 {
+                let gate = self.gate;
+                self.near.retain(|e| e.distance <= gate);
+            }
+        }
+    }
+
+    fn update_gate(&mut self) {
+        if let Some(worst) = self.best.peek() {
+            let d = worst.distance;
+            self.gate = d + self.bound.absolute + self.bound.relative * d.abs();
+        }
+    }
+
+    /// Moves every candidate of `other` (same k and bound) into `self`.
+    pub fn merge(&mut self, other: Collector) {
+        for e in other.best.into_iter().chain(other.near) {
+            self.push(e.distance, e.slot);
+        }
+    }
+
+    /// The surviving candidate slots, unordered.
+    pub fn into_slots(self) -> Vec<usize> {
+        let gate = self.gate;
+        self.best
+            .into_iter()
+            .chain(self.near.into_iter().filter(|e| e.distance <= gate))
+            .map(|e| e.slot as usize)
+            .collect()
+    }
+}
+
+/// The k best of exactly scored candidates `(slot, distance)`, best first, ties by slot.
+pub fn best_k(mut scored: Vec<(usize, f64)>, k: usize) -> Vec<(usize, f64)> {
+    let by_distance = |a: &(usize, f64), b: &(usize, f64)| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0));
+    if scored.len() > k {
+        scored.select_nth_unstable_by(k - 1, by_distance);
+        scored.truncate(k);
+    }
+    scored.sort_unstable_by(by_distance);
+    scored
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_k_best_and_everything_within_the_margin() {
+        let bound = ErrorBound { absolute: 0.5, relative: 0.0 };
+        let mut c = Collector::new(2, bound);
+        for (slot, d) in [(0u32, 5.0f32), (1, 1.0), (2, 9.0), (3, 2.0), (4, 2.4), (5, 2.6), (6, 3.0)] {
+            c.push(d, slot);
+        }
+        let mut slots = c.into_slots();
+        slots.sort();
+        // k-th best is 2.0, so everything up to 2.5 survives.
+        assert_eq!(slots, vec![1, 3, 4]);
+    }
+
+    #[test]
+    fn zero_margin_keeps_exact_ties() {
+        let mut c = Collector::new(1, ErrorBound { absolute: 0.0, relative: 0.0 });
+        for slot in 0..4u32 {
+            c.push(1.0, slot);
+        }
+        let mut slots = c.into_slots();
+        slots.sort();
+        assert_eq!(slots, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn merged_collectors_equal_one_collector() {
+        let bound = ErrorBound { absolute: 0.1, relative: 0.01 };
+        let values: Vec<f32> = (0..200).map(|i| ((i * 7919) % 211) as f32 / 3.0).collect();
+        let mut whole = Collector::new(5, bound);
+        let (mut left, mut right) = (Collector::new(5, bound), Collector::new(5, bound));
+        for (i, &v) in values.iter().enumerate() {
+            whole.push(v, i as u32);
+            if i < 100 { left.push(v, i as u32) } else { right.push(v, i as u32) }
+        }
+        left.merge(right);
+        let (mut a, mut b) = (whole.into_slots(), left.into_slots());
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn best_k_orders_ties_by_slot() {
+        let got = best_k(vec![(9, 1.0), (3, 0.5), (4, 1.0), (1, 2.0), (2, 1.0)], 3);
+        assert_eq!(got, vec![(3, 0.5), (2, 1.0), (4, 1.0)]);
+    }
+}

@@ -1,0 +1,147 @@
+//! The op set every backend implements, and finding which backends this machine has.
+//!
+//! Collections and indexes never name a backend: they call [`GpuBackend`] and [`RowStore`].
+//! Each backend is a small set of coarse operations (store rows, fused distance + top-k over
+//! the stored rows for a batch of queries); the conformance suite checks every backend against
+//! an f64 reference through exactly these operations.
+
+pub mod cpu;
+
+use crate::error::{HiveGpuError, Result};
+use crate::types::{BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, StoragePrecision};
+
+/// One neighbour as a backend reports it: a storage slot and the metric's distance.
+///
+/// `distance` is the metric's canonical "lower is better" value, computed exactly (in f64
+/// over the stored values): the squared Euclidean distance, the negated inner product, or the
+/// negated cosine similarity. Scores are derived from it in one place above the backends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Neighbor {
+    /// Slot of the row in its [`RowStore`].
+    pub slot: usize,
+    /// Canonical distance (see the type's documentation).
+    pub distance: f64,
+}
+
+/// A device a collection can live on: the factory of [`RowStore`]s.
+pub trait GpuBackend: Send + Sync + std::fmt::Debug {
+    /// Which backend this is.
+    fn backend_type(&self) -> GpuBackendType;
+    /// The device's description, read now (free memory changes).
+    fn device_info(&self) -> GpuDeviceInfo;
+    /// Empty row storage for vectors of `dim` components.
+    fn new_rows(&self, dim: usize, precision: StoragePrecision) -> Result<Box<dyn RowStore>>;
+}
+
+/// The rows of one collection, held where the backend computes, with a tombstone per slot.
+///
+/// Slots are dense indices `0..len()`. Callers validate input (dimension, finite values);
+/// a `RowStore` only checks what only it can know, such as free memory.
+pub trait RowStore: Send + Sync + std::fmt::Debug {
+    /// Number of slots, tombstoned ones included.
+    fn len(&self) -> usize;
+    /// Whether no slot is in use.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Makes room for `additional` more rows, so that a following [`RowStore::append`] of
+    /// that many rows cannot fail. Fails with [`HiveGpuError::VramLimitExceeded`] when the
+    /// device lacks the memory, changing nothing.
+    fn reserve(&mut self, additional: usize) -> Result<()>;
+    /// Appends rows (row-major, a multiple of the dimension) as new live slots.
+    fn append(&mut self, rows: &[f32]) -> Result<()>;
+    /// Replaces the row in `slot` and marks it live.
+    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()>;
+    /// Marks slots as removed: searches skip them.
+    fn tombstone(&mut self, slots: &[usize]);
+    /// Keeps only the rows in `keep` (ascending slots), renumbered `0..keep.len()` in order.
+    fn compact(&mut self, keep: &[usize]) -> Result<()>;
+    /// Drops every row.
+    fn clear(&mut self);
+    /// The stored row as f32 (after the storage precision's rounding).
+    fn read_row(&self, slot: usize) -> Vec<f32>;
+    /// Bytes of memory the rows occupy on the device.
+    fn memory_bytes(&self) -> usize;
+    /// Exact k nearest live rows for each query of a row-major batch, best first, ties by slot.
+    /// `k` is at least 1 and at most the number of live rows.
+    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>>;
+}
+
+/// Every backend hive-gpu knows, whether it can run here and why not, with its devices.
+pub fn detect_available_backends() -> Vec<BackendStatus> {
+    GpuBackendType::ALL.into_iter().map(probe).collect()
+}
+
+fn probe(backend: GpuBackendType) -> BackendStatus {
+    match backend {
+        GpuBackendType::Cpu => {
+            let info = cpu::CpuBackend::new().device_info();
+            BackendStatus {
+                backend,
+                available: true,
+                reason: format!("{} threads, {}", info.compute_units, info.compute_capability),
+                devices: vec![info],
+            }
+        }
+        other => BackendStatus {
+            backend: other,
+            available: false,
+            reason: not_built_reason(other).to_string(),
+            devices: Vec::new(),
+        },
+    }
+}
+
+fn not_built_reason(backend: GpuBackendType) -> &'static str {
+    match backend {
+        GpuBackendType::Cuda => "not in this build yet: the CUDA backend is planned, not written",
+        GpuBackendType::Rocm => "not in this build yet: the ROCm backend is planned, not written",
+        GpuBackendType::Vulkan => "not in this build yet: the wgpu/Vulkan backend is planned, not written",
+        GpuBackendType::Metal => "not in this build yet: Metal will come through the wgpu backend",
+        GpuBackendType::Cpu => "always available",
+    }
+}
+
+/// The backend a context gets when none is named: `HIVE_GPU_BACKEND` if set (an unknown or
+/// unavailable value is an error, never silently replaced), else the first available of
+/// CUDA > ROCm > Vulkan > Metal > CPU.
+pub fn select_best_backend() -> Result<GpuBackendType> {
+    if let Some(wanted) = backend_override()? {
+        let status = probe(wanted);
+        return if status.available {
+            Ok(wanted)
+        } else {
+            Err(HiveGpuError::BackendUnavailable { backend: wanted, reason: status.reason })
+        };
+    }
+    Ok(GpuBackendType::ALL.into_iter().find(|b| probe(*b).available).unwrap_or(GpuBackendType::Cpu))
+}
+
+/// The backend named by `HIVE_GPU_BACKEND`, None when unset, empty or "auto".
+fn backend_override() -> Result<Option<GpuBackendType>> {
+    match std::env::var("HIVE_GPU_BACKEND") {
+        Ok(value) if value.trim().is_empty() || value.trim().eq_ignore_ascii_case("auto") => Ok(None),
+        Ok(value) => value.parse().map(Some).map_err(|_| {
+            HiveGpuError::InvalidArgument(format!(
+                "HIVE_GPU_BACKEND={value:?} is not a backend (expected auto, cpu, cuda, rocm, vulkan or metal)"
+            ))
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Opens device `ordinal` of `backend`.
+pub(crate) fn open(backend: GpuBackendType, ordinal: usize) -> Result<std::sync::Arc<dyn GpuBackend>> {
+    match backend {
+        GpuBackendType::Cpu => {
+            if ordinal != 0 {
+                return Err(HiveGpuError::DeviceNotFound { backend, ordinal, count: 1 });
+            }
+            Ok(std::sync::Arc::new(cpu::CpuBackend::new()))
+        }
+        other => Err(HiveGpuError::BackendUnavailable {
+            backend: other,
+            reason: not_built_reason(other).to_string(),
+        }),
+    }
+}

@@ -1,0 +1,224 @@
+//! Ids and slots, payloads, tombstones and compaction: everything about a collection that does
+//! not depend on the backend. Rows live in the backend's [`RowStore`]; this module decides
+//! which slot holds which id.
+
+use std::collections::HashMap;
+
+use crate::backend::RowStore;
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuDistanceMetric, GpuVector, Metadata, StorageConfig};
+
+/// Squared norms above this could overflow f32 arithmetic in distance kernels
+/// (|q - x|^2 <= 2(|q|^2 + |x|^2) must stay under f32::MAX).
+const MAX_SQUARED_NORM: f64 = 1e37;
+
+/// Vectors appended per call into the row store, bounding the temporary copy.
+const APPEND_CHUNK: usize = 8192;
+
+#[derive(Debug)]
+struct Entry {
+    id: String,
+    metadata: Metadata,
+}
+
+/// A collection: a row store plus the bookkeeping that maps ids to its slots.
+#[derive(Debug)]
+pub(crate) struct Collection {
+    config: StorageConfig,
+    rows: Box<dyn RowStore>,
+    /// One per slot; None for a removed (tombstoned) slot.
+    entries: Vec<Option<Entry>>,
+    slot_of: HashMap<String, usize>,
+    removed: usize,
+}
+
+/// Whose values are being checked, for error messages.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Subject<'a> {
+    Vector(&'a str),
+    Query(usize),
+}
+
+/// Checks that `values` can be stored or searched: right dimension, finite, bounded, and
+/// non-zero under cosine.
+pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subject<'_>) -> Result<()> {
+    let id = match subject {
+        Subject::Vector(id) => Some(id.to_string()),
+        Subject::Query(_) => None,
+    };
+    let what = match subject {
+        Subject::Vector(_) => String::new(),
+        Subject::Query(i) => format!("query {i}: "),
+    };
+    if values.len() != config.dimension {
+        return Err(HiveGpuError::DimensionMismatch { expected: config.dimension, actual: values.len(), id });
+    }
+    if let Some((i, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        return Err(HiveGpuError::InvalidVector { id, reason: format!("{what}{x} at component {i}") });
+    }
+    let squared_norm: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    if squared_norm > MAX_SQUARED_NORM {
+        return Err(HiveGpuError::InvalidVector {
+            id,
+            reason: format!("{what}squared norm {squared_norm:e} exceeds the supported {MAX_SQUARED_NORM:e}"),
+        });
+    }
+    if config.metric == GpuDistanceMetric::Cosine && squared_norm == 0.0 {
+        return Err(HiveGpuError::InvalidVector {
+            id,
+            reason: format!("{what}zero vector has no cosine similarity"),
+        });
+    }
+    Ok(())
+}
+
+impl Collection {
+    pub(crate) fn new(config: StorageConfig, rows: Box<dyn RowStore>) -> Self {
+        Self { config, rows, entries: Vec::new(), slot_of: HashMap::new(), removed: 0 }
+    }
+
+    pub(crate) fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    pub(crate) fn rows(&self) -> &dyn RowStore {
+        self.rows.as_ref()
+    }
+
+    /// Live vectors.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len() - self.removed
+    }
+
+    /// Slots in use, removed ones included.
+    pub(crate) fn slots(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Id and payload of a live slot.
+    pub(crate) fn entry(&self, slot: usize) -> Option<(&str, &Metadata)> {
+        self.entries.get(slot)?.as_ref().map(|e| (e.id.as_str(), &e.metadata))
+    }
+
+    /// Inserts new ids and replaces existing ones. Validates the whole batch first: a batch
+    /// with any bad vector changes nothing.
+    pub(crate) fn upsert(&mut self, vectors: &[GpuVector]) -> Result<()> {
+        let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(vectors.len());
+        for (i, v) in vectors.iter().enumerate() {
+            if v.id.is_empty() {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "vector {i} of the batch has an empty id"
+                )));
+            }
+            check_values(&v.data, &self.config, Subject::Vector(&v.id))?;
+            if let Some(first) = first_seen.insert(v.id.as_str(), i) {
+                return Err(HiveGpuError::DuplicateId { id: v.id.clone(), first, second: i });
+            }
+        }
+        let (updates, inserts): (Vec<&GpuVector>, Vec<&GpuVector>) =
+            vectors.iter().partition(|v| self.slot_of.contains_key(&v.id));
+        self.rows.reserve(inserts.len())?;
+        self.entries.try_reserve(inserts.len()).map_err(|_| out_of_memory(inserts.len()))?;
+        self.slot_of.try_reserve(inserts.len()).map_err(|_| out_of_memory(inserts.len()))?;
+
+        for v in updates {
+            let slot = self.slot_of[&v.id];
+            self.rows.overwrite(slot, &v.data)?;
+            if let Some(entry) = &mut self.entries[slot] {
+                entry.metadata = v.metadata.clone();
+            }
+        }
+        let mut flat = Vec::with_capacity(APPEND_CHUNK.min(inserts.len()) * self.config.dimension);
+        for chunk in inserts.chunks(APPEND_CHUNK) {
+            flat.clear();
+            for v in chunk {
+                flat.extend_from_slice(&v.data);
+            }
+            self.rows.append(&flat)?;
+            for v in chunk {
+                self.slot_of.insert(v.id.clone(), self.entries.len());
+                self.entries.push(Some(Entry { id: v.id.clone(), metadata: v.metadata.clone() }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes ids; every id must be present and listed once, else nothing is removed.
+    pub(crate) fn remove<S: AsRef<str>>(&mut self, ids: &[S]) -> Result<()> {
+        let mut slots = Vec::with_capacity(ids.len());
+        let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            let id = id.as_ref();
+            if let Some(first) = first_seen.insert(id, i) {
+                return Err(HiveGpuError::DuplicateId { id: id.to_string(), first, second: i });
+            }
+            match self.slot_of.get(id) {
+                Some(&slot) => slots.push(slot),
+                None => return Err(HiveGpuError::VectorNotFound { id: id.to_string() }),
+            }
+        }
+        self.rows.tombstone(&slots);
+        for &slot in &slots {
+            if let Some(entry) = self.entries[slot].take() {
+                self.slot_of.remove(&entry.id);
+            }
+        }
+        self.removed += slots.len();
+        if self.removed > 0 && self.removed * 4 >= self.entries.len() {
+            // Reclaiming is an optimisation: if the device cannot do it now, the tombstones
+            // stay valid and the next removal tries again.
+            let _ = self.compact();
+        }
+        Ok(())
+    }
+
+    /// Drops removed slots, renumbering live ones in their order.
+    pub(crate) fn compact(&mut self) -> Result<()> {
+        if self.removed == 0 {
+            return Ok(());
+        }
+        let keep: Vec<usize> = (0..self.entries.len()).filter(|&s| self.entries[s].is_some()).collect();
+        self.rows.compact(&keep)?;
+        let entries: Vec<Option<Entry>> =
+            std::mem::take(&mut self.entries).into_iter().flatten().map(Some).collect();
+        for (slot, entry) in entries.iter().enumerate() {
+            if let Some(e) = entry
+                && let Some(s) = self.slot_of.get_mut(&e.id)
+            {
+                *s = slot;
+            }
+        }
+        self.entries = entries;
+        self.removed = 0;
+        Ok(())
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Option<GpuVector> {
+        let &slot = self.slot_of.get(id)?;
+        let entry = self.entries[slot].as_ref()?;
+        Some(GpuVector {
+            id: entry.id.clone(),
+            data: self.rows.read_row(slot),
+            metadata: entry.metadata.clone(),
+        })
+    }
+
+    pub(crate) fn contains(&self, id: &str) -> bool {
+        self.slot_of.contains_key(id)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.rows.clear();
+        self.entries = Vec::new();
+        self.slot_of = HashMap::new();
+        self.removed = 0;
+    }
+}
+
+fn out_of_memory(vectors: usize) -> HiveGpuError {
+    HiveGpuError::VramLimitExceeded {
+        backend: crate::types::GpuBackendType::Cpu,
+        requested: (vectors * std::mem::size_of::<Option<Entry>>()) as u64,
+        available: crate::backend::cpu::available_memory_bytes().unwrap_or(0),
+    }
+}

@@ -1,0 +1,64 @@
+//! Exact (brute-force) search: validation, the backend's fused k-NN, and the one place where
+//! canonical distances become the metric's public score.
+
+use crate::collection::{Collection, Subject, check_values};
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuDistanceMetric, GpuSearchResult, SearchOptions};
+
+/// The public score of a canonical distance (see [`GpuSearchResult`] for the meanings).
+pub(crate) fn score(metric: GpuDistanceMetric, distance: f64) -> f32 {
+    match metric {
+        GpuDistanceMetric::Euclidean => distance.max(0.0).sqrt() as f32,
+        GpuDistanceMetric::DotProduct => (-distance) as f32,
+        GpuDistanceMetric::Cosine => (-distance).clamp(-1.0, 1.0) as f32,
+    }
+}
+
+/// The exact `k` nearest neighbours of each query of a row-major batch.
+pub(crate) fn search(
+    collection: &Collection,
+    queries: &[f32],
+    k: usize,
+    options: SearchOptions,
+) -> Result<Vec<Vec<GpuSearchResult>>> {
+    let config = *collection.config();
+    let dim = config.dimension;
+    if k == 0 {
+        return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
+    }
+    if !queries.len().is_multiple_of(dim) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "a batch of {} values is not a whole number of {dim}-dimensional queries",
+            queries.len()
+        )));
+    }
+    for (i, q) in queries.chunks_exact(dim).enumerate() {
+        check_values(q, &config, Subject::Query(i))?;
+    }
+    if queries.is_empty() {
+        return Ok(Vec::new());
+    }
+    if collection.len() == 0 {
+        return Err(HiveGpuError::EmptyCollection);
+    }
+    let k = k.min(collection.len());
+    let neighbours = collection.rows().knn(queries, k, config.metric)?;
+    neighbours
+        .into_iter()
+        .map(|list| {
+            list.into_iter()
+                .map(|n| {
+                    let (id, metadata) = collection.entry(n.slot).ok_or_else(|| {
+                        HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot))
+                    })?;
+                    Ok(GpuSearchResult {
+                        id: id.to_string(),
+                        score: score(config.metric, n.distance),
+                        index: n.slot,
+                        metadata: options.with_metadata.then(|| metadata.clone()),
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}

@@ -1,0 +1,240 @@
+//! # hive-gpu
+//!
+//! Exact vector similarity search behind one API on every backend: NVIDIA (CUDA), AMD (ROCm),
+//! any Vulkan GPU (wgpu) and a SIMD CPU fallback, chosen at run time. This release ships the
+//! CPU backend; the GPU backends report why they are unavailable (see
+//! [`detect_available_backends`]).
+//!
+//! ```
+//! use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector};
+//!
+//! # fn main() -> Result<(), hive_gpu::HiveGpuError> {
+//! let context = GpuContext::new()?; // HIVE_GPU_BACKEND=cpu|cuda|rocm|vulkan overrides
+//! let storage = context.create_storage(3, GpuDistanceMetric::Euclidean)?;
+//! storage.add_vectors(&[
+//!     GpuVector::new("a", vec![0.0, 0.0, 1.0]),
+//!     GpuVector::new("b", vec![0.0, 1.0, 0.0]),
+//!     GpuVector::new("c", vec![1.0, 0.0, 0.0]),
+//! ])?;
+//! // Adding an existing id replaces it (upsert).
+//! storage.add_vectors(&[GpuVector::new("c", vec![0.0, 0.9, 0.1])])?;
+//!
+//! let hits = storage.search(&[0.0, 1.0, 0.0], 2)?;
+//! assert_eq!(hits[0].id, "b");
+//! assert_eq!(hits[1].id, "c");
+//! assert!(hits[0].score < 1e-6); // Euclidean score: the distance, lower is better
+//!
+//! // Many queries at once (row-major), one result list per query.
+//! let batch = storage.search_batch(&[1.0, 0.0, 0.0, 0.0, 0.0, 1.0], 1)?;
+//! assert_eq!(batch[1][0].id, "a");
+//!
+//! storage.remove_vectors(&["a"])?;
+//! assert_eq!(storage.vector_count(), 2);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Every search is exact: the neighbours are those an f64 brute force finds (ties ordered by
+//! storage order) and scores are computed in f64. See [`GpuSearchResult`] for what `score`
+//! means per metric.
+
+#![warn(missing_docs)]
+
+pub mod backend;
+mod collection;
+pub mod error;
+mod index;
+pub mod io;
+pub mod types;
+
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, select_best_backend};
+pub use error::{HiveGpuError, Result};
+pub use types::{
+    BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector, Metadata,
+    SearchOptions, StorageConfig, StoragePrecision,
+};
+
+use collection::Collection;
+
+/// A handle on one device of one backend; creates collections there. Cheap to clone, `Send`
+/// and `Sync`.
+#[derive(Debug, Clone)]
+pub struct GpuContext {
+    backend: Arc<dyn GpuBackend>,
+}
+
+impl GpuContext {
+    /// A context on the best available backend (see [`select_best_backend`]); the
+    /// `HIVE_GPU_BACKEND` environment variable (`cpu`, `cuda`, `rocm`, `vulkan`, `auto`)
+    /// overrides the choice, and naming an unavailable backend is an error.
+    pub fn new() -> Result<Self> {
+        Self::with_backend(select_best_backend()?, 0)
+    }
+
+    /// A context on device `ordinal` of `backend`.
+    pub fn with_backend(backend: GpuBackendType, ordinal: usize) -> Result<Self> {
+        Ok(Self { backend: backend::open(backend, ordinal)? })
+    }
+
+    /// The backend this context runs on.
+    pub fn backend_type(&self) -> GpuBackendType {
+        self.backend.backend_type()
+    }
+
+    /// The device's description, with memory figures read now.
+    pub fn device_info(&self) -> GpuDeviceInfo {
+        self.backend.device_info()
+    }
+
+    /// An empty f32 collection of `dimension`-component vectors compared by `metric`.
+    pub fn create_storage(&self, dimension: usize, metric: GpuDistanceMetric) -> Result<GpuVectorStorage> {
+        self.create_storage_with(StorageConfig::new(dimension, metric))
+    }
+
+    /// An empty collection as `config` describes (dimension, metric, storage precision).
+    pub fn create_storage_with(&self, config: StorageConfig) -> Result<GpuVectorStorage> {
+        if config.dimension == 0 {
+            return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
+        }
+        let rows = self.backend.new_rows(config.dimension, config.precision)?;
+        Ok(GpuVectorStorage {
+            backend: self.backend.clone(),
+            inner: RwLock::new(Collection::new(config, rows)),
+        })
+    }
+}
+
+/// A collection of vectors with string ids on one device, searched exactly.
+///
+/// All methods take `&self`: searches run concurrently with each other, and a write (add,
+/// remove, clear) waits for running searches and blocks new ones while it runs. Share it
+/// between threads with `Arc`.
+#[derive(Debug)]
+pub struct GpuVectorStorage {
+    backend: Arc<dyn GpuBackend>,
+    inner: RwLock<Collection>,
+}
+
+impl GpuVectorStorage {
+    // A panic cannot leave a collection half-updated (every update validates before it
+    // writes), so a poisoned lock still guards consistent data.
+    fn read(&self) -> RwLockReadGuard<'_, Collection> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Collection> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds vectors; an id already present is replaced with the new data and payload (upsert),
+    /// and a removed id can be added again. The whole batch is checked first (dimension,
+    /// finite values, no id twice, non-zero under cosine): if any vector is bad, nothing
+    /// changes.
+    pub fn add_vectors(&self, vectors: &[GpuVector]) -> Result<()> {
+        self.write().upsert(vectors)
+    }
+
+    /// The `k` nearest neighbours of `query`, best first. `k` larger than the collection
+    /// returns every vector.
+    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<GpuSearchResult>> {
+        self.search_with(query, k, SearchOptions::default())
+    }
+
+    /// [`GpuVectorStorage::search`] with options (e.g. returning payloads).
+    pub fn search_with(
+        &self,
+        query: &[f32],
+        k: usize,
+        options: SearchOptions,
+    ) -> Result<Vec<GpuSearchResult>> {
+        let dim = self.dimension();
+        if query.len() != dim {
+            return Err(HiveGpuError::DimensionMismatch { expected: dim, actual: query.len(), id: None });
+        }
+        let mut lists = index::flat::search(&self.read(), query, k, options)?;
+        lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
+    }
+
+    /// The `k` nearest neighbours of every query in `queries` (row-major, `nq * dimension`
+    /// values), one list per query in order. Batches run as matrix products tiled with the
+    /// selection, much faster than one call per query.
+    pub fn search_batch(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<GpuSearchResult>>> {
+        self.search_batch_with(queries, k, SearchOptions::default())
+    }
+
+    /// [`GpuVectorStorage::search_batch`] with options.
+    pub fn search_batch_with(
+        &self,
+        queries: &[f32],
+        k: usize,
+        options: SearchOptions,
+    ) -> Result<Vec<Vec<GpuSearchResult>>> {
+        index::flat::search(&self.read(), queries, k, options)
+    }
+
+    /// Removes vectors by id. Every id must be present and listed once; otherwise nothing is
+    /// removed. Space is reclaimed automatically once removed slots reach a quarter of the
+    /// storage.
+    pub fn remove_vectors<S: AsRef<str>>(&self, ids: &[S]) -> Result<()> {
+        self.write().remove(ids)
+    }
+
+    /// The stored vector (after the storage precision's rounding) and its payload.
+    pub fn get_vector(&self, id: &str) -> Result<Option<GpuVector>> {
+        Ok(self.read().get(id))
+    }
+
+    /// Whether `id` is in the collection.
+    pub fn contains(&self, id: &str) -> bool {
+        self.read().contains(id)
+    }
+
+    /// Number of vectors (removed ones excluded).
+    pub fn vector_count(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Components per vector.
+    pub fn dimension(&self) -> usize {
+        self.read().config().dimension
+    }
+
+    /// The metric searches use.
+    pub fn metric(&self) -> GpuDistanceMetric {
+        self.read().config().metric
+    }
+
+    /// The collection's configuration.
+    pub fn config(&self) -> StorageConfig {
+        *self.read().config()
+    }
+
+    /// Removes every vector.
+    pub fn clear(&self) -> Result<()> {
+        self.write().clear();
+        Ok(())
+    }
+
+    /// Reclaims the slots of removed vectors now instead of waiting for the automatic
+    /// threshold.
+    pub fn compact(&self) -> Result<()> {
+        self.write().compact()
+    }
+
+    /// Slots in use, removed-but-not-yet-reclaimed ones included.
+    pub fn slot_count(&self) -> usize {
+        self.read().slots()
+    }
+
+    /// Bytes the vectors occupy on the device.
+    pub fn memory_bytes(&self) -> usize {
+        self.read().rows().memory_bytes()
+    }
+
+    /// The backend the collection lives on.
+    pub fn backend_type(&self) -> GpuBackendType {
+        self.backend.backend_type()
+    }
+}

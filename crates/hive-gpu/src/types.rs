@@ -1,0 +1,295 @@
+//! The plain data types of the public API.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::HiveGpuError;
+
+/// Free-form key/value payload stored with a vector and optionally returned with results.
+pub type Metadata = HashMap<String, String>;
+
+/// A vector with its id and payload, as added to and read back from a collection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuVector {
+    /// The caller's id; unique within a collection. Adding an existing id replaces it (upsert).
+    pub id: String,
+    /// The components; must have the collection's dimension and be finite.
+    pub data: Vec<f32>,
+    /// Payload kept with the vector.
+    pub metadata: Metadata,
+}
+
+impl GpuVector {
+    /// A vector without payload.
+    pub fn new(id: impl Into<String>, data: Vec<f32>) -> Self {
+        Self { id: id.into(), data, metadata: Metadata::new() }
+    }
+
+    /// A vector with payload.
+    pub fn with_metadata(id: impl Into<String>, data: Vec<f32>, metadata: Metadata) -> Self {
+        Self { id: id.into(), data, metadata }
+    }
+}
+
+/// One neighbour found by a search.
+///
+/// `score` means, per metric (identical on every backend):
+/// - [`GpuDistanceMetric::Euclidean`]: the Euclidean distance `sqrt(sum((q - x)^2))`; lower is better.
+/// - [`GpuDistanceMetric::Cosine`]: the cosine similarity `q.x / (|q| |x|)` in [-1, 1]; higher is better.
+/// - [`GpuDistanceMetric::DotProduct`]: the inner product `q.x`; higher is better.
+///
+/// Results come best first; equal scores are ordered by `index`, i.e. by the order in which
+/// the vectors were stored, so the order is deterministic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSearchResult {
+    /// The id of the neighbour.
+    pub id: String,
+    /// The metric's score (see the type's documentation).
+    pub score: f32,
+    /// The neighbour's slot in storage at the time of the search. Slots change when removed
+    /// vectors are compacted away; use `id` to refer to a vector.
+    pub index: usize,
+    /// The neighbour's payload, when the search asked for it.
+    pub metadata: Option<Metadata>,
+}
+
+/// How vectors are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GpuDistanceMetric {
+    /// Cosine similarity; zero vectors are rejected.
+    Cosine,
+    /// Euclidean (L2) distance.
+    Euclidean,
+    /// Inner product.
+    DotProduct,
+}
+
+impl GpuDistanceMetric {
+    /// Whether a higher score is better (true for cosine and dot product).
+    pub fn higher_is_better(self) -> bool {
+        !matches!(self, GpuDistanceMetric::Euclidean)
+    }
+}
+
+impl fmt::Display for GpuDistanceMetric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GpuDistanceMetric::Cosine => "cosine",
+            GpuDistanceMetric::Euclidean => "l2",
+            GpuDistanceMetric::DotProduct => "dot",
+        })
+    }
+}
+
+impl FromStr for GpuDistanceMetric {
+    type Err = HiveGpuError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "l2" | "euclidean" => Ok(GpuDistanceMetric::Euclidean),
+            "cosine" | "cos" => Ok(GpuDistanceMetric::Cosine),
+            "dot" | "ip" | "dotproduct" | "inner" => Ok(GpuDistanceMetric::DotProduct),
+            other => Err(HiveGpuError::InvalidArgument(format!(
+                "unknown metric {other:?} (expected l2, cosine or dot)"
+            ))),
+        }
+    }
+}
+
+/// How a collection stores its vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum StoragePrecision {
+    /// 32-bit floats: exact storage.
+    #[default]
+    F32,
+    /// 16-bit IEEE floats: half the memory. Vectors are rounded to f16 when stored; searches
+    /// are exact over the stored (rounded) values.
+    F16,
+}
+
+impl StoragePrecision {
+    /// Bytes per stored component.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            StoragePrecision::F32 => 4,
+            StoragePrecision::F16 => 2,
+        }
+    }
+}
+
+impl fmt::Display for StoragePrecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoragePrecision::F32 => "f32",
+            StoragePrecision::F16 => "f16",
+        })
+    }
+}
+
+impl FromStr for StoragePrecision {
+    type Err = HiveGpuError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "fp32" => Ok(StoragePrecision::F32),
+            "f16" | "fp16" | "half" => Ok(StoragePrecision::F16),
+            other => Err(HiveGpuError::InvalidArgument(format!(
+                "unknown precision {other:?} (expected f32 or f16)"
+            ))),
+        }
+    }
+}
+
+/// Everything that defines a collection; [`crate::GpuContext::create_storage_with`] takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageConfig {
+    /// Number of components per vector (at least 1).
+    pub dimension: usize,
+    /// The metric searches use.
+    pub metric: GpuDistanceMetric,
+    /// How vectors are stored.
+    pub precision: StoragePrecision,
+}
+
+impl StorageConfig {
+    /// An f32 collection of `dimension` components compared by `metric`.
+    pub fn new(dimension: usize, metric: GpuDistanceMetric) -> Self {
+        Self { dimension, metric, precision: StoragePrecision::F32 }
+    }
+
+    /// The same configuration with another storage precision.
+    pub fn with_precision(mut self, precision: StoragePrecision) -> Self {
+        self.precision = precision;
+        self
+    }
+}
+
+/// Options of one search call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SearchOptions {
+    /// Return each neighbour's payload in [`GpuSearchResult::metadata`].
+    pub with_metadata: bool,
+}
+
+/// The kinds of backend hive-gpu knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GpuBackendType {
+    /// NVIDIA GPUs through the CUDA driver.
+    Cuda,
+    /// AMD GPUs through HIP.
+    Rocm,
+    /// Any Vulkan GPU through wgpu.
+    Vulkan,
+    /// Apple GPUs through wgpu's Metal path.
+    Metal,
+    /// The SIMD CPU backend; always available.
+    Cpu,
+}
+
+impl GpuBackendType {
+    /// Every backend in order of preference for automatic selection.
+    pub const ALL: [GpuBackendType; 5] = [
+        GpuBackendType::Cuda,
+        GpuBackendType::Rocm,
+        GpuBackendType::Vulkan,
+        GpuBackendType::Metal,
+        GpuBackendType::Cpu,
+    ];
+
+    /// The lower-case name used by `HIVE_GPU_BACKEND` and the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuBackendType::Cuda => "cuda",
+            GpuBackendType::Rocm => "rocm",
+            GpuBackendType::Vulkan => "vulkan",
+            GpuBackendType::Metal => "metal",
+            GpuBackendType::Cpu => "cpu",
+        }
+    }
+}
+
+impl fmt::Display for GpuBackendType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GpuBackendType::Cuda => "CUDA",
+            GpuBackendType::Rocm => "ROCm",
+            GpuBackendType::Vulkan => "Vulkan",
+            GpuBackendType::Metal => "Metal",
+            GpuBackendType::Cpu => "CPU",
+        })
+    }
+}
+
+impl FromStr for GpuBackendType {
+    type Err = HiveGpuError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim().to_ascii_lowercase();
+        GpuBackendType::ALL.into_iter().find(|b| b.name() == wanted).ok_or_else(|| {
+            HiveGpuError::InvalidArgument(format!(
+                "unknown backend {s:?} (expected cpu, cuda, rocm, vulkan or metal)"
+            ))
+        })
+    }
+}
+
+/// What a backend knows about the device it runs on.
+///
+/// Every field is read from the device or the operating system; a value the platform does not
+/// report is `None` (or 0 for counts), never invented.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuDeviceInfo {
+    /// Device name (the CPU model for the CPU backend).
+    pub name: String,
+    /// The backend that drives it.
+    pub backend: GpuBackendType,
+    /// Device ordinal within its backend.
+    pub device_id: usize,
+    /// Total device memory in bytes (system RAM for the CPU backend).
+    pub total_vram_bytes: u64,
+    /// Free device memory in bytes when the info was read.
+    pub available_vram_bytes: u64,
+    /// Memory in use in bytes (`total - available`).
+    pub used_vram_bytes: u64,
+    /// Driver or runtime version, when known (the kernel release for the CPU backend).
+    pub driver_version: Option<String>,
+    /// Compute capability ("9.0"), gfx architecture ("gfx90a"), or the SIMD level for the CPU
+    /// backend ("avx512", "avx2", "neon", "scalar").
+    pub compute_capability: String,
+    /// Largest thread block (1 for the CPU backend, which runs one thread per core).
+    pub max_threads_per_block: u32,
+    /// Largest shared memory per block in bytes (the per-core L2 size for the CPU backend,
+    /// when known, else 0).
+    pub max_shared_memory_per_block: u64,
+    /// Parallel units: multiprocessors, compute units or CPU threads.
+    pub compute_units: u32,
+    /// PCI bus id in "DDDD:BB:DD.F" form, when the device is on a PCI bus.
+    pub pci_bus_id: Option<String>,
+}
+
+impl GpuDeviceInfo {
+    /// Percentage of device memory in use, 0.0 when the total is unknown.
+    pub fn vram_usage_percent(&self) -> f64 {
+        if self.total_vram_bytes == 0 {
+            0.0
+        } else {
+            self.used_vram_bytes as f64 * 100.0 / self.total_vram_bytes as f64
+        }
+    }
+
+    /// Whether at least `bytes` of device memory are free.
+    pub fn has_available_vram(&self, bytes: u64) -> bool {
+        self.available_vram_bytes >= bytes
+    }
+}
+
+/// One backend as [`crate::detect_available_backends`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendStatus {
+    /// Which backend.
+    pub backend: GpuBackendType,
+    /// Whether a context can be created on it.
+    pub available: bool,
+    /// Why it is unavailable, or what was found ("1 device").
+    pub reason: String,
+    /// The devices it found.
+    pub devices: Vec<GpuDeviceInfo>,
+}
