@@ -83,6 +83,11 @@ impl GpuContext {
         self.backend.backend_type()
     }
 
+    /// The backend's op set, for code that drives row stores directly.
+    pub fn backend(&self) -> &dyn GpuBackend {
+        self.backend.as_ref()
+    }
+
     /// The device's description, with memory figures read now.
     pub fn device_info(&self) -> GpuDeviceInfo {
         self.backend.device_info()

@@ -12,22 +12,32 @@ const CHUNK: usize = 16;
 #[inline(always)]
 fn collect_generic(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32], base_slot: usize) {
     let mut gate = c.gate();
-    let mut at = 0;
-    for ((r, s), o) in raw.chunks(CHUNK).zip(scale.chunks(CHUNK)).zip(offset.chunks(CHUNK)) {
-        let mut d = [f32::INFINITY; CHUNK];
-        for i in 0..r.len() {
+    let whole = raw.len() / CHUNK * CHUNK;
+    for start in (0..whole).step_by(CHUNK) {
+        let r: &[f32; CHUNK] = raw[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
+        let s: &[f32; CHUNK] = scale[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
+        let o: &[f32; CHUNK] = offset[start..start + CHUNK].try_into().unwrap_or(&[f32::INFINITY; CHUNK]);
+        let mut d = [0f32; CHUNK];
+        let mut passes = false;
+        for i in 0..CHUNK {
             d[i] = r[i] * s[i] + o[i];
+            passes |= d[i] <= gate;
         }
-        let min = d.iter().fold(f32::INFINITY, |m, &x| m.min(x));
-        if min <= gate {
-            for (i, &dist) in d[..r.len()].iter().enumerate() {
+        if passes {
+            for (i, &dist) in d.iter().enumerate() {
                 if dist <= gate {
-                    c.push(dist, (base_slot + at + i) as u32);
+                    c.push(dist, (base_slot + start + i) as u32);
                     gate = c.gate();
                 }
             }
         }
-        at += r.len();
+    }
+    for i in whole..raw.len() {
+        let dist = raw[i] * scale[i] + offset[i];
+        if dist <= gate {
+            c.push(dist, (base_slot + i) as u32);
+            gate = c.gate();
+        }
     }
 }
 

@@ -78,7 +78,8 @@ impl Collector {
     /// Offers a row; cheap to call only for distances at or under [`Collector::gate`].
     #[inline]
     pub fn push(&mut self, distance: f32, slot: u32) {
-        if distance > self.gate {
+        // Removed rows arrive as +inf: never a candidate, even while the heap is not full.
+        if distance > self.gate || distance == f32::INFINITY {
             return;
         }
         let entry = Entry { distance, slot };
@@ -186,6 +187,14 @@ mod tests {
         a.sort();
         b.sort();
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn infinite_distances_are_never_candidates() {
+        let mut c = Collector::new(3, ErrorBound { absolute: 0.0, relative: 0.0 });
+        c.push(f32::INFINITY, 0);
+        c.push(1.0, 1);
+        assert_eq!(c.into_slots(), vec![1]);
     }
 
     #[test]

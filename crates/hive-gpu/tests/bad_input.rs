@@ -1,0 +1,189 @@
+//! Bad input on every backend: a clear error naming what was wrong, no panic, and the
+//! collection exactly as it was.
+
+mod common;
+
+use common::contexts;
+use hive_gpu::{
+    GpuBackendType, GpuContext, GpuDistanceMetric, GpuVector, GpuVectorStorage, HiveGpuError,
+    StoragePrecision, detect_available_backends,
+};
+
+/// A 3-d collection holding "a" and "b", and a snapshot function to prove nothing changed.
+fn seeded(context: &GpuContext, metric: GpuDistanceMetric) -> GpuVectorStorage {
+    let storage = context.create_storage(3, metric).expect("storage");
+    storage
+        .add_vectors(&[GpuVector::new("a", vec![1.0, 2.0, 3.0]), GpuVector::new("b", vec![-1.0, 0.5, 2.0])])
+        .expect("add");
+    storage
+}
+
+fn snapshot(storage: &GpuVectorStorage) -> Vec<Option<GpuVector>> {
+    assert_eq!(storage.vector_count(), 2, "vector count unchanged");
+    ["a", "b", "c"].iter().map(|id| storage.get_vector(id).expect("get")).collect()
+}
+
+#[test]
+fn wrong_dimension_is_rejected_and_changes_nothing() {
+    for context in contexts() {
+        let storage = seeded(&context, GpuDistanceMetric::Euclidean);
+        let before = snapshot(&storage);
+        let err = storage
+            .add_vectors(&[GpuVector::new("c", vec![1.0, 1.0, 1.0]), GpuVector::new("d", vec![1.0, 2.0])])
+            .unwrap_err();
+        match &err {
+            HiveGpuError::DimensionMismatch { expected: 3, actual: 2, id: Some(id) } => assert_eq!(id, "d"),
+            other => panic!("wrong error: {other:?}"),
+        }
+        assert!(err.to_string().contains("expected 3, got 2"), "{err}");
+        assert_eq!(snapshot(&storage), before, "a failed batch must not add its valid vectors");
+        let err = storage.search(&[1.0, 2.0], 1).unwrap_err();
+        assert!(
+            matches!(err, HiveGpuError::DimensionMismatch { expected: 3, actual: 2, id: None }),
+            "{err:?}"
+        );
+        let err = storage.search_batch(&[1.0; 7], 1).unwrap_err();
+        assert!(matches!(err, HiveGpuError::InvalidArgument(_)), "{err:?}");
+        assert!(err.to_string().contains("7 values"), "{err}");
+    }
+}
+
+#[test]
+fn non_finite_values_are_rejected() {
+    for context in contexts() {
+        let storage = seeded(&context, GpuDistanceMetric::Euclidean);
+        let before = snapshot(&storage);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let err = storage
+                .add_vectors(&[
+                    GpuVector::new("a", vec![9.0, 9.0, 9.0]),
+                    GpuVector::new("c", vec![0.0, bad, 1.0]),
+                ])
+                .unwrap_err();
+            assert!(matches!(&err, HiveGpuError::InvalidVector { id: Some(id), .. } if id == "c"), "{err:?}");
+            assert!(err.to_string().contains("component 1"), "{err}");
+            assert_eq!(snapshot(&storage), before, "upsert of 'a' in a failed batch must not apply");
+            let err = storage.search_batch(&[0.0, 0.0, 0.0, 1.0, bad, 0.0], 1).unwrap_err();
+            assert!(err.to_string().contains("query 1"), "{err}");
+        }
+        let err = storage.add_vectors(&[GpuVector::new("c", vec![1e30, 1e30, 0.0])]).unwrap_err();
+        assert!(matches!(err, HiveGpuError::InvalidVector { .. }), "overflowing norm: {err:?}");
+        assert_eq!(snapshot(&storage), before);
+    }
+}
+
+#[test]
+fn cosine_zero_vectors_are_errors_not_nan() {
+    for context in contexts() {
+        let storage = seeded(&context, GpuDistanceMetric::Cosine);
+        let before = snapshot(&storage);
+        let err = storage.add_vectors(&[GpuVector::new("c", vec![0.0, 0.0, 0.0])]).unwrap_err();
+        assert!(err.to_string().contains("zero vector"), "{err}");
+        assert_eq!(snapshot(&storage), before);
+        let err = storage.search(&[0.0, 0.0, 0.0], 1).unwrap_err();
+        assert!(err.to_string().contains("zero vector"), "{err}");
+        // Zero vectors are fine for the other metrics.
+        let l2 = seeded(&context, GpuDistanceMetric::Euclidean);
+        l2.add_vectors(&[GpuVector::new("z", vec![0.0; 3])]).expect("zero vector under L2");
+        assert_eq!(l2.search(&[0.0; 3], 1).expect("search")[0].id, "z");
+    }
+}
+
+#[test]
+fn k_zero_is_an_error_and_k_above_count_returns_everything() {
+    for context in contexts() {
+        let storage = seeded(&context, GpuDistanceMetric::Euclidean);
+        let err = storage.search(&[0.0, 0.0, 0.0], 0).unwrap_err();
+        assert!(matches!(err, HiveGpuError::InvalidArgument(_)) && err.to_string().contains('k'), "{err}");
+        let all = storage.search(&[0.0, 0.0, 0.0], 1000).expect("k > count");
+        assert_eq!(all.len(), 2);
+        let batch = storage.search_batch(&[0.0; 15], 1000).expect("k > count, batch");
+        assert!(batch.iter().all(|l| l.len() == 2));
+        assert!(storage.search_batch(&[], 5).expect("empty batch").is_empty());
+    }
+}
+
+#[test]
+fn empty_collection_search_is_a_clear_error() {
+    for context in contexts() {
+        let storage = context.create_storage(3, GpuDistanceMetric::Euclidean).expect("storage");
+        let err = storage.search(&[1.0, 2.0, 3.0], 1).unwrap_err();
+        assert!(matches!(err, HiveGpuError::EmptyCollection), "{err:?}");
+        let storage = seeded(&context, GpuDistanceMetric::Euclidean);
+        storage.remove_vectors(&["a", "b"]).expect("remove");
+        assert!(matches!(storage.search(&[1.0, 2.0, 3.0], 1).unwrap_err(), HiveGpuError::EmptyCollection));
+    }
+}
+
+#[test]
+fn duplicate_and_unknown_ids_change_nothing() {
+    for context in contexts() {
+        let storage = seeded(&context, GpuDistanceMetric::Euclidean);
+        let before = snapshot(&storage);
+        let err = storage
+            .add_vectors(&[
+                GpuVector::new("c", vec![0.0, 0.0, 1.0]),
+                GpuVector::new("d", vec![0.0, 1.0, 0.0]),
+                GpuVector::new("c", vec![1.0, 0.0, 0.0]),
+            ])
+            .unwrap_err();
+        assert!(
+            matches!(&err, HiveGpuError::DuplicateId { id, first: 0, second: 2 } if id == "c"),
+            "{err:?}"
+        );
+        assert_eq!(snapshot(&storage), before);
+
+        let err = storage.remove_vectors(&["a", "nope"]).unwrap_err();
+        assert!(matches!(&err, HiveGpuError::VectorNotFound { id } if id == "nope"), "{err:?}");
+        assert!(err.to_string().contains("nope"));
+        assert_eq!(snapshot(&storage), before, "'a' must survive a failed removal");
+
+        let err = storage.remove_vectors(&["b", "b"]).unwrap_err();
+        assert!(matches!(err, HiveGpuError::DuplicateId { .. }), "{err:?}");
+        assert_eq!(snapshot(&storage), before);
+
+        let err = storage.add_vectors(&[GpuVector::new("", vec![0.0; 3])]).unwrap_err();
+        assert!(err.to_string().contains("empty id"), "{err}");
+        assert_eq!(storage.get_vector("unknown").expect("get"), None);
+    }
+}
+
+#[test]
+fn zero_dimension_is_rejected() {
+    for context in contexts() {
+        let err = context.create_storage(0, GpuDistanceMetric::Euclidean).unwrap_err();
+        assert!(err.to_string().contains("dimension"), "{err}");
+    }
+}
+
+#[test]
+fn too_little_memory_is_vram_limit_exceeded() {
+    for context in contexts() {
+        let mut rows = context.backend().new_rows(1024, StoragePrecision::F32).expect("rows");
+        let err = rows.reserve(1 << 40).unwrap_err();
+        match err {
+            HiveGpuError::VramLimitExceeded { requested, available, .. } => {
+                assert!(requested > available, "requested {requested} available {available}");
+            }
+            other => panic!("wrong error: {other:?}"),
+        }
+        assert_eq!(rows.len(), 0);
+        rows.append(&[0.5; 1024]).expect("still usable after the failed reservation");
+        assert_eq!(rows.len(), 1);
+    }
+}
+
+#[test]
+fn unavailable_backends_say_why() {
+    for status in detect_available_backends() {
+        if status.available {
+            continue;
+        }
+        assert!(!status.reason.is_empty(), "{:?} gives no reason", status.backend);
+        let err = GpuContext::with_backend(status.backend, 0).unwrap_err();
+        assert!(matches!(err, HiveGpuError::BackendUnavailable { .. }), "{err:?}");
+        assert!(err.to_string().contains(&status.reason), "{err}");
+    }
+    let err = GpuContext::with_backend(GpuBackendType::Cpu, 3).unwrap_err();
+    assert!(matches!(err, HiveGpuError::DeviceNotFound { ordinal: 3, .. }), "{err:?}");
+}

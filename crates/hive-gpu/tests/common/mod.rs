@@ -1,0 +1,159 @@
+//! Shared test support: which backends to test, seeded data, the f64 reference and the
+//! exactness check every backend must pass.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use hive_gpu::{GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, detect_available_backends};
+
+/// A context on every available backend. `HIVE_GPU_REQUIRE=cuda,vulkan` turns an absent
+/// backend into a failure, so a GPU run can never pass by skipping.
+pub fn contexts() -> Vec<GpuContext> {
+    let statuses = detect_available_backends();
+    let required = std::env::var("HIVE_GPU_REQUIRE").unwrap_or_default();
+    for name in required.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let backend: GpuBackendType = name.parse().unwrap_or_else(|e| panic!("HIVE_GPU_REQUIRE: {e}"));
+        let status = statuses.iter().find(|s| s.backend == backend).expect("every backend is probed");
+        assert!(
+            status.available,
+            "HIVE_GPU_REQUIRE names {backend}, which is unavailable: {}",
+            status.reason
+        );
+    }
+    let contexts: Vec<GpuContext> = statuses
+        .iter()
+        .filter(|s| s.available)
+        .map(|s| GpuContext::with_backend(s.backend, 0).expect("an available backend opens"))
+        .collect();
+    assert!(!contexts.is_empty(), "the CPU backend is always available");
+    contexts
+}
+
+/// SplitMix64: small, seeded, reproducible.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u = self.uniform().max(1e-300);
+        let v = self.uniform();
+        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.uniform() * n as f64) as usize % n.max(1)
+    }
+
+    pub fn normals(&mut self, count: usize) -> Vec<f32> {
+        (0..count).map(|_| self.normal()).collect()
+    }
+}
+
+/// The canonical "lower is better" distance in f64.
+pub fn distance(metric: GpuDistanceMetric, q: &[f32], x: &[f32]) -> f64 {
+    let dot: f64 = q.iter().zip(x).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+    match metric {
+        GpuDistanceMetric::Euclidean => {
+            q.iter().zip(x).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum()
+        }
+        GpuDistanceMetric::DotProduct => -dot,
+        GpuDistanceMetric::Cosine => {
+            let nq: f64 = q.iter().map(|&a| f64::from(a).powi(2)).sum::<f64>().sqrt();
+            let nx: f64 = x.iter().map(|&a| f64::from(a).powi(2)).sum::<f64>().sqrt();
+            -dot / (nq * nx)
+        }
+    }
+}
+
+/// The public score of a canonical distance, as documented on `GpuSearchResult`.
+pub fn score(metric: GpuDistanceMetric, distance: f64) -> f64 {
+    match metric {
+        GpuDistanceMetric::Euclidean => distance.max(0.0).sqrt(),
+        GpuDistanceMetric::DotProduct | GpuDistanceMetric::Cosine => -distance,
+    }
+}
+
+/// Exact top-k of `query` over `(id, vector)` pairs by f64 brute force: (id, score), best
+/// first, ties in the order of `vectors`.
+pub fn reference(
+    metric: GpuDistanceMetric,
+    vectors: &[(String, Vec<f32>)],
+    query: &[f32],
+    k: usize,
+) -> Vec<(String, f64)> {
+    let mut scored: Vec<(usize, f64)> =
+        vectors.iter().enumerate().map(|(i, (_, v))| (i, distance(metric, query, v))).collect();
+    scored.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    scored.truncate(k);
+    scored.into_iter().map(|(i, d)| (vectors[i].0.clone(), score(metric, d))).collect()
+}
+
+/// Asserts `got` is an exact top-k: the right length, ids unique and present, every score
+/// equal to the f64 score of that id's vector, and the i-th score equal to the reference's
+/// i-th (so the set is the true top-k up to exact ties).
+pub fn assert_exact(
+    what: &str,
+    metric: GpuDistanceMetric,
+    got: &[GpuSearchResult],
+    want: &[(String, f64)],
+    vectors_by_id: &HashMap<&str, &[f32]>,
+    query: &[f32],
+) {
+    assert_eq!(got.len(), want.len(), "{what}: result count");
+    let scale = want.iter().map(|(_, s)| s.abs()).fold(1e-6, f64::max);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs() + 1e-6 * scale;
+    let mut seen = std::collections::HashSet::new();
+    for (i, (r, (want_id, want_score))) in got.iter().zip(want).enumerate() {
+        assert!(seen.insert(r.id.clone()), "{what}: id {} returned twice", r.id);
+        let vector = vectors_by_id
+            .get(r.id.as_str())
+            .unwrap_or_else(|| panic!("{what}: returned id {} is not in the collection", r.id));
+        let true_score = score(metric, distance(metric, query, vector));
+        assert!(
+            close(f64::from(r.score), true_score),
+            "{what}: rank {i} id {} has score {} but its exact score is {true_score}",
+            r.id,
+            r.score
+        );
+        assert!(
+            close(f64::from(r.score), *want_score),
+            "{what}: rank {i} returned {} (score {}), reference has {want_id} (score {want_score})",
+            r.id,
+            r.score
+        );
+    }
+}
+
+/// The repository's `data/` folder (found from the working directory, which cargo and
+/// `.gpu/run-tests` set to the package folder), or `HIVE_GPU_DATA_DIR`.
+pub fn data_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("HIVE_GPU_DATA_DIR") {
+        return PathBuf::from(dir);
+    }
+    let mut dir = std::env::current_dir().expect("a working directory");
+    loop {
+        let candidate = dir.join("data").join("siftsmall");
+        if candidate.is_dir() {
+            return dir.join("data");
+        }
+        assert!(dir.pop(), "no data/siftsmall above the working directory; set HIVE_GPU_DATA_DIR");
+    }
+}

@@ -1,0 +1,253 @@
+//! Conformance suite: every available backend against an f64 brute force on fresh random
+//! data (all metrics, k in {1, 10, 100, 1000}, dims {1, 3, 128, 784, 1536}, n up to 100k,
+//! f32 and f16 storage), on near-duplicates that break norm-based L2, on exact ties, and on
+//! real data with published ground truth.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{Rng, assert_exact, contexts, data_dir, reference};
+use hive_gpu::io;
+use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector, GpuVectorStorage, StorageConfig, StoragePrecision};
+
+const METRICS: [GpuDistanceMetric; 3] =
+    [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine, GpuDistanceMetric::DotProduct];
+
+/// The values a collection of `precision` really stores.
+fn stored(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {
+    match precision {
+        StoragePrecision::F32 => values.to_vec(),
+        StoragePrecision::F16 => values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+    }
+}
+
+struct Case {
+    dim: usize,
+    n: usize,
+    nq: usize,
+    ks: &'static [usize],
+}
+
+/// Fills a collection and returns the stored (id, values) pairs in insertion order.
+fn fill(
+    storage: &GpuVectorStorage,
+    base: &[f32],
+    dim: usize,
+    precision: StoragePrecision,
+) -> Vec<(String, Vec<f32>)> {
+    let vectors: Vec<GpuVector> = base
+        .chunks_exact(dim)
+        .enumerate()
+        .map(|(i, v)| GpuVector::new(format!("v{i}"), v.to_vec()))
+        .collect();
+    storage.add_vectors(&vectors).expect("valid vectors are accepted");
+    vectors.into_iter().map(|v| (v.id, stored(precision, &v.data))).collect()
+}
+
+/// Checks batch search (the GEMM path) and single searches (the scan path) for every k.
+fn check_case(
+    context: &GpuContext,
+    case: &Case,
+    metric: GpuDistanceMetric,
+    precision: StoragePrecision,
+    seed: u64,
+) {
+    let mut rng = Rng::new(seed);
+    let Case { dim, n, nq, ks } = *case;
+    let base = rng.normals(n * dim);
+    // Half the queries are perturbed base vectors, so close neighbours exist.
+    let mut queries = Vec::with_capacity(nq * dim);
+    for i in 0..nq {
+        if i % 2 == 0 {
+            queries.extend(rng.normals(dim));
+        } else {
+            let row = rng.below(n);
+            queries.extend(base[row * dim..(row + 1) * dim].iter().map(|&x| x + 0.01 * rng.normal()));
+        }
+    }
+    let config = StorageConfig::new(dim, metric).with_precision(precision);
+    let storage = context.create_storage_with(config).expect("storage");
+    let vectors = fill(&storage, &base, dim, precision);
+    let by_id: HashMap<&str, &[f32]> = vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+    let max_k = *ks.iter().max().unwrap_or(&1);
+    let references: Vec<_> =
+        queries.chunks_exact(dim).map(|q| reference(metric, &vectors, q, max_k)).collect();
+    for &k in ks {
+        let what = format!("{} {metric} {precision} dim {dim} n {n} k {k}", context.backend_type());
+        let batch = storage.search_batch(&queries, k).expect("batch search");
+        assert_eq!(batch.len(), nq, "{what}: one list per query");
+        for (qi, (got, q)) in batch.iter().zip(queries.chunks_exact(dim)).enumerate() {
+            let want = &references[qi][..k.min(n)];
+            assert_exact(&format!("{what} batch query {qi}"), metric, got, want, &by_id, q);
+        }
+        for (qi, q) in queries.chunks_exact(dim).enumerate().take(2) {
+            let got = storage.search(q, k).expect("single search");
+            let want = &references[qi][..k.min(n)];
+            assert_exact(&format!("{what} single query {qi}"), metric, &got, want, &by_id, q);
+        }
+    }
+}
+
+fn run_cases(cases: &[Case], precision: StoragePrecision) {
+    for context in contexts() {
+        for (ci, case) in cases.iter().enumerate() {
+            for (mi, &metric) in METRICS.iter().enumerate() {
+                check_case(&context, case, metric, precision, 1000 + (ci * 10 + mi) as u64);
+            }
+        }
+    }
+}
+
+const SMALL_DIMS: &[Case] = &[
+    Case { dim: 1, n: 2000, nq: 6, ks: &[1, 10, 100, 1000] },
+    Case { dim: 3, n: 3000, nq: 6, ks: &[1, 10, 100, 1000] },
+    Case { dim: 128, n: 20_000, nq: 8, ks: &[1, 10, 100, 1000] },
+];
+
+const LARGE_DIMS: &[Case] = &[
+    Case { dim: 784, n: 3000, nq: 6, ks: &[1, 10, 100, 1000] },
+    Case { dim: 1536, n: 2000, nq: 5, ks: &[1, 10, 100, 1000] },
+];
+
+#[test]
+fn small_dims_f32_match_f64_reference() {
+    run_cases(SMALL_DIMS, StoragePrecision::F32);
+}
+
+#[test]
+fn small_dims_f16_match_f64_reference() {
+    run_cases(SMALL_DIMS, StoragePrecision::F16);
+}
+
+#[test]
+fn large_dims_f32_match_f64_reference() {
+    run_cases(LARGE_DIMS, StoragePrecision::F32);
+}
+
+#[test]
+fn large_dims_f16_match_f64_reference() {
+    run_cases(LARGE_DIMS, StoragePrecision::F16);
+}
+
+#[test]
+fn hundred_thousand_vectors_match_f64_reference() {
+    let case = Case { dim: 128, n: 100_000, nq: 5, ks: &[10, 100] };
+    for context in contexts() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            check_case(&context, &case, GpuDistanceMetric::Euclidean, precision, 77);
+        }
+        check_case(&context, &case, GpuDistanceMetric::Cosine, StoragePrecision::F32, 78);
+    }
+}
+
+/// Vectors far from the origin and very close to each other: `|q|^2 + |x|^2 - 2 q.x` in f32
+/// loses every digit of the distance, so only a re-rank in exact arithmetic orders them.
+#[test]
+fn near_duplicates_far_from_origin_are_ranked_exactly() {
+    let (dim, n, nq) = (64, 3000, 6);
+    for context in contexts() {
+        let mut rng = Rng::new(5);
+        let centre: Vec<f32> = (0..dim).map(|_| 1000.0 + rng.normal()).collect();
+        let near = |rng: &mut Rng| -> Vec<f32> { centre.iter().map(|&c| c + 1e-3 * rng.normal()).collect() };
+        let base: Vec<f32> = (0..n).flat_map(|_| near(&mut rng)).collect();
+        let queries: Vec<f32> = (0..nq).flat_map(|_| near(&mut rng)).collect();
+        let metric = GpuDistanceMetric::Euclidean;
+        let storage = context.create_storage(dim, metric).expect("storage");
+        let vectors = fill(&storage, &base, dim, StoragePrecision::F32);
+        let by_id: HashMap<&str, &[f32]> =
+            vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+        let batch = storage.search_batch(&queries, 10).expect("batch search");
+        for (qi, q) in queries.chunks_exact(dim).enumerate() {
+            let want = reference(metric, &vectors, q, 10);
+            assert_exact(&format!("near-duplicates batch {qi}"), metric, &batch[qi], &want, &by_id, q);
+            let single = storage.search(q, 10).expect("single search");
+            assert_exact(&format!("near-duplicates single {qi}"), metric, &single, &want, &by_id, q);
+            // Exactly the same ids as the reference, in order: no ties here.
+            let got: Vec<&str> = batch[qi].iter().map(|r| r.id.as_str()).collect();
+            let expected: Vec<&str> = want.iter().map(|(id, _)| id.as_str()).collect();
+            assert_eq!(got, expected, "near-duplicates query {qi}");
+        }
+    }
+}
+
+/// Equal scores come back in storage order, on both search paths, before and after
+/// compaction.
+#[test]
+fn ties_are_ordered_by_storage_order() {
+    for context in contexts() {
+        for metric in METRICS {
+            let storage = context.create_storage(4, metric).expect("storage");
+            let same = vec![1.0, 2.0, 3.0, 4.0];
+            let ids = ["e", "a", "d", "b", "c"];
+            let vectors: Vec<GpuVector> = ids.iter().map(|id| GpuVector::new(*id, same.clone())).collect();
+            storage.add_vectors(&vectors).expect("add");
+            storage.add_vectors(&[GpuVector::new("far", vec![-9.0, 0.5, 7.0, -1.0])]).expect("add");
+            let single: Vec<String> =
+                storage.search(&same, 5).expect("search").into_iter().map(|r| r.id).collect();
+            assert_eq!(single, ids, "{metric}: single search ties");
+            let queries: Vec<f32> = same.iter().cycle().take(4 * 6).copied().collect();
+            for list in storage.search_batch(&queries, 5).expect("batch") {
+                let got: Vec<String> = list.into_iter().map(|r| r.id).collect();
+                assert_eq!(got, ids, "{metric}: batch search ties");
+            }
+            storage.remove_vectors(&["a", "far"]).expect("remove");
+            storage.compact().expect("compact");
+            let got: Vec<String> =
+                storage.search(&same, 4).expect("search").into_iter().map(|r| r.id).collect();
+            assert_eq!(got, ["e", "d", "b", "c"], "{metric}: ties after compaction");
+        }
+    }
+}
+
+fn ground_truth_recall(name: &str) {
+    let dir = data_dir().join(name);
+    let base = io::read_fvecs(&dir.join(format!("{name}_base.fvecs"))).expect("base");
+    let queries = io::read_fvecs(&dir.join(format!("{name}_query.fvecs"))).expect("queries");
+    let truth = io::read_ivecs(&dir.join(format!("{name}_groundtruth.ivecs"))).expect("ground truth");
+    for context in contexts() {
+        let storage = context.create_storage(base.dim, GpuDistanceMetric::Euclidean).expect("storage");
+        fill(&storage, &base.data, base.dim, StoragePrecision::F32);
+        let batch = storage.search_batch(&queries.data, 10).expect("batch");
+        let singles: Vec<_> =
+            (0..queries.rows.min(20)).map(|i| storage.search(queries.row(i), 10).expect("search")).collect();
+        for (i, list) in batch.iter().chain(&singles).enumerate() {
+            let qi = if i < queries.rows { i } else { i - queries.rows };
+            let want: Vec<String> = truth.row(qi)[..10].iter().map(|id| format!("v{id}")).collect();
+            let got: Vec<String> = list.iter().map(|r| r.id.clone()).collect();
+            assert_eq!(got, want, "{} {name}: query {qi} (recall@10 must be 1.0)", context.backend_type());
+        }
+    }
+}
+
+#[test]
+fn siftsmall_recall_at_10_is_one() {
+    ground_truth_recall("siftsmall");
+}
+
+#[test]
+fn fmnistsmall_recall_at_10_is_one() {
+    ground_truth_recall("fmnistsmall");
+}
+
+/// Metadata comes back with results when asked, and only then.
+#[test]
+fn payloads_are_returned_on_request() {
+    for context in contexts() {
+        let storage = context.create_storage(2, GpuDistanceMetric::DotProduct).expect("storage");
+        let meta: hive_gpu::Metadata = [("title".to_string(), "first".to_string())].into();
+        storage
+            .add_vectors(&[
+                GpuVector::with_metadata("x", vec![1.0, 0.0], meta.clone()),
+                GpuVector::new("y", vec![0.0, 1.0]),
+            ])
+            .expect("add");
+        let plain = storage.search(&[1.0, 0.0], 1).expect("search");
+        assert_eq!(plain[0].metadata, None);
+        let options = hive_gpu::SearchOptions { with_metadata: true };
+        let rich = storage.search_with(&[1.0, 0.0], 2, options).expect("search");
+        assert_eq!(rich[0].metadata.as_ref(), Some(&meta));
+        assert_eq!(rich[1].metadata.as_ref(), Some(&hive_gpu::Metadata::new()));
+        assert_eq!(rich[0].score, 1.0, "dot product score is q.x");
+    }
+}
