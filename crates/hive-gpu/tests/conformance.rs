@@ -22,6 +22,9 @@ fn stored(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {
     }
 }
 
+/// Queries in the small batches each case also checks.
+const SMALL_BATCH: usize = 5;
+
 struct Case {
     dim: usize,
     n: usize,
@@ -75,11 +78,15 @@ fn check_case(
         queries.chunks_exact(dim).map(|q| reference(metric, &vectors, q, max_k)).collect();
     for &k in ks {
         let what = format!("{} {metric} {precision} dim {dim} n {n} k {k}", context.backend_type());
-        let batch = storage.search_batch(&queries, k).expect("batch search");
-        assert_eq!(batch.len(), nq, "{what}: one list per query");
-        for (qi, (got, q)) in batch.iter().zip(queries.chunks_exact(dim)).enumerate() {
-            let want = &references[qi][..k.min(n)];
-            assert_exact(&format!("{what} batch query {qi}"), metric, got, want, &by_id, q);
+        // A large batch, a small one and single queries take different kernels on some backends
+        // (CPU: bf16 tiles, f32 GEMM tiles, SIMD scan); all must be exact.
+        for size in [nq, SMALL_BATCH] {
+            let batch = storage.search_batch(&queries[..size * dim], k).expect("batch search");
+            assert_eq!(batch.len(), size, "{what}: one list per query");
+            for (qi, (got, q)) in batch.iter().zip(queries.chunks_exact(dim)).enumerate() {
+                let want = &references[qi][..k.min(n)];
+                assert_exact(&format!("{what} batch of {size}, query {qi}"), metric, got, want, &by_id, q);
+            }
         }
         for (qi, q) in queries.chunks_exact(dim).enumerate().take(2) {
             let got = storage.search(q, k).expect("single search");
@@ -100,14 +107,14 @@ fn run_cases(cases: &[Case], precision: StoragePrecision) {
 }
 
 const SMALL_DIMS: &[Case] = &[
-    Case { dim: 1, n: 2000, nq: 6, ks: &[1, 10, 100, 1000] },
-    Case { dim: 3, n: 3000, nq: 6, ks: &[1, 10, 100, 1000] },
-    Case { dim: 128, n: 20_000, nq: 8, ks: &[1, 10, 100, 1000] },
+    Case { dim: 1, n: 2000, nq: 20, ks: &[1, 10, 100, 1000] },
+    Case { dim: 3, n: 3000, nq: 20, ks: &[1, 10, 100, 1000] },
+    Case { dim: 128, n: 20_000, nq: 24, ks: &[1, 10, 100, 1000] },
 ];
 
 const LARGE_DIMS: &[Case] = &[
-    Case { dim: 784, n: 3000, nq: 6, ks: &[1, 10, 100, 1000] },
-    Case { dim: 1536, n: 2000, nq: 5, ks: &[1, 10, 100, 1000] },
+    Case { dim: 784, n: 3000, nq: 20, ks: &[1, 10, 100, 1000] },
+    Case { dim: 1536, n: 2000, nq: 17, ks: &[1, 10, 100, 1000] },
 ];
 
 #[test]
@@ -132,7 +139,7 @@ fn large_dims_f16_match_f64_reference() {
 
 #[test]
 fn hundred_thousand_vectors_match_f64_reference() {
-    let case = Case { dim: 128, n: 100_000, nq: 5, ks: &[10, 100] };
+    let case = Case { dim: 128, n: 100_000, nq: 16, ks: &[10, 100] };
     for context in contexts() {
         for precision in [StoragePrecision::F32, StoragePrecision::F16] {
             check_case(&context, &case, GpuDistanceMetric::Euclidean, precision, 77);
@@ -145,7 +152,7 @@ fn hundred_thousand_vectors_match_f64_reference() {
 /// loses every digit of the distance, so only a re-rank in exact arithmetic orders them.
 #[test]
 fn near_duplicates_far_from_origin_are_ranked_exactly() {
-    let (dim, n, nq) = (64, 3000, 6);
+    let (dim, n, nq) = (64, 3000, 24);
     for context in contexts() {
         let mut rng = Rng::new(5);
         let centre: Vec<f32> = (0..dim).map(|_| 1000.0 + rng.normal()).collect();
@@ -158,9 +165,20 @@ fn near_duplicates_far_from_origin_are_ranked_exactly() {
         let by_id: HashMap<&str, &[f32]> =
             vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
         let batch = storage.search_batch(&queries, 10).expect("batch search");
+        let small = storage.search_batch(&queries[..SMALL_BATCH * dim], 10).expect("small batch search");
         for (qi, q) in queries.chunks_exact(dim).enumerate() {
             let want = reference(metric, &vectors, q, 10);
             assert_exact(&format!("near-duplicates batch {qi}"), metric, &batch[qi], &want, &by_id, q);
+            if qi < SMALL_BATCH {
+                assert_exact(
+                    &format!("near-duplicates small batch {qi}"),
+                    metric,
+                    &small[qi],
+                    &want,
+                    &by_id,
+                    q,
+                );
+            }
             let single = storage.search(q, 10).expect("single search");
             assert_exact(&format!("near-duplicates single {qi}"), metric, &single, &want, &by_id, q);
             // Exactly the same ids as the reference, in order: no ties here.

@@ -106,7 +106,7 @@ fn run_sequence(context: &GpuContext, metric: GpuDistanceMetric, precision: Stor
                 }
             }
             70..=97 => {
-                let nq = if rng.below(2) == 0 { 1 } else { 4 + rng.below(8) };
+                let nq = [1, 4 + rng.below(8), 16 + rng.below(16)][rng.below(3)];
                 let queries: Vec<f32> = (0..nq)
                     .flat_map(|_| {
                         let mut q = random_vector(&mut rng, dim);

@@ -1,5 +1,6 @@
 //! The SIMD CPU backend: always available, exact, multi-threaded with rayon.
 
+mod bf16;
 mod filter;
 mod rows;
 pub mod simd;

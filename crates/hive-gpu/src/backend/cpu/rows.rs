@@ -5,6 +5,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use super::bf16;
 use super::simd::{self, Kernel, SimdLevel};
 use super::topk::{self, Collector, ErrorBound};
 use super::{available_memory_bytes, filter};
@@ -15,6 +16,11 @@ use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
 /// Batches of at least this many queries go through GEMM tiles: below it, re-reading the rows
 /// once per query costs less than a thin matrix product.
 const GEMM_MIN_QUERIES: usize = 4;
+/// Batches of at least this many queries use the bf16 kernel where the CPU has it: enough
+/// queries to amortise converting each row tile.
+const BF16_MIN_QUERIES: usize = 16;
+/// Target bytes of one packed bf16 row tile (stays in L2 while every query group reads it).
+const BF16_TILE_BYTES: usize = 128 * 1024;
 /// Queries per GEMM tile.
 const QUERY_BLOCK: usize = 192;
 /// Rows per GEMM tile: a `QUERY_BLOCK x ROW_TILE` f32 tile stays in a core's L2.
@@ -39,6 +45,10 @@ pub struct CpuRows {
     sq_norms: Vec<f32>,
     /// At least the largest squared norm of any slot, removed ones included.
     max_sq_norm: f32,
+    /// At least the largest `|x - bf16(x)|` of any slot: bounds the bf16 kernel's error.
+    max_residual: f32,
+    /// At least the largest `|x - bf16(x)| / |x|` of any slot (for cosine).
+    max_relative_residual: f32,
     dead: Vec<u64>,
     dead_count: usize,
     simd: SimdLevel,
@@ -50,7 +60,17 @@ impl CpuRows {
             StoragePrecision::F32 => Elements::F32(Vec::new()),
             StoragePrecision::F16 => Elements::F16(Vec::new()),
         };
-        Self { dim, elements, sq_norms: Vec::new(), max_sq_norm: 0.0, dead: Vec::new(), dead_count: 0, simd }
+        Self {
+            dim,
+            elements,
+            sq_norms: Vec::new(),
+            max_sq_norm: 0.0,
+            max_residual: 0.0,
+            max_relative_residual: 0.0,
+            dead: Vec::new(),
+            dead_count: 0,
+            simd,
+        }
     }
 
     fn is_dead(&self, slot: usize) -> bool {
@@ -83,12 +103,32 @@ impl CpuRows {
         }
     }
 
-    fn store_row(&mut self, row: &[f32]) -> f32 {
+    fn store_row(&mut self, row: &[f32]) {
         match &mut self.elements {
             Elements::F32(v) => v.extend_from_slice(row),
             Elements::F16(v) => v.extend(row.iter().map(|&x| f16::from_f32(x))),
         }
-        self.stored_norm(self.len_slots() - 1)
+    }
+
+    /// Records the norm and rounding residuals of the stored row in `slot`.
+    fn note_row(&mut self, slot: usize) {
+        let mut scratch = Vec::new();
+        let row = self.rows_f32(slot, 1, &mut scratch);
+        let norm = simd::squared_norm_f64(row);
+        let residual = bf16::residual(row);
+        let sq_norm = norm as f32;
+        // Widened a little so the bounds built on them stay bounds after rounding to f32.
+        self.max_sq_norm = self.max_sq_norm.max(sq_norm * (1.0 + 1e-6));
+        self.max_residual = self.max_residual.max(residual as f32 * (1.0 + 1e-6));
+        if norm > 0.0 {
+            let relative = (residual / norm.sqrt()) as f32 * (1.0 + 1e-6);
+            self.max_relative_residual = self.max_relative_residual.max(relative);
+        }
+        if slot == self.sq_norms.len() {
+            self.sq_norms.push(sq_norm);
+        } else {
+            self.sq_norms[slot] = sq_norm;
+        }
     }
 
     fn len_slots(&self) -> usize {
@@ -96,12 +136,6 @@ impl CpuRows {
             Elements::F32(v) => v.len() / self.dim,
             Elements::F16(v) => v.len() / self.dim,
         }
-    }
-
-    /// Squared norm of the stored (rounded) row.
-    fn stored_norm(&self, slot: usize) -> f32 {
-        let mut scratch = Vec::new();
-        simd::squared_norm_f64(self.rows_f32(slot, 1, &mut scratch)) as f32
     }
 
     /// Per-row `scale` and `offset` that turn a block's raw kernel values into canonical
@@ -265,6 +299,102 @@ impl CpuRows {
         collectors
     }
 
+    /// The error bound of the bf16 kernel's distances for query `q`, from the rounding
+    /// residuals of `q` and of the stored rows: `|q.x - bf(q).bf(x)| <= |q| |x - bf(x)| +
+    /// |q - bf(q)| |bf(x)| + gamma |bf(q)| |bf(x)|`.
+    fn bf16_bound(&self, metric: GpuDistanceMetric, q: &[f32], q_norm: f64) -> ErrorBound {
+        let gamma = f64::from(ErrorBound::gamma(self.dim));
+        let q_residual = bf16::residual(q);
+        let q_rounded = q_norm + q_residual;
+        let widen = 1.0 + 2f64.powi(-8);
+        let max_norm = f64::from(self.max_sq_norm).sqrt();
+        let tiny = self.dim as f64 * 1e-30;
+        let absolute = match metric {
+            GpuDistanceMetric::Cosine => {
+                q_norm * f64::from(self.max_relative_residual)
+                    + (q_residual + gamma * q_rounded) * widen
+                    + gamma * q_norm
+            }
+            _ => {
+                let product = q_norm * f64::from(self.max_residual)
+                    + (q_residual + gamma * q_rounded) * max_norm * widen;
+                if metric == GpuDistanceMetric::Euclidean {
+                    2.0 * product + gamma * f64::from(self.max_sq_norm)
+                } else {
+                    product
+                }
+            }
+        };
+        ErrorBound { absolute: ((absolute + tiny) * 1.01) as f32, relative: 0.0 }
+    }
+
+    /// Candidates of every query through the bf16 kernel: tasks own row ranges, convert each
+    /// row tile once, and run every query group over it while it sits in cache.
+    fn bf16_collect(
+        &self,
+        queries: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bounds: &[ErrorBound],
+    ) -> Vec<Collector> {
+        let (dim, n) = (self.dim, self.len_slots());
+        let np = bf16::pairs(dim);
+        let group = bf16::QUERY_GROUP;
+        let mut packed_queries = Vec::new();
+        bf16::pack_queries(queries, dim, &mut packed_queries);
+        let tile =
+            (BF16_TILE_BYTES / (4 * np)).clamp(bf16::ROW_GROUP, 1024) / bf16::ROW_GROUP * bf16::ROW_GROUP;
+        let tiles = n.div_ceil(tile);
+        let tasks = (rayon::current_num_threads() * 2).min(tiles).max(1);
+        let per_task = tiles.div_ceil(tasks) * tile;
+        let partial: Option<Vec<Vec<Collector>>> = (0..tasks)
+            .into_par_iter()
+            .map(|t| {
+                let (start, end) = ((t * per_task).min(n), ((t + 1) * per_task).min(n));
+                let mut collectors: Vec<Collector> = bounds.iter().map(|&b| Collector::new(k, b)).collect();
+                let (mut scratch, mut packed) = (Vec::new(), Vec::new());
+                let mut products = vec![0f32; group * tile];
+                let (mut scale, mut offset) = (vec![0f32; tile], vec![0f32; tile]);
+                let mut at = start;
+                while at < end {
+                    let count = tile.min(end - at);
+                    bf16::pack_rows(self.rows_f32(at, count, &mut scratch), dim, &mut packed);
+                    self.block_transform(metric, false, at, &mut scale[..count], &mut offset[..count]);
+                    for (g, chunk) in collectors.chunks_mut(group).enumerate() {
+                        let qs = &packed_queries[g * group * np..(g + 1) * group * np];
+                        if !bf16::products(qs, &packed, np, tile, &mut products) {
+                            return None;
+                        }
+                        for (c, p) in chunk.iter_mut().zip(products.chunks_exact(tile)) {
+                            filter::collect(self.simd, c, &p[..count], &scale[..count], &offset[..count], at);
+                        }
+                    }
+                    at += count;
+                }
+                Some(collectors)
+            })
+            .collect();
+        let Some(partial) = partial else {
+            // The kernel declined (no AVX512-BF16): the f32 tiles give the same answer.
+            return self.gemm_collect(queries, metric, k, &self.f32_bounds(queries, metric));
+        };
+        let mut parts = partial.into_iter();
+        let mut merged = parts.next().unwrap_or_default();
+        for part in parts {
+            for (m, c) in merged.iter_mut().zip(part) {
+                m.merge(c);
+            }
+        }
+        merged
+    }
+
+    fn f32_bounds(&self, queries: &[f32], metric: GpuDistanceMetric) -> Vec<ErrorBound> {
+        queries
+            .chunks_exact(self.dim)
+            .map(|q| self.bound(metric, simd::squared_norm_f64(q).sqrt() as f32, true))
+            .collect()
+    }
+
     /// Exact canonical distance of one stored row to `q`, in f64.
     fn exact_distance(
         &self,
@@ -364,9 +494,8 @@ impl RowStore for CpuRows {
             )));
         }
         for row in rows.chunks_exact(self.dim) {
-            let norm = self.store_row(row);
-            self.sq_norms.push(norm);
-            self.max_sq_norm = self.max_sq_norm.max(norm);
+            self.store_row(row);
+            self.note_row(self.len_slots() - 1);
         }
         self.dead.resize(self.len_slots().div_ceil(64), 0);
         Ok(())
@@ -381,9 +510,7 @@ impl RowStore for CpuRows {
             Elements::F32(v) => v[range].copy_from_slice(row),
             Elements::F16(v) => v[range].convert_from_f32_slice(row),
         }
-        let norm = self.stored_norm(slot);
-        self.sq_norms[slot] = norm;
-        self.max_sq_norm = self.max_sq_norm.max(norm);
+        self.note_row(slot);
         self.set_dead(slot, false);
         Ok(())
     }
@@ -405,10 +532,13 @@ impl RowStore for CpuRows {
             Elements::F32(v) => Elements::F32(gather(v, keep, dim)),
             Elements::F16(v) => Elements::F16(gather(v, keep, dim)),
         };
-        self.sq_norms = keep.iter().map(|&s| self.sq_norms[s]).collect();
-        self.max_sq_norm = self.sq_norms.iter().copied().fold(0.0, f32::max);
         self.dead = vec![0; keep.len().div_ceil(64)];
         self.dead_count = 0;
+        self.sq_norms = Vec::with_capacity(keep.len());
+        (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
+        for slot in 0..keep.len() {
+            self.note_row(slot);
+        }
         Ok(())
     }
 
@@ -420,7 +550,7 @@ impl RowStore for CpuRows {
         self.sq_norms = Vec::new();
         self.dead = Vec::new();
         self.dead_count = 0;
-        self.max_sq_norm = 0.0;
+        (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
     }
 
     fn read_row(&self, slot: usize) -> Vec<f32> {
@@ -440,13 +570,22 @@ impl RowStore for CpuRows {
         let dim = self.dim;
         let nq = queries.len() / dim;
         let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
-        let gemm_path = nq >= GEMM_MIN_QUERIES;
-        let bounds: Vec<ErrorBound> =
-            q_norms.iter().map(|&qn| self.bound(metric, qn as f32, gemm_path)).collect();
-        let collectors = if gemm_path {
+        let collectors = if nq >= BF16_MIN_QUERIES && bf16::available() {
+            let bounds: Vec<ErrorBound> = queries
+                .chunks_exact(dim)
+                .zip(&q_norms)
+                .map(|(q, &qn)| self.bf16_bound(metric, q, qn))
+                .collect();
+            self.bf16_collect(queries, metric, k, &bounds)
+        } else if nq >= GEMM_MIN_QUERIES {
+            let bounds = self.f32_bounds(queries, metric);
             self.gemm_collect(queries, metric, k, &bounds)
         } else {
-            queries.chunks_exact(dim).zip(&bounds).map(|(q, &b)| self.scan(q, metric, k, b)).collect()
+            queries
+                .chunks_exact(dim)
+                .zip(&q_norms)
+                .map(|(q, &qn)| self.scan(q, metric, k, self.bound(metric, qn as f32, false)))
+                .collect()
         };
         Ok(collectors
             .into_par_iter()

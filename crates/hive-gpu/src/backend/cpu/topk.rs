@@ -90,15 +90,16 @@ impl Collector {
             }
             return;
         }
-        let evicted = match self.best.peek() {
-            Some(&worst) if entry < worst => {
-                self.best.pop();
-                self.best.push(entry);
-                self.update_gate();
-                worst
+        let evicted = match self.best.peek_mut() {
+            Some(mut worst) if entry < *worst => {
+                // Replacing the top in place costs one sift-down instead of a pop and a push.
+                std::mem::replace(&mut *worst, entry)
             }
             _ => entry,
         };
+        if evicted != entry {
+            self.update_gate();
+        }
         if evicted.distance <= self.gate {
             self.near.push(evicted);
             if self.near.len() > 4 * self.k + 64 {
