@@ -153,8 +153,9 @@ mod kernel {
                 lanes[1] = _mm512_dpbf16_ps(lanes[1], a, b1);
             }
         }
-        // SAFETY: __m512 and [f32; 16] have the same size and every bit pattern is valid.
-        acc.map(|lanes| lanes.map(|v| unsafe { std::mem::transmute::<__m512, [f32; 16]>(v) }))
+        // SAFETY: [[__m512; 2]; 8] and [[[f32; 16]; 2]; 8] have the same size and every bit
+        // pattern is a valid f32.
+        unsafe { std::mem::transmute::<[[__m512; 2]; QUERY_GROUP], [[[f32; 16]; 2]; QUERY_GROUP]>(acc) }
     }
 
     #[target_feature(enable = "avx512f,avx512bf16")]

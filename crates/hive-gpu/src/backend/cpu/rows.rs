@@ -345,7 +345,9 @@ impl CpuRows {
         let tile =
             (BF16_TILE_BYTES / (4 * np)).clamp(bf16::ROW_GROUP, 1024) / bf16::ROW_GROUP * bf16::ROW_GROUP;
         let tiles = n.div_ceil(tile);
-        let tasks = (rayon::current_num_threads() * 2).min(tiles).max(1);
+        // Every task warms up its own collectors, so use just enough tasks to balance the threads.
+        let threads = rayon::current_num_threads();
+        let tasks = if tiles >= threads * 16 { threads * 2 } else { threads }.min(tiles).max(1);
         let per_task = tiles.div_ceil(tasks) * tile;
         let partial: Option<Vec<Vec<Collector>>> = (0..tasks)
             .into_par_iter()

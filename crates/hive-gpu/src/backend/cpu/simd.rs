@@ -92,29 +92,22 @@ pub enum Kernel {
     Dot,
 }
 
+/// One row's sum. `L2` is a const parameter so each instantiation is a straight-line loop
+/// over fixed-size arrays, which LLVM turns into full-width vector code.
 #[inline(always)]
-fn reduce_one<const FMA: bool>(kernel: Kernel, q: &[f32], row: &[f32]) -> f32 {
+fn reduce_one<const L2: bool, const FMA: bool>(q: &[f32], row: &[f32]) -> f32 {
+    let (q_chunks, q_tail) = q.as_chunks::<LANES>();
+    let (r_chunks, r_tail) = row.as_chunks::<LANES>();
     let mut acc = [0f32; LANES];
-    let mut qc = q.chunks_exact(LANES);
-    let mut rc = row.chunks_exact(LANES);
-    for (a, b) in (&mut qc).zip(&mut rc) {
+    for (a, b) in q_chunks.iter().zip(r_chunks) {
         for i in 0..LANES {
-            let (x, y) = match kernel {
-                Kernel::L2 => {
-                    let t = a[i] - b[i];
-                    (t, t)
-                }
-                Kernel::Dot => (a[i], b[i]),
-            };
+            let (x, y) = if L2 { (a[i] - b[i], a[i] - b[i]) } else { (a[i], b[i]) };
             acc[i] = if FMA { x.mul_add(y, acc[i]) } else { acc[i] + x * y };
         }
     }
     let mut tail = 0f32;
-    for (a, b) in qc.remainder().iter().zip(rc.remainder()) {
-        tail += match kernel {
-            Kernel::L2 => (a - b) * (a - b),
-            Kernel::Dot => a * b,
-        };
+    for (a, b) in q_tail.iter().zip(r_tail) {
+        tail += if L2 { (a - b) * (a - b) } else { a * b };
     }
     // Pairwise halving keeps the horizontal sum in vector registers.
     let mut width = LANES;
@@ -129,8 +122,18 @@ fn reduce_one<const FMA: bool>(kernel: Kernel, q: &[f32], row: &[f32]) -> f32 {
 
 #[inline(always)]
 fn rows_generic<const FMA: bool>(kernel: Kernel, q: &[f32], rows: &[f32], out: &mut [f32]) {
-    for (row, o) in rows.chunks_exact(q.len()).zip(out.iter_mut()) {
-        *o = reduce_one::<FMA>(kernel, q, row);
+    // Plain loops, not closures: a closure does not inherit the caller's target features.
+    match kernel {
+        Kernel::L2 => {
+            for (row, o) in rows.chunks_exact(q.len()).zip(out.iter_mut()) {
+                *o = reduce_one::<true, FMA>(q, row);
+            }
+        }
+        Kernel::Dot => {
+            for (row, o) in rows.chunks_exact(q.len()).zip(out.iter_mut()) {
+                *o = reduce_one::<false, FMA>(q, row);
+            }
+        }
     }
 }
 
