@@ -14,3 +14,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked
+
+# The same suites again with the lower CPU kernel levels forced, so the AVX2 and scalar
+# kernels, and the f32 GEMM path that serves CPUs without AVX512-BF16, are proven too.
+for level in avx2 scalar; do
+    step "conformance with HIVE_GPU_CPU_SIMD=$level"
+    HIVE_GPU_CPU_SIMD=$level cargo test -p hive-gpu --locked --test conformance --test model --test bad_input
+done
