@@ -48,6 +48,41 @@ fn fill(
     vectors.into_iter().map(|v| (v.id, stored(precision, &v.data))).collect()
 }
 
+/// Random data of one case: Gaussian, or integers in 0..=255 (the byte kernels' domain,
+/// full of exact ties).
+#[derive(Clone, Copy, PartialEq)]
+enum Values {
+    Gaussian,
+    Bytes,
+}
+
+fn case_data(rng: &mut Rng, case: &Case, values: Values) -> (Vec<f32>, Vec<f32>) {
+    let Case { dim, n, nq, .. } = *case;
+    let draw = |rng: &mut Rng, count: usize| -> Vec<f32> {
+        match values {
+            Values::Gaussian => rng.normals(count),
+            Values::Bytes => (0..count).map(|_| rng.below(256) as f32).collect(),
+        }
+    };
+    let base = draw(rng, n * dim);
+    // Half the queries are perturbed base vectors, so close neighbours exist.
+    let mut queries = Vec::with_capacity(nq * dim);
+    for i in 0..nq {
+        if i % 2 == 0 {
+            queries.extend(draw(rng, dim));
+        } else {
+            let row = rng.below(n);
+            for &x in &base[row * dim..(row + 1) * dim] {
+                queries.push(match values {
+                    Values::Gaussian => x + 0.01 * rng.normal(),
+                    Values::Bytes => (x + rng.below(3) as f32 - 1.0).clamp(0.0, 255.0),
+                });
+            }
+        }
+    }
+    (base, queries)
+}
+
 /// Checks batch search (the GEMM path) and single searches (the scan path) for every k.
 fn check_case(
     context: &GpuContext,
@@ -56,19 +91,20 @@ fn check_case(
     precision: StoragePrecision,
     seed: u64,
 ) {
+    check_values(context, case, metric, precision, seed, Values::Gaussian);
+}
+
+fn check_values(
+    context: &GpuContext,
+    case: &Case,
+    metric: GpuDistanceMetric,
+    precision: StoragePrecision,
+    seed: u64,
+    values: Values,
+) {
     let mut rng = Rng::new(seed);
     let Case { dim, n, nq, ks } = *case;
-    let base = rng.normals(n * dim);
-    // Half the queries are perturbed base vectors, so close neighbours exist.
-    let mut queries = Vec::with_capacity(nq * dim);
-    for i in 0..nq {
-        if i % 2 == 0 {
-            queries.extend(rng.normals(dim));
-        } else {
-            let row = rng.below(n);
-            queries.extend(base[row * dim..(row + 1) * dim].iter().map(|&x| x + 0.01 * rng.normal()));
-        }
-    }
+    let (base, queries) = case_data(&mut rng, case, values);
     let config = StorageConfig::new(dim, metric).with_precision(precision);
     let storage = context.create_storage_with(config).expect("storage");
     let vectors = fill(&storage, &base, dim, precision);
@@ -145,6 +181,33 @@ fn hundred_thousand_vectors_match_f64_reference() {
             check_case(&context, &case, GpuDistanceMetric::Euclidean, precision, 77);
         }
         check_case(&context, &case, GpuDistanceMetric::Cosine, StoragePrecision::F32, 78);
+    }
+}
+
+/// Integers in 0..=255 (SIFT-like, pixel-like) take exact byte kernels on some backends and
+/// produce many exactly tied distances.
+#[test]
+fn byte_valued_data_match_f64_reference() {
+    let cases = [
+        Case { dim: 3, n: 3000, nq: 20, ks: &[1, 10, 100, 1000] },
+        Case { dim: 128, n: 5000, nq: 20, ks: &[1, 10, 100, 1000] },
+        Case { dim: 785, n: 2000, nq: 17, ks: &[1, 10, 100] },
+    ];
+    for context in contexts() {
+        for (ci, case) in cases.iter().enumerate() {
+            for (mi, &metric) in METRICS.iter().enumerate() {
+                for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+                    check_values(
+                        &context,
+                        case,
+                        metric,
+                        precision,
+                        500 + (ci * 10 + mi) as u64,
+                        Values::Bytes,
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod bf16;
 mod filter;
+mod int8;
 mod rows;
 pub mod simd;
 mod topk;

@@ -5,10 +5,10 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::bf16;
 use super::simd::{self, Kernel, SimdLevel};
 use super::topk::{self, Collector, ErrorBound};
 use super::{available_memory_bytes, filter};
+use super::{bf16, int8};
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
@@ -19,8 +19,65 @@ const GEMM_MIN_QUERIES: usize = 4;
 /// Batches of at least this many queries use the bf16 kernel where the CPU has it: enough
 /// queries to amortise converting each row tile.
 const BF16_MIN_QUERIES: usize = 16;
-/// Target bytes of one packed bf16 row tile (stays in L2 while every query group reads it).
-const BF16_TILE_BYTES: usize = 128 * 1024;
+/// Target bytes of one packed row tile (stays in L2 while every query group reads it).
+const PACKED_TILE_BYTES: usize = 128 * 1024;
+/// Rows per register block of the packed kernels (both use two vectors of 16 lanes).
+const ROW_GROUP: usize = 32;
+
+/// The reduced-precision product kernels that feed the same bounded selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TileKernel {
+    /// bf16 pairs (AVX512-BF16): any data, bounded by the rounding residuals.
+    Bf16,
+    /// Byte quads (AVX512-VNNI): exact for data whose components are integers in 0..=255.
+    Bytes,
+}
+
+impl TileKernel {
+    /// u32 words per packed vector.
+    fn words(self, dim: usize) -> usize {
+        match self {
+            TileKernel::Bf16 => bf16::pairs(dim),
+            TileKernel::Bytes => int8::quads(dim),
+        }
+    }
+
+    fn query_group(self) -> usize {
+        match self {
+            TileKernel::Bf16 => bf16::QUERY_GROUP,
+            TileKernel::Bytes => int8::QUERY_GROUP,
+        }
+    }
+
+    fn pack_queries(self, queries: &[f32], dim: usize, out: &mut Vec<u32>) {
+        match self {
+            TileKernel::Bf16 => bf16::pack_queries(queries, dim, out),
+            TileKernel::Bytes => int8::pack_queries(queries, dim, out),
+        }
+    }
+
+    fn pack_rows(self, rows: &[f32], dim: usize, out: &mut Vec<u32>, sums: &mut Vec<i32>) {
+        match self {
+            TileKernel::Bf16 => bf16::pack_rows(rows, dim, out),
+            TileKernel::Bytes => int8::pack_rows(rows, dim, out, sums),
+        }
+    }
+
+    fn products(
+        self,
+        queries: &[u32],
+        rows: &[u32],
+        words: usize,
+        stride: usize,
+        sums: &[i32],
+        out: &mut [f32],
+    ) -> bool {
+        match self {
+            TileKernel::Bf16 => bf16::products(queries, rows, words, stride, out),
+            TileKernel::Bytes => int8::products(queries, rows, words, stride, sums, out),
+        }
+    }
+}
 /// Queries per GEMM tile.
 const QUERY_BLOCK: usize = 192;
 /// Rows per GEMM tile: a `QUERY_BLOCK x ROW_TILE` f32 tile stays in a core's L2.
@@ -49,6 +106,8 @@ pub struct CpuRows {
     max_residual: f32,
     /// At least the largest `|x - bf16(x)| / |x|` of any slot (for cosine).
     max_relative_residual: f32,
+    /// Whether every stored component is an integer in 0..=255 (exact byte kernel applies).
+    all_bytes: bool,
     dead: Vec<u64>,
     dead_count: usize,
     simd: SimdLevel,
@@ -67,6 +126,7 @@ impl CpuRows {
             max_sq_norm: 0.0,
             max_residual: 0.0,
             max_relative_residual: 0.0,
+            all_bytes: true,
             dead: Vec::new(),
             dead_count: 0,
             simd,
@@ -116,6 +176,7 @@ impl CpuRows {
         let row = self.rows_f32(slot, 1, &mut scratch);
         let norm = simd::squared_norm_f64(row);
         let residual = bf16::residual(row);
+        let bytes = row.iter().all(|&x| int8::is_byte(x));
         let sq_norm = norm as f32;
         // Widened a little so the bounds built on them stay bounds after rounding to f32.
         self.max_sq_norm = self.max_sq_norm.max(sq_norm * (1.0 + 1e-6));
@@ -124,6 +185,7 @@ impl CpuRows {
             let relative = (residual / norm.sqrt()) as f32 * (1.0 + 1e-6);
             self.max_relative_residual = self.max_relative_residual.max(relative);
         }
+        self.all_bytes &= bytes;
         if slot == self.sq_norms.len() {
             self.sq_norms.push(sq_norm);
         } else {
@@ -330,20 +392,20 @@ impl CpuRows {
 
     /// Candidates of every query through the bf16 kernel: tasks own row ranges, convert each
     /// row tile once, and run every query group over it while it sits in cache.
-    fn bf16_collect(
+    fn tiled_collect(
         &self,
+        kernel: TileKernel,
         queries: &[f32],
         metric: GpuDistanceMetric,
         k: usize,
         bounds: &[ErrorBound],
     ) -> Vec<Collector> {
         let (dim, n) = (self.dim, self.len_slots());
-        let np = bf16::pairs(dim);
-        let group = bf16::QUERY_GROUP;
+        let np = kernel.words(dim);
+        let group = kernel.query_group();
         let mut packed_queries = Vec::new();
-        bf16::pack_queries(queries, dim, &mut packed_queries);
-        let tile =
-            (BF16_TILE_BYTES / (4 * np)).clamp(bf16::ROW_GROUP, 1024) / bf16::ROW_GROUP * bf16::ROW_GROUP;
+        kernel.pack_queries(queries, dim, &mut packed_queries);
+        let tile = (PACKED_TILE_BYTES / (4 * np)).clamp(ROW_GROUP, 1024) / ROW_GROUP * ROW_GROUP;
         let tiles = n.div_ceil(tile);
         // Every task warms up its own collectors, so use just enough tasks to balance the threads.
         let threads = rayon::current_num_threads();
@@ -354,17 +416,17 @@ impl CpuRows {
             .map(|t| {
                 let (start, end) = ((t * per_task).min(n), ((t + 1) * per_task).min(n));
                 let mut collectors: Vec<Collector> = bounds.iter().map(|&b| Collector::new(k, b)).collect();
-                let (mut scratch, mut packed) = (Vec::new(), Vec::new());
+                let (mut scratch, mut packed, mut sums) = (Vec::new(), Vec::new(), Vec::new());
                 let mut products = vec![0f32; group * tile];
                 let (mut scale, mut offset) = (vec![0f32; tile], vec![0f32; tile]);
                 let mut at = start;
                 while at < end {
                     let count = tile.min(end - at);
-                    bf16::pack_rows(self.rows_f32(at, count, &mut scratch), dim, &mut packed);
+                    kernel.pack_rows(self.rows_f32(at, count, &mut scratch), dim, &mut packed, &mut sums);
                     self.block_transform(metric, false, at, &mut scale[..count], &mut offset[..count]);
                     for (g, chunk) in collectors.chunks_mut(group).enumerate() {
                         let qs = &packed_queries[g * group * np..(g + 1) * group * np];
-                        if !bf16::products(qs, &packed, np, tile, &mut products) {
+                        if !kernel.products(qs, &packed, np, tile, &sums, &mut products) {
                             return None;
                         }
                         for (c, p) in chunk.iter_mut().zip(products.chunks_exact(tile)) {
@@ -377,7 +439,7 @@ impl CpuRows {
             })
             .collect();
         let Some(partial) = partial else {
-            // The kernel declined (no AVX512-BF16): the f32 tiles give the same answer.
+            // The kernel declined (instructions missing): the f32 tiles give the same answer.
             return self.gemm_collect(queries, metric, k, &self.f32_bounds(queries, metric));
         };
         let mut parts = partial.into_iter();
@@ -538,6 +600,7 @@ impl RowStore for CpuRows {
         self.dead_count = 0;
         self.sq_norms = Vec::with_capacity(keep.len());
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
+        self.all_bytes = true;
         for slot in 0..keep.len() {
             self.note_row(slot);
         }
@@ -553,6 +616,7 @@ impl RowStore for CpuRows {
         self.dead = Vec::new();
         self.dead_count = 0;
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
+        self.all_bytes = true;
     }
 
     fn read_row(&self, slot: usize) -> Vec<f32> {
@@ -572,13 +636,21 @@ impl RowStore for CpuRows {
         let dim = self.dim;
         let nq = queries.len() / dim;
         let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
-        let collectors = if nq >= BF16_MIN_QUERIES && bf16::available() {
+        let bytes = self.all_bytes
+            && dim <= int8::MAX_DIM
+            && int8::available()
+            && queries.iter().all(|&x| int8::is_byte(x));
+        let collectors = if nq >= BF16_MIN_QUERIES && bytes {
+            // Exact integer products; only the f32 conversion rounds, well inside the f32 bound.
+            let bounds = self.f32_bounds(queries, metric);
+            self.tiled_collect(TileKernel::Bytes, queries, metric, k, &bounds)
+        } else if nq >= BF16_MIN_QUERIES && bf16::available() {
             let bounds: Vec<ErrorBound> = queries
                 .chunks_exact(dim)
                 .zip(&q_norms)
                 .map(|(q, &qn)| self.bf16_bound(metric, q, qn))
                 .collect();
-            self.bf16_collect(queries, metric, k, &bounds)
+            self.tiled_collect(TileKernel::Bf16, queries, metric, k, &bounds)
         } else if nq >= GEMM_MIN_QUERIES {
             let bounds = self.f32_bounds(queries, metric);
             self.gemm_collect(queries, metric, k, &bounds)
