@@ -19,5 +19,5 @@ cargo test --workspace --locked
 # kernels, and the f32 GEMM path that serves CPUs without AVX512-BF16, are proven too.
 for level in avx2 scalar; do
     step "conformance with HIVE_GPU_CPU_SIMD=$level"
-    HIVE_GPU_CPU_SIMD=$level cargo test -p hive-gpu --locked --test conformance --test model --test bad_input
+    HIVE_GPU_CPU_SIMD=$level cargo test --workspace --locked --test conformance --test model --test bad_input
 done

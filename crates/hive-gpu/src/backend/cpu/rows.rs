@@ -523,6 +523,14 @@ impl RowStore for CpuRows {
     }
 
     fn reserve(&mut self, additional: usize) -> Result<()> {
+        // Selection keeps slots as u32.
+        if self.len_slots().saturating_add(additional) > u32::MAX as usize {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "a CPU collection holds at most {} vectors ({} present, {additional} more asked)",
+                u32::MAX,
+                self.len_slots()
+            )));
+        }
         let element_bytes = match self.elements {
             Elements::F32(_) => 4,
             Elements::F16(_) => 2,
@@ -678,5 +686,18 @@ impl RowStore for CpuRows {
                     .collect()
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_rows_than_u32_slots_is_refused() {
+        let mut rows = CpuRows::new(1, StoragePrecision::F32, SimdLevel::Scalar);
+        let err = rows.reserve(1 << 33).unwrap_err();
+        assert!(err.to_string().contains("at most"), "{err}");
+        rows.append(&[1.0]).expect("still usable");
     }
 }
