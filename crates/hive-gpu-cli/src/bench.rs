@@ -33,7 +33,14 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     if k == 0 {
         return Err(HiveGpuError::InvalidArgument("-k must be at least 1".into()));
     }
-    let data = dataset::load(&args.data)?;
+    let data = {
+        let spinner = if args.json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+        spinner.set_message("loading vectors");
+        spinner.enable_steady_tick(Duration::from_millis(120));
+        let loaded = dataset::load(&args.data);
+        spinner.finish_and_clear();
+        loaded?
+    };
     if data.queries.dim != data.base.dim {
         return Err(HiveGpuError::DimensionMismatch {
             expected: data.base.dim,
