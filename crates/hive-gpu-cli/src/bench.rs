@@ -130,7 +130,9 @@ fn progress(len: usize, what: &str, hidden: bool) -> ProgressBar {
 
 fn build(storage: &GpuVectorStorage, data: &Dataset, quiet: bool) -> Result<Duration, HiveGpuError> {
     let bar = progress(data.base.rows, "adding", quiet);
-    let mut spent = Duration::ZERO;
+    let began = Instant::now();
+    storage.reserve(data.base.rows)?;
+    let mut spent = began.elapsed();
     for start in (0..data.base.rows).step_by(ADD_CHUNK) {
         let end = (start + ADD_CHUNK).min(data.base.rows);
         let chunk: Vec<GpuVector> =

@@ -9,12 +9,16 @@ use crate::json::{self, Value};
 pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
     let base = io::read_vectors(&args.base)?;
     let queries = io::read_vectors(&args.query)?;
+    if queries.dim != base.dim {
+        return Err(HiveGpuError::DimensionMismatch { expected: base.dim, actual: queries.dim, id: None });
+    }
     let settings = &args.settings;
     let context = settings.context()?;
     let config = StorageConfig::new(base.dim, settings.metric()).with_precision(settings.precision());
     let storage = context.create_storage_with(config)?;
     let vectors: Vec<GpuVector> =
         (0..base.rows).map(|i| GpuVector::new(i.to_string(), base.row(i).to_vec())).collect();
+    storage.reserve(vectors.len())?;
     storage.add_vectors(&vectors)?;
     drop(vectors);
     let results = storage.search_batch(&queries.data, settings.k)?;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::backend::RowStore;
 use crate::error::{HiveGpuError, Result};
-use crate::types::{GpuDistanceMetric, GpuVector, Metadata, StorageConfig};
+use crate::types::{GpuDistanceMetric, GpuVector, Metadata, StorageConfig, StoragePrecision};
 
 /// Squared norms above this could overflow f32 arithmetic in distance kernels
 /// (|q - x|^2 <= 2(|q|^2 + |x|^2) must stay under f32::MAX).
@@ -68,6 +68,23 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
             id,
             reason: format!("{what}zero vector has no cosine similarity"),
         });
+    }
+    if let (Subject::Vector(_), StoragePrecision::F16) = (subject, config.precision) {
+        // Stored values are what searches see: they must exist in f16 too.
+        if let Some((i, x)) = values.iter().enumerate().find(|(_, x)| half::f16::from_f32(**x).is_infinite())
+        {
+            return Err(HiveGpuError::InvalidVector {
+                id,
+                reason: format!("{x} at component {i} is outside the f16 storage range (|x| <= 65504)"),
+            });
+        }
+        let all_zero = values.iter().all(|&x| half::f16::from_f32(x).to_f32() == 0.0);
+        if config.metric == GpuDistanceMetric::Cosine && all_zero {
+            return Err(HiveGpuError::InvalidVector {
+                id,
+                reason: "becomes a zero vector when rounded to f16, which has no cosine similarity".into(),
+            });
+        }
     }
     Ok(())
 }
@@ -143,6 +160,14 @@ impl Collection {
         Ok(())
     }
 
+    /// Makes room for `additional` more vectors without reallocating.
+    pub(crate) fn reserve(&mut self, additional: usize) -> Result<()> {
+        self.rows.reserve(additional)?;
+        self.entries.try_reserve(additional).map_err(|_| out_of_memory(additional))?;
+        self.slot_of.try_reserve(additional).map_err(|_| out_of_memory(additional))?;
+        Ok(())
+    }
+
     /// Removes ids; every id must be present and listed once, else nothing is removed.
     pub(crate) fn remove<S: AsRef<str>>(&mut self, ids: &[S]) -> Result<()> {
         let mut slots = Vec::with_capacity(ids.len());
@@ -193,14 +218,11 @@ impl Collection {
         Ok(())
     }
 
-    pub(crate) fn get(&self, id: &str) -> Option<GpuVector> {
-        let &slot = self.slot_of.get(id)?;
-        let entry = self.entries[slot].as_ref()?;
-        Some(GpuVector {
-            id: entry.id.clone(),
-            data: self.rows.read_row(slot),
-            metadata: entry.metadata.clone(),
-        })
+    pub(crate) fn get(&self, id: &str) -> Result<Option<GpuVector>> {
+        let Some(&slot) = self.slot_of.get(id) else { return Ok(None) };
+        let Some(entry) = self.entries[slot].as_ref() else { return Ok(None) };
+        let data = self.rows.read_row(slot)?;
+        Ok(Some(GpuVector { id: entry.id.clone(), data, metadata: entry.metadata.clone() }))
     }
 
     pub(crate) fn contains(&self, id: &str) -> bool {

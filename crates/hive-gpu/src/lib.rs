@@ -141,6 +141,13 @@ impl GpuVectorStorage {
         self.write().upsert(vectors)
     }
 
+    /// Makes room for `additional` more vectors, so that adding them does not reallocate
+    /// (like `Vec::reserve`). Fails with [`HiveGpuError::VramLimitExceeded`] when the device
+    /// lacks the memory, changing nothing.
+    pub fn reserve(&self, additional: usize) -> Result<()> {
+        self.write().reserve(additional)
+    }
+
     /// The `k` nearest neighbours of `query`, best first. `k` larger than the collection
     /// returns every vector.
     pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<GpuSearchResult>> {
@@ -188,7 +195,7 @@ impl GpuVectorStorage {
 
     /// The stored vector (after the storage precision's rounding) and its payload.
     pub fn get_vector(&self, id: &str) -> Result<Option<GpuVector>> {
-        Ok(self.read().get(id))
+        self.read().get(id)
     }
 
     /// Whether `id` is in the collection.

@@ -149,6 +149,42 @@ fn duplicate_and_unknown_ids_change_nothing() {
 }
 
 #[test]
+fn f16_storage_rejects_values_it_cannot_hold() {
+    for context in contexts() {
+        let config = hive_gpu::StorageConfig::new(2, GpuDistanceMetric::DotProduct)
+            .with_precision(StoragePrecision::F16);
+        let storage = context.create_storage_with(config).expect("storage");
+        let err = storage.add_vectors(&[GpuVector::new("big", vec![1e5, 0.0])]).unwrap_err();
+        assert!(err.to_string().contains("f16"), "{err}");
+        assert_eq!(storage.vector_count(), 0);
+        let cosine =
+            hive_gpu::StorageConfig::new(2, GpuDistanceMetric::Cosine).with_precision(StoragePrecision::F16);
+        let storage = context.create_storage_with(cosine).expect("storage");
+        let err = storage.add_vectors(&[GpuVector::new("tiny", vec![1e-8, 1e-8])]).unwrap_err();
+        assert!(err.to_string().contains("zero vector"), "{err}");
+    }
+}
+
+/// The op set is public: misuse of a row store is an error, not a panic.
+#[test]
+fn row_store_rejects_bad_arguments() {
+    for context in contexts() {
+        let mut rows = context.backend().new_rows(2, StoragePrecision::F32).expect("rows");
+        rows.append(&[1.0, 2.0, 3.0, 4.0]).expect("append");
+        assert!(rows.knn(&[1.0, 2.0], 0, GpuDistanceMetric::Euclidean).is_err(), "k = 0");
+        assert!(rows.knn(&[1.0, 2.0], 3, GpuDistanceMetric::Euclidean).is_err(), "k > live rows");
+        assert!(rows.knn(&[1.0, 2.0, 3.0], 1, GpuDistanceMetric::Euclidean).is_err(), "partial query");
+        assert!(rows.read_row(5).is_err(), "slot out of range");
+        assert!(rows.compact(&[1, 0]).is_err(), "descending slots");
+        assert!(rows.compact(&[7]).is_err(), "slot out of range");
+        assert!(rows.append(&[1.0]).is_err(), "partial row");
+        assert!(rows.overwrite(9, &[1.0, 2.0]).is_err(), "overwrite out of range");
+        assert_eq!(rows.len(), 2, "nothing changed");
+        assert_eq!(rows.read_row(1).expect("row"), vec![3.0, 4.0]);
+    }
+}
+
+#[test]
 fn zero_dimension_is_rejected() {
     for context in contexts() {
         let err = context.create_storage(0, GpuDistanceMetric::Euclidean).unwrap_err();

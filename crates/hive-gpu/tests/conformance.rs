@@ -211,6 +211,69 @@ fn byte_valued_data_match_f64_reference() {
     }
 }
 
+/// Cases built to sit just inside the reduced-precision kernels' error (found in review):
+/// the approximate order of two rows is wrong by less than the error bound, so only a
+/// correct margin and the exact re-rank order them. Each runs as one query (scan), a batch of
+/// 6 (f32 tiles) and a batch of 16 (bf16 or byte tiles).
+#[test]
+fn adversarial_rounding_cases() {
+    let p = |e: i32| 2f32.powi(e);
+    let e = p(-23);
+    let cases: Vec<(GpuDistanceMetric, Vec<Vec<f32>>, Vec<f32>)> = vec![
+        (
+            GpuDistanceMetric::DotProduct,
+            vec![
+                vec![1.0 + p(-8) - e, 1.0 + p(-8) - e],
+                vec![1.0 + 3.0 * p(-8) + e, 1.0 - p(-8) - p(-9) + e],
+            ],
+            vec![1.0, 1.0],
+        ),
+        (
+            GpuDistanceMetric::Euclidean,
+            vec![
+                vec![1.0 + p(-8) - e, 1.0 + p(-8) - e, p(-7) * 1.4375],
+                vec![1.0 + 3.0 * p(-8) + e, 1.0 - p(-8) - p(-9) + e, 0.0],
+            ],
+            vec![1.0, 1.0, 0.0],
+        ),
+        // Subnormal query components, which bf16 hardware reads as zero.
+        (GpuDistanceMetric::DotProduct, vec![vec![p(60), 0.0], vec![0.0, p(50)]], vec![p(-127), p(-125)]),
+        (GpuDistanceMetric::Cosine, vec![vec![1.0, p(-130)], vec![1.0, -p(-130)]], vec![1.0, p(-127)]),
+    ];
+    for context in contexts() {
+        for (ci, (metric, rows, query)) in cases.iter().enumerate() {
+            let dim = query.len();
+            let storage = context.create_storage(dim, *metric).expect("storage");
+            let vectors: Vec<(String, Vec<f32>)> =
+                rows.iter().enumerate().map(|(i, v)| (format!("r{i}"), v.clone())).collect();
+            let batch: Vec<GpuVector> =
+                vectors.iter().map(|(id, v)| GpuVector::new(id.clone(), v.clone())).collect();
+            storage.add_vectors(&batch).expect("add");
+            let by_id: HashMap<&str, &[f32]> =
+                vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+            for k in [1, 2] {
+                let want = reference(*metric, &vectors, query, k);
+                let single = storage.search(query, k).expect("search");
+                assert_exact(&format!("case {ci} k {k} single"), *metric, &single, &want, &by_id, query);
+                for size in [6, 16] {
+                    let queries: Vec<f32> = query.iter().cycle().take(dim * size).copied().collect();
+                    let lists = storage.search_batch(&queries, k).expect("batch");
+                    for list in &lists {
+                        assert_exact(
+                            &format!("case {ci} k {k} batch {size}"),
+                            *metric,
+                            list,
+                            &want,
+                            &by_id,
+                            query,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Vectors far from the origin and very close to each other: `|q|^2 + |x|^2 - 2 q.x` in f32
 /// loses every digit of the distance, so only a re-rank in exact arithmetic orders them.
 #[test]

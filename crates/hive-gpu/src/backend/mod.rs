@@ -35,8 +35,9 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
 
 /// The rows of one collection, held where the backend computes, with a tombstone per slot.
 ///
-/// Slots are dense indices `0..len()`. Callers validate input (dimension, finite values);
-/// a `RowStore` only checks what only it can know, such as free memory.
+/// Slots are dense indices `0..len()`. Collections validate vector contents (dimension,
+/// finite values) before calling; a `RowStore` still rejects arguments that would break it
+/// (slots out of range, k of 0, shapes that are not whole rows) with an error, never a panic.
 pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// Number of slots, tombstoned ones included.
     fn len(&self) -> usize;
@@ -59,11 +60,11 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// Drops every row.
     fn clear(&mut self);
     /// The stored row as f32 (after the storage precision's rounding).
-    fn read_row(&self, slot: usize) -> Vec<f32>;
+    fn read_row(&self, slot: usize) -> Result<Vec<f32>>;
     /// Bytes of memory the rows occupy on the device.
     fn memory_bytes(&self) -> usize;
     /// Exact k nearest live rows for each query of a row-major batch, best first, ties by slot.
-    /// `k` is at least 1 and at most the number of live rows.
+    /// `k` must be at least 1 and at most the number of live rows.
     fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>>;
 }
 

@@ -139,6 +139,13 @@ pub fn assert_exact(
             r.id,
             r.score
         );
+        // Scores agree to 1e-4; ids must agree exactly unless the two are a genuine f64 tie,
+        // so a near miss cannot hide behind the score tolerance.
+        assert!(
+            r.id == *want_id || (true_score - want_score).abs() <= 1e-12 * scale,
+            "{what}: rank {i} returned {} (exact score {true_score}) instead of {want_id} (exact score {want_score})",
+            r.id
+        );
     }
 }
 

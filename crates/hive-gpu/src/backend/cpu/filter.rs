@@ -64,7 +64,7 @@ pub fn collect(
 ) {
     match level {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `SimdLevel::Avx512` is only produced after avx512f and fma were detected.
+        // SAFETY: `SimdLevel::Avx512` is only produced after avx512f, avx512vl and fma were detected.
         SimdLevel::Avx512 => unsafe { collect_avx512(c, raw, scale, offset, base_slot) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.

@@ -558,6 +558,12 @@ impl RowStore for CpuRows {
     }
 
     fn append(&mut self, rows: &[f32]) -> Result<()> {
+        if self.len_slots().saturating_add(rows.len() / self.dim) > u32::MAX as usize {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "a CPU collection holds at most {} vectors",
+                u32::MAX
+            )));
+        }
         if !rows.len().is_multiple_of(self.dim) {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "{} values are not whole rows of dimension {}",
@@ -596,6 +602,13 @@ impl RowStore for CpuRows {
     }
 
     fn compact(&mut self, keep: &[usize]) -> Result<()> {
+        let ascending = keep.windows(2).all(|w| w[0] < w[1]);
+        if !ascending || keep.last().is_some_and(|&s| s >= self.len_slots()) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "compaction needs ascending slots below {}",
+                self.len_slots()
+            )));
+        }
         let dim = self.dim;
         fn gather<T: Copy>(v: &[T], keep: &[usize], dim: usize) -> Vec<T> {
             keep.iter().flat_map(|&s| v[s * dim..(s + 1) * dim].iter().copied()).collect()
@@ -627,9 +640,15 @@ impl RowStore for CpuRows {
         self.all_bytes = true;
     }
 
-    fn read_row(&self, slot: usize) -> Vec<f32> {
+    fn read_row(&self, slot: usize) -> Result<Vec<f32>> {
+        if slot >= self.len_slots() {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "slot {slot} out of range ({} rows)",
+                self.len_slots()
+            )));
+        }
         let mut scratch = Vec::new();
-        self.rows_f32(slot, 1, &mut scratch).to_vec()
+        Ok(self.rows_f32(slot, 1, &mut scratch).to_vec())
     }
 
     fn memory_bytes(&self) -> usize {
@@ -642,6 +661,13 @@ impl RowStore for CpuRows {
 
     fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
         let dim = self.dim;
+        let live = self.len_slots() - self.dead_count;
+        if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
+                queries.len()
+            )));
+        }
         let nq = queries.len() / dim;
         let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
         let bytes = self.all_bytes

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 /// The widest instruction set the CPU backend uses on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimdLevel {
-    /// x86-64 with AVX-512F (and FMA).
+    /// x86-64 with AVX-512F, AVX-512VL and FMA.
     Avx512,
     /// x86-64 with AVX2 and FMA.
     Avx2,
@@ -62,7 +62,10 @@ fn rank(level: SimdLevel) -> u8 {
 
 #[cfg(target_arch = "x86_64")]
 fn detect_native() -> SimdLevel {
-    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("fma")
+    {
         SimdLevel::Avx512
     } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         SimdLevel::Avx2
@@ -228,7 +231,7 @@ pub fn distances(level: SimdLevel, kernel: Kernel, q: &[f32], rows: &[f32], out:
     debug_assert!(rows.len() >= out.len() * q.len());
     match level {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `SimdLevel::Avx512` is only produced after avx512f and fma were detected.
+        // SAFETY: `SimdLevel::Avx512` is only produced after avx512f, avx512vl and fma were detected.
         SimdLevel::Avx512 => unsafe { x86::rows_avx512(kernel, q, rows, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.

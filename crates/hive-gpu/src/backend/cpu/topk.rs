@@ -1,15 +1,18 @@
 //! Per-query top-k selection over approximate f32 distances, with a proven error margin so
 //! that an exact re-rank of the survivors returns exactly the true k nearest.
 //!
-//! Fast kernels (GEMM with norms, SIMD sums) compute each distance with an error of at most
-//! `E`. Keeping every row whose approximate distance is within `2E` of the current k-th best
-//! keeps every true top-k row: if `a_i` is approximate and `t_i` true, a true top-k row has
-//! `a_i <= t_k + E <= a_k + 2E`. The survivors are then scored exactly in f64.
+//! Fast kernels (GEMM with norms, SIMD sums, bf16 or byte products) compute each distance with
+//! an error of at most `E` ([`ErrorBound`]). Keeping every row whose approximate distance is
+//! within `2E` of the current k-th best keeps every true top-k row: if `a_i` is approximate
+//! and `t_i` true, a true top-k row has `a_i <= t_i + E <= t_k + E <= a_k + 2E` (the k rows
+//! with the smallest `a` all have `t <= a + E`, so `t_k <= a_k + E`). The survivors are then
+//! scored exactly in f64.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-/// How far an approximate distance may be from the truth: `absolute + relative * |d|`.
+/// `E`: how far one approximate distance may be from the true one, `absolute + relative * |d|`.
+/// [`Collector`] applies the factor of two of the selection argument itself.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ErrorBound {
     /// Error independent of the distance (from norms, for GEMM-based distances).
@@ -19,9 +22,9 @@ pub struct ErrorBound {
 }
 
 impl ErrorBound {
-    /// The margin for summing `dim` products in f32 in any order: `gamma_dim`
-    /// (Higham's bound `n u / (1 - n u)`), doubled for safety and for the extra operations
-    /// around the sum (norm rounding, scaling).
+    /// The relative error of summing `dim` products in f32 in any order: Higham's
+    /// `gamma_n = n u / (1 - n u)` with `n = dim + 4` for the operations around the sum (norm
+    /// rounding, scaling), doubled as a margin.
     pub fn gamma(dim: usize) -> f32 {
         let u = f64::from(f32::EPSILON) / 2.0;
         let n = dim as f64 + 4.0;
@@ -112,7 +115,11 @@ impl Collector {
     fn update_gate(&mut self) {
         if let Some(worst) = self.best.peek() {
             let d = worst.distance;
-            self.gate = d + self.bound.absolute + self.bound.relative * d.abs();
+            // 2E at the k-th distance. A relative E is measured against the true value, which
+            // may exceed d by E itself; the extra factor and the few ulps of |d| also cover the
+            // rounding of this very sum.
+            let e = (self.bound.absolute + self.bound.relative * d.abs()) * (1.0 + 2.0 * self.bound.relative);
+            self.gate = d + 2.0 * e + d.abs() * (4.0 * f32::EPSILON);
         }
     }
 
@@ -158,8 +165,8 @@ mod tests {
         }
         let mut slots = c.into_slots();
         slots.sort();
-        // k-th best is 2.0, so everything up to 2.5 survives.
-        assert_eq!(slots, vec![1, 3, 4]);
+        // k-th best is 2.0 and E = 0.5, so everything up to 2.0 + 2E = 3.0 survives.
+        assert_eq!(slots, vec![1, 3, 4, 5, 6]);
     }
 
     #[test]
