@@ -30,11 +30,33 @@ pub fn read_idx(path: &Path) -> Result<Matrix> {
     if gzipped { parse_idx(path, &gunzip(path, &raw)?) } else { parse_idx(path, &raw) }
 }
 
+/// Gunzips at most what the IDX header inside declares (plus one byte, so trailing data is
+/// still detected): a small file that inflates without end cannot exhaust memory.
 fn gunzip(path: &Path, raw: &[u8]) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    GzDecoder::new(raw)
-        .read_to_end(&mut bytes)
-        .map_err(|e| invalid(path, FORMAT, format!("cannot gunzip: {e}")))?;
+    let cannot = |e: std::io::Error| invalid(path, FORMAT, format!("cannot gunzip: {e}"));
+    let mut decoder = GzDecoder::new(raw);
+    let mut bytes = vec![0u8; 4];
+    if let Err(e) = decoder.read_exact(&mut bytes) {
+        if e.kind() != std::io::ErrorKind::UnexpectedEof {
+            return Err(cannot(e));
+        }
+        // Too short for a header: let the parser describe what is there.
+        bytes.clear();
+        GzDecoder::new(raw).read_to_end(&mut bytes).map_err(cannot)?;
+        return Ok(bytes);
+    }
+    let ndims = usize::from(bytes[3]);
+    let mut sizes = vec![0u8; 4 * ndims];
+    decoder.read_exact(&mut sizes).map_err(cannot)?;
+    bytes.extend_from_slice(&sizes);
+    let elem = Elem::from_code(bytes[2]).map_or(1, Elem::size);
+    let data = sizes
+        .as_chunks::<4>()
+        .0
+        .iter()
+        .try_fold(elem, |acc, d| acc.checked_mul(u64::from(u32::from_be_bytes(*d))))
+        .ok_or_else(|| invalid(path, FORMAT, "the declared sizes overflow"))?;
+    decoder.take(data.saturating_add(1)).read_to_end(&mut bytes).map_err(cannot)?;
     Ok(bytes)
 }
 
@@ -198,6 +220,18 @@ mod tests {
         // Gzip content is recognised even without the extension.
         let path = dir.write("images.idx", &gzip(&images()));
         assert_eq!(read_idx(&path).expect("read"), expected_images());
+    }
+
+    #[test]
+    fn gzip_inflates_no_further_than_the_header_declares() {
+        let dir = TempDir::new("gzip_bomb");
+        // A header for 2 images of 2x2 bytes, then a megabyte of zeros.
+        let mut bytes = vec![0, 0, 0x08, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 2];
+        bytes.resize(bytes.len() + (1 << 20), 0);
+        let path = dir.write("bomb-ubyte.gz", &gzip(&bytes));
+        let reason = invalid_reason(read_idx(&path), "idx");
+        // Only one byte past the declared data was inflated, not the megabyte.
+        assert!(reason.starts_with("1 unexpected bytes"), "{reason}");
     }
 
     #[test]
