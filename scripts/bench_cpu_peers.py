@@ -245,6 +245,27 @@ def run_hive(hive_bin, ds, query, mode, k, env, groundtruth=None):
     return out
 
 
+PAIRS = 3
+PAIR_QUERIES = 50
+
+
+def paired_bandwidth(hive_bin, membw_bin, ds, xq, n, dim, k, env):
+    """The machine's bandwidth drifts by tens of percent within minutes, so compare like with
+    like: alternate a membw reading and a short one-by-one scan PAIRS times and return the
+    medians of both (GB/s)."""
+    query = subset_file(ds["name"], xq, PAIR_QUERIES)
+    mem, scan = [], []
+    for _ in range(PAIRS):
+        m, _ = run_membw(membw_bin, env)
+        h = run_hive(hive_bin, ds, query, "one-by-one", k, env, None)["result"]
+        if not m or not h:
+            return None
+        mem.append(m["read_gbps"])
+        scan.append(h["qps"] * n * dim * 4 / 1e9)
+    return dict(membw_gbps=float(np.median(mem)), scan_gbps=float(np.median(scan)),
+                membw_all=mem, scan_all=scan)
+
+
 def run_membw(membw_bin, env):
     if not Path(membw_bin).is_file():
         return None, f"no membw binary at {membw_bin}"
@@ -272,9 +293,9 @@ def table(rows, k):
         ratio = h["qps"] / f["qps"] if h.get("qps") and f.get("qps") else None
         bw = ""
         if r.get("bandwidth_gbps") is not None:
-            peak = max(r.get("membw_gbps") or [0.0])
-            bw = (f"{r['bandwidth_gbps']:.1f} of {peak:.1f} GB/s "
-                  f"({fmt(r.get('bandwidth_pct'), '.0f')}%)")
+            p = r.get("paired") or {}
+            bw = (f"row {r['bandwidth_gbps']:.1f} GB/s; paired {fmt(p.get('scan_gbps'), '.1f')} of "
+                  f"{fmt(p.get('membw_gbps'), '.1f')} GB/s ({fmt(r.get('bandwidth_pct'), '.0f')}%)")
         agree = (r.get("agreement") or {}).get("result") or {}
         cells = [r["dataset"], f"{r['n']} x {r['dim']}", str(r["nq"]), r["mode"],
                  fmt(f.get("qps"), ",.1f"), hq, fmt(ratio, ".2f"),
@@ -398,13 +419,9 @@ def main():
 
             gt_for_hive = ds["gt"] if ds["gt"] is not None and len(xq_m) == len(xq) else None
             scan_row = mode == "one-by-one" and which == "synth"
-            # The machine's bandwidth drifts: bracket the scan with fresh measurements and
-            # divide by the larger one, so the percentage is never flattered.
-            bw_before = run_membw(membw_bin, env)[0] if scan_row else None
             row = dict(dataset=ds["name"], n=n, dim=dim, nq=len(xq_m), mode=mode,
                        base=str(ds["base"]), query=str(q_path), faiss=faiss_res,
                        hive=run_hive(hive_bin, ds, q_path, mode, k, env, gt_for_hive))
-            bw_after = run_membw(membw_bin, env)[0] if scan_row else None
             hive = row["hive"]["result"]
             if hive is None:
                 row["failed"] = True
@@ -414,10 +431,10 @@ def main():
                       file=sys.stderr)
             if hive and scan_row and hive.get("qps"):
                 row["bandwidth_gbps"] = hive["qps"] * n * dim * 4 / 1e9
-                measured = [m["read_gbps"] for m in (membw, bw_before, bw_after) if m]
-                row["membw_gbps"] = measured
-                if measured:
-                    row["bandwidth_pct"] = 100 * row["bandwidth_gbps"] / max(measured)
+                row["paired"] = paired_bandwidth(hive_bin, membw_bin, ds, xq, n, dim, k, env)
+                p = row["paired"]
+                if p:
+                    row["bandwidth_pct"] = 100 * p["scan_gbps"] / p["membw_gbps"]
             if mode == "batch" and ds["gt"] is None and hive is not None:
                 # Separate invocation, so the timing run above stays without --groundtruth.
                 row["agreement"] = run_hive(hive_bin, ds, q_path, mode, k, env, faiss_gt)
@@ -444,8 +461,9 @@ def main():
         "QPS = median over timed rounds (faiss: time.perf_counter here; hive: its --json). "
         "Recall@k vs official ground truth (sift), else vs exact float64 brute force on the "
         f"first {EXACT_SAMPLE} queries (faiss) / hive's own exact reference. "
-        "Bandwidth = hive QPS x n x dim x 4 B (synth one-by-one only), as a % of the highest "
-        "of three membw readings (start of run, just before and just after that row). "
+        "Bandwidth (synth one-by-one only) = hive QPS x n x dim x 4 B: for the row itself, and "
+        f"paired: median of {PAIRS} alternating (membw, {PAIR_QUERIES}-query scan) runs, the % is "
+        "paired scan / paired membw. "
         "Agreement = hive recall vs faiss's batch results (data sets without official ground truth).",
     ])
     report = header + "\n\n" + table(rows, k) + "\n"
