@@ -1,0 +1,395 @@
+//! Row storage of the CPU backend and its exact k-NN: candidates from one of the search paths
+//! ([`paths`]), bounded by [`bounds`], then an exact f64 re-rank here.
+
+mod bounds;
+mod paths;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use self::paths::{BF16_MIN_QUERIES, GEMM_MIN_QUERIES, TileKernel};
+use super::available_memory_bytes;
+use super::simd::{self, SimdLevel};
+use super::topk::{self, ErrorBound};
+use super::{bf16, int8};
+use crate::backend::{Neighbor, RowStore};
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
+
+#[derive(Debug, Clone)]
+enum Elements {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+/// Rows in host memory, a squared norm per row and a tombstone bitmap.
+#[derive(Debug)]
+pub struct CpuRows {
+    dim: usize,
+    elements: Elements,
+    /// Squared norm of each stored row (computed in f64, rounded to f32).
+    sq_norms: Vec<f32>,
+    /// At least the largest squared norm of any slot, removed ones included.
+    max_sq_norm: f32,
+    /// At least the largest `|x - bf16(x)|` of any slot: bounds the bf16 kernel's error.
+    max_residual: f32,
+    /// At least the largest `|x - bf16(x)| / |x|` of any slot (for cosine).
+    max_relative_residual: f32,
+    /// Whether every stored component is an integer in 0..=255 (exact byte kernel applies).
+    all_bytes: bool,
+    dead: Vec<u64>,
+    dead_count: usize,
+    simd: SimdLevel,
+}
+
+impl CpuRows {
+    pub(super) fn new(dim: usize, precision: StoragePrecision, simd: SimdLevel) -> Self {
+        let elements = match precision {
+            StoragePrecision::F32 => Elements::F32(Vec::new()),
+            StoragePrecision::F16 => Elements::F16(Vec::new()),
+        };
+        Self {
+            dim,
+            elements,
+            sq_norms: Vec::new(),
+            max_sq_norm: 0.0,
+            max_residual: 0.0,
+            max_relative_residual: 0.0,
+            all_bytes: true,
+            dead: Vec::new(),
+            dead_count: 0,
+            simd,
+        }
+    }
+
+    fn is_dead(&self, slot: usize) -> bool {
+        self.dead_count > 0 && self.dead[slot / 64] & (1 << (slot % 64)) != 0
+    }
+
+    fn set_dead(&mut self, slot: usize, dead: bool) {
+        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
+        let was = self.dead[word] & bit != 0;
+        if was != dead {
+            self.dead[word] ^= bit;
+            if dead {
+                self.dead_count += 1;
+            } else {
+                self.dead_count -= 1;
+            }
+        }
+    }
+
+    /// Rows `start..start + count` as f32, converting f16 storage into `scratch`.
+    fn rows_f32<'a>(&'a self, start: usize, count: usize, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+        let range = start * self.dim..(start + count) * self.dim;
+        match &self.elements {
+            Elements::F32(v) => &v[range],
+            Elements::F16(v) => {
+                scratch.resize(range.len(), 0.0);
+                v[range].convert_to_f32_slice(scratch);
+                scratch
+            }
+        }
+    }
+
+    fn store_row(&mut self, row: &[f32]) {
+        match &mut self.elements {
+            Elements::F32(v) => v.extend_from_slice(row),
+            Elements::F16(v) => v.extend(row.iter().map(|&x| f16::from_f32(x))),
+        }
+    }
+
+    /// Records the norm and rounding residuals of the stored row in `slot`.
+    fn note_row(&mut self, slot: usize) {
+        let mut scratch = Vec::new();
+        let row = self.rows_f32(slot, 1, &mut scratch);
+        let norm = simd::squared_norm_f64(row);
+        let residual = bf16::residual(row);
+        let bytes = row.iter().all(|&x| int8::is_byte(x));
+        let sq_norm = norm as f32;
+        // Widened a little so the bounds built on them stay bounds after rounding to f32.
+        self.max_sq_norm = self.max_sq_norm.max(sq_norm * (1.0 + 1e-6));
+        self.max_residual = self.max_residual.max(residual as f32 * (1.0 + 1e-6));
+        if norm > 0.0 {
+            let relative = (residual / norm.sqrt()) as f32 * (1.0 + 1e-6);
+            self.max_relative_residual = self.max_relative_residual.max(relative);
+        }
+        self.all_bytes &= bytes;
+        if slot == self.sq_norms.len() {
+            self.sq_norms.push(sq_norm);
+        } else {
+            self.sq_norms[slot] = sq_norm;
+        }
+    }
+
+    fn len_slots(&self) -> usize {
+        match &self.elements {
+            Elements::F32(v) => v.len() / self.dim,
+            Elements::F16(v) => v.len() / self.dim,
+        }
+    }
+
+    /// Per-row `scale` and `offset` that turn a block's raw kernel values into canonical
+    /// distances (`raw * scale + offset`); removed rows get `+inf`.
+    fn block_transform(
+        &self,
+        metric: GpuDistanceMetric,
+        raw_is_l2: bool,
+        start: usize,
+        scale: &mut [f32],
+        offset: &mut [f32],
+    ) {
+        for (j, (s, o)) in scale.iter_mut().zip(offset.iter_mut()).enumerate() {
+            let slot = start + j;
+            let norm = self.sq_norms[slot];
+            (*s, *o) = match metric {
+                GpuDistanceMetric::Euclidean if raw_is_l2 => (1.0, 0.0),
+                GpuDistanceMetric::Euclidean => (-2.0, norm),
+                GpuDistanceMetric::DotProduct => (-1.0, 0.0),
+                GpuDistanceMetric::Cosine if norm > 0.0 => (-1.0 / norm.sqrt(), 0.0),
+                GpuDistanceMetric::Cosine => (0.0, 0.0),
+            };
+            if self.is_dead(slot) {
+                (*s, *o) = (0.0, f32::INFINITY);
+            }
+        }
+    }
+
+    /// Exact canonical distance of one stored row to `q`, in f64.
+    fn exact_distance(
+        &self,
+        q: &[f32],
+        q_norm: f64,
+        slot: usize,
+        metric: GpuDistanceMetric,
+        scratch: &mut Vec<f32>,
+    ) -> f64 {
+        let row = self.rows_f32(slot, 1, scratch);
+        match metric {
+            GpuDistanceMetric::Euclidean => {
+                q.iter().zip(row).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum()
+            }
+            GpuDistanceMetric::DotProduct => -dot_f64(q, row),
+            GpuDistanceMetric::Cosine => {
+                let norm = simd::squared_norm_f64(row).sqrt();
+                if norm == 0.0 || q_norm == 0.0 { 0.0 } else { -dot_f64(q, row) / (norm * q_norm) }
+            }
+        }
+    }
+}
+
+fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
+}
+
+impl RowStore for CpuRows {
+    fn len(&self) -> usize {
+        self.len_slots()
+    }
+
+    fn reserve(&mut self, additional: usize) -> Result<()> {
+        // Selection keeps slots as u32.
+        if self.len_slots().saturating_add(additional) > u32::MAX as usize {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "a CPU collection holds at most {} vectors ({} present, {additional} more asked)",
+                u32::MAX,
+                self.len_slots()
+            )));
+        }
+        let element_bytes = match self.elements {
+            Elements::F32(_) => 4,
+            Elements::F16(_) => 2,
+        };
+        let requested = (additional * (self.dim * element_bytes + 4)) as u64;
+        let too_much = |available: u64| HiveGpuError::VramLimitExceeded {
+            backend: GpuBackendType::Cpu,
+            requested,
+            available,
+        };
+        if let Some(available) = available_memory_bytes()
+            && requested > available
+        {
+            return Err(too_much(available));
+        }
+        let values = additional * self.dim;
+        let reserved = match &mut self.elements {
+            Elements::F32(v) => v.try_reserve(values),
+            Elements::F16(v) => v.try_reserve(values),
+        };
+        reserved
+            .and_then(|_| self.sq_norms.try_reserve(additional))
+            .and_then(|_| self.dead.try_reserve((self.len_slots() + additional).div_ceil(64)))
+            .map_err(|_| too_much(available_memory_bytes().unwrap_or(0)))
+    }
+
+    fn append(&mut self, rows: &[f32]) -> Result<()> {
+        if self.len_slots().saturating_add(rows.len() / self.dim) > u32::MAX as usize {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "a CPU collection holds at most {} vectors",
+                u32::MAX
+            )));
+        }
+        if !rows.len().is_multiple_of(self.dim) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "{} values are not whole rows of dimension {}",
+                rows.len(),
+                self.dim
+            )));
+        }
+        for row in rows.chunks_exact(self.dim) {
+            self.store_row(row);
+            self.note_row(self.len_slots() - 1);
+        }
+        self.dead.resize(self.len_slots().div_ceil(64), 0);
+        Ok(())
+    }
+
+    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
+        if slot >= self.len_slots() || row.len() != self.dim {
+            return Err(HiveGpuError::InvalidArgument(format!("overwrite of slot {slot} out of range")));
+        }
+        let range = slot * self.dim..(slot + 1) * self.dim;
+        match &mut self.elements {
+            Elements::F32(v) => v[range].copy_from_slice(row),
+            Elements::F16(v) => v[range].convert_from_f32_slice(row),
+        }
+        self.note_row(slot);
+        self.set_dead(slot, false);
+        Ok(())
+    }
+
+    fn tombstone(&mut self, slots: &[usize]) {
+        for &slot in slots {
+            if slot < self.len_slots() {
+                self.set_dead(slot, true);
+            }
+        }
+    }
+
+    fn compact(&mut self, keep: &[usize]) -> Result<()> {
+        let ascending = keep.windows(2).all(|w| w[0] < w[1]);
+        if !ascending || keep.last().is_some_and(|&s| s >= self.len_slots()) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "compaction needs ascending slots below {}",
+                self.len_slots()
+            )));
+        }
+        let dim = self.dim;
+        fn gather<T: Copy>(v: &[T], keep: &[usize], dim: usize) -> Vec<T> {
+            keep.iter().flat_map(|&s| v[s * dim..(s + 1) * dim].iter().copied()).collect()
+        }
+        self.elements = match &self.elements {
+            Elements::F32(v) => Elements::F32(gather(v, keep, dim)),
+            Elements::F16(v) => Elements::F16(gather(v, keep, dim)),
+        };
+        self.dead = vec![0; keep.len().div_ceil(64)];
+        self.dead_count = 0;
+        self.sq_norms = Vec::with_capacity(keep.len());
+        (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
+        self.all_bytes = true;
+        for slot in 0..keep.len() {
+            self.note_row(slot);
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        match &mut self.elements {
+            Elements::F32(v) => *v = Vec::new(),
+            Elements::F16(v) => *v = Vec::new(),
+        }
+        self.sq_norms = Vec::new();
+        self.dead = Vec::new();
+        self.dead_count = 0;
+        (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
+        self.all_bytes = true;
+    }
+
+    fn read_row(&self, slot: usize) -> Result<Vec<f32>> {
+        if slot >= self.len_slots() {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "slot {slot} out of range ({} rows)",
+                self.len_slots()
+            )));
+        }
+        let mut scratch = Vec::new();
+        Ok(self.rows_f32(slot, 1, &mut scratch).to_vec())
+    }
+
+    fn memory_bytes(&self) -> usize {
+        let values = match &self.elements {
+            Elements::F32(v) => v.capacity() * 4,
+            Elements::F16(v) => v.capacity() * 2,
+        };
+        values + self.sq_norms.capacity() * 4 + self.dead.capacity() * 8
+    }
+
+    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        let dim = self.dim;
+        let live = self.len_slots() - self.dead_count;
+        if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
+                queries.len()
+            )));
+        }
+        let nq = queries.len() / dim;
+        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
+        let bytes = self.all_bytes
+            && dim <= int8::MAX_DIM
+            && int8::available()
+            && queries.iter().all(|&x| int8::is_byte(x));
+        let collectors = if nq >= BF16_MIN_QUERIES && bytes {
+            // Exact integer products; only the f32 conversion rounds, well inside the f32 bound.
+            let bounds = self.f32_bounds(queries, metric);
+            self.tiled_collect(TileKernel::Bytes, queries, metric, k, &bounds)
+        } else if nq >= BF16_MIN_QUERIES && bf16::available() {
+            let bounds: Vec<ErrorBound> = queries
+                .chunks_exact(dim)
+                .zip(&q_norms)
+                .map(|(q, &qn)| self.bf16_bound(metric, q, qn))
+                .collect();
+            self.tiled_collect(TileKernel::Bf16, queries, metric, k, &bounds)
+        } else if nq >= GEMM_MIN_QUERIES {
+            let bounds = self.f32_bounds(queries, metric);
+            self.gemm_collect(queries, metric, k, &bounds)
+        } else {
+            queries
+                .chunks_exact(dim)
+                .zip(&q_norms)
+                .map(|(q, &qn)| self.scan(q, metric, k, self.bound(metric, qn as f32, false)))
+                .collect()
+        };
+        Ok(collectors
+            .into_par_iter()
+            .zip(queries.par_chunks_exact(dim))
+            .zip(q_norms.par_iter())
+            .map(|((collector, q), &q_norm)| {
+                let mut scratch = Vec::new();
+                let scored = collector
+                    .into_slots()
+                    .into_iter()
+                    .map(|slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
+                    .collect();
+                topk::best_k(scored, k)
+                    .into_iter()
+                    .map(|(slot, distance)| Neighbor { slot, distance })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_rows_than_u32_slots_is_refused() {
+        let mut rows = CpuRows::new(1, StoragePrecision::F32, SimdLevel::Scalar);
+        let err = rows.reserve(1 << 33).unwrap_err();
+        assert!(err.to_string().contains("at most"), "{err}");
+        rows.append(&[1.0]).expect("still usable");
+    }
+}

@@ -1,0 +1,303 @@
+//! The three ways the CPU backend produces candidates: a SIMD scan per query, f32 GEMM tiles,
+//! and packed bf16 / byte tiles. Each fuses distance computation with selection, so only
+//! candidates leave a tile; the exact re-rank happens in the parent module.
+
+use rayon::prelude::*;
+
+use super::CpuRows;
+use crate::backend::cpu::simd::{self, Kernel};
+use crate::backend::cpu::topk::{Collector, ErrorBound};
+use crate::backend::cpu::{bf16, filter, int8};
+use crate::types::GpuDistanceMetric;
+
+/// Batches of at least this many queries go through GEMM tiles: below it, re-reading the rows
+/// once per query costs less than a thin matrix product.
+pub(super) const GEMM_MIN_QUERIES: usize = 4;
+/// Batches of at least this many queries use the bf16 kernel where the CPU has it: enough
+/// queries to amortise converting each row tile.
+pub(super) const BF16_MIN_QUERIES: usize = 16;
+/// Target bytes of one packed row tile (stays in L2 while every query group reads it).
+const PACKED_TILE_BYTES: usize = 128 * 1024;
+/// Rows per register block of the packed kernels (both use two vectors of 16 lanes).
+const ROW_GROUP: usize = 32;
+
+/// The reduced-precision product kernels that feed the same bounded selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TileKernel {
+    /// bf16 pairs (AVX512-BF16): any data, bounded by the rounding residuals.
+    Bf16,
+    /// Byte quads (AVX512-VNNI): exact for data whose components are integers in 0..=255.
+    Bytes,
+}
+
+impl TileKernel {
+    /// u32 words per packed vector.
+    fn words(self, dim: usize) -> usize {
+        match self {
+            TileKernel::Bf16 => bf16::pairs(dim),
+            TileKernel::Bytes => int8::quads(dim),
+        }
+    }
+
+    fn query_group(self) -> usize {
+        match self {
+            TileKernel::Bf16 => bf16::QUERY_GROUP,
+            TileKernel::Bytes => int8::QUERY_GROUP,
+        }
+    }
+
+    fn pack_queries(self, queries: &[f32], dim: usize, out: &mut Vec<u32>) {
+        match self {
+            TileKernel::Bf16 => bf16::pack_queries(queries, dim, out),
+            TileKernel::Bytes => int8::pack_queries(queries, dim, out),
+        }
+    }
+
+    fn pack_rows(self, rows: &[f32], dim: usize, out: &mut Vec<u32>, sums: &mut Vec<i32>) {
+        match self {
+            TileKernel::Bf16 => bf16::pack_rows(rows, dim, out),
+            TileKernel::Bytes => int8::pack_rows(rows, dim, out, sums),
+        }
+    }
+
+    fn products(
+        self,
+        queries: &[u32],
+        rows: &[u32],
+        words: usize,
+        stride: usize,
+        sums: &[i32],
+        out: &mut [f32],
+    ) -> bool {
+        match self {
+            TileKernel::Bf16 => bf16::products(queries, rows, words, stride, out),
+            TileKernel::Bytes => int8::products(queries, rows, words, stride, sums, out),
+        }
+    }
+}
+/// Queries per GEMM tile.
+const QUERY_BLOCK: usize = 192;
+/// Rows per GEMM tile: a `QUERY_BLOCK x ROW_TILE` f32 tile stays in a core's L2.
+const ROW_TILE: usize = 512;
+/// Target f32 values per scan block, so a block of rows stays in L1/L2.
+const SCAN_BLOCK_VALUES: usize = 8192;
+/// Rows per parallel scan task (at least).
+const SCAN_TASK_ROWS: usize = 16384;
+
+impl CpuRows {
+    /// Candidates of one query by scanning every row, split across threads.
+    pub(super) fn scan(
+        &self,
+        q: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bound: ErrorBound,
+    ) -> Collector {
+        let n = self.len_slots();
+        let tasks = n.div_ceil(SCAN_TASK_ROWS).max(1);
+        let per_task = n.div_ceil(tasks);
+        (0..tasks)
+            .into_par_iter()
+            .map(|t| {
+                let (start, end) = (t * per_task, ((t + 1) * per_task).min(n));
+                self.scan_range(q, metric, k, bound, start, end)
+            })
+            .reduce_with(|mut a, b| {
+                a.merge(b);
+                a
+            })
+            .unwrap_or_else(|| Collector::new(k, bound))
+    }
+
+    fn scan_range(
+        &self,
+        q: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bound: ErrorBound,
+        start: usize,
+        end: usize,
+    ) -> Collector {
+        let kernel = if metric == GpuDistanceMetric::Euclidean { Kernel::L2 } else { Kernel::Dot };
+        let block = (SCAN_BLOCK_VALUES / self.dim).clamp(1, 256);
+        let mut collector = Collector::new(k, bound);
+        let (mut raw, mut scale, mut offset) = (vec![0f32; block], vec![0f32; block], vec![0f32; block]);
+        let mut scratch = Vec::new();
+        let mut at = start;
+        while at < end {
+            let count = block.min(end - at);
+            let rows = self.rows_f32(at, count, &mut scratch);
+            simd::distances(self.simd, kernel, q, rows, &mut raw[..count]);
+            self.block_transform(metric, true, at, &mut scale[..count], &mut offset[..count]);
+            filter::collect(self.simd, &mut collector, &raw[..count], &scale[..count], &offset[..count], at);
+            at += count;
+        }
+        collector
+    }
+
+    /// Candidates of every query through GEMM tiles fused with selection; the full
+    /// queries x rows matrix never exists, only one `QUERY_BLOCK x ROW_TILE` tile per task.
+    pub(super) fn gemm_collect(
+        &self,
+        queries: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bounds: &[ErrorBound],
+    ) -> Vec<Collector> {
+        let (dim, n) = (self.dim, self.len_slots());
+        let nq = queries.len() / dim;
+        let query_blocks = nq.div_ceil(QUERY_BLOCK);
+        let threads = rayon::current_num_threads().max(1);
+        // With fewer query blocks than threads, split the rows too and merge afterwards.
+        let row_ranges = if query_blocks >= 2 * threads {
+            1
+        } else {
+            (2 * threads).div_ceil(query_blocks).min(n.div_ceil(ROW_TILE)).max(1)
+        };
+        let range_len = n.div_ceil(row_ranges).div_ceil(ROW_TILE) * ROW_TILE;
+        let tasks: Vec<(usize, usize)> =
+            (0..query_blocks).flat_map(|b| (0..row_ranges).map(move |r| (b, r))).collect();
+        let mut partial: Vec<Vec<Collector>> = tasks
+            .par_iter()
+            .map(|&(b, r)| {
+                let (q0, q1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(nq));
+                let (r0, r1) = ((r * range_len).min(n), ((r + 1) * range_len).min(n));
+                self.gemm_task(&queries[q0 * dim..q1 * dim], metric, k, &bounds[q0..q1], r0, r1)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(nq);
+        for block in partial.chunks_mut(row_ranges) {
+            let mut merged = std::mem::take(&mut block[0]);
+            for rest in &mut block[1..] {
+                for (m, c) in merged.iter_mut().zip(std::mem::take(rest)) {
+                    m.merge(c);
+                }
+            }
+            out.extend(merged);
+        }
+        out
+    }
+
+    fn gemm_task(
+        &self,
+        queries: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bounds: &[ErrorBound],
+        start: usize,
+        end: usize,
+    ) -> Vec<Collector> {
+        let dim = self.dim;
+        let nq = queries.len() / dim;
+        let mut collectors: Vec<Collector> = bounds.iter().map(|&b| Collector::new(k, b)).collect();
+        let mut products = vec![0f32; nq * ROW_TILE];
+        let (mut scale, mut offset) = (vec![0f32; ROW_TILE], vec![0f32; ROW_TILE]);
+        let mut scratch = Vec::new();
+        let mut at = start;
+        while at < end {
+            let count = ROW_TILE.min(end - at);
+            let rows = self.rows_f32(at, count, &mut scratch);
+            let products = &mut products[..nq * count];
+            inner_products(queries, rows, dim, nq, count, products);
+            self.block_transform(metric, false, at, &mut scale[..count], &mut offset[..count]);
+            for (c, p) in collectors.iter_mut().zip(products.chunks_exact(count)) {
+                filter::collect(self.simd, c, p, &scale[..count], &offset[..count], at);
+            }
+            at += count;
+        }
+        collectors
+    }
+
+    /// Candidates of every query through the bf16 kernel: tasks own row ranges, convert each
+    /// row tile once, and run every query group over it while it sits in cache.
+    pub(super) fn tiled_collect(
+        &self,
+        kernel: TileKernel,
+        queries: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bounds: &[ErrorBound],
+    ) -> Vec<Collector> {
+        let (dim, n) = (self.dim, self.len_slots());
+        let np = kernel.words(dim);
+        let group = kernel.query_group();
+        let mut packed_queries = Vec::new();
+        kernel.pack_queries(queries, dim, &mut packed_queries);
+        let tile = (PACKED_TILE_BYTES / (4 * np)).clamp(ROW_GROUP, 1024) / ROW_GROUP * ROW_GROUP;
+        let tiles = n.div_ceil(tile);
+        // Every task warms up its own collectors, so use just enough tasks to balance the threads.
+        let threads = rayon::current_num_threads();
+        let tasks = if tiles >= threads * 16 { threads * 2 } else { threads }.min(tiles).max(1);
+        let per_task = tiles.div_ceil(tasks) * tile;
+        let partial: Option<Vec<Vec<Collector>>> = (0..tasks)
+            .into_par_iter()
+            .map(|t| {
+                let (start, end) = ((t * per_task).min(n), ((t + 1) * per_task).min(n));
+                let mut collectors: Vec<Collector> = bounds.iter().map(|&b| Collector::new(k, b)).collect();
+                let (mut scratch, mut packed, mut sums) = (Vec::new(), Vec::new(), Vec::new());
+                let mut products = vec![0f32; group * tile];
+                let (mut scale, mut offset) = (vec![0f32; tile], vec![0f32; tile]);
+                let mut at = start;
+                while at < end {
+                    let count = tile.min(end - at);
+                    kernel.pack_rows(self.rows_f32(at, count, &mut scratch), dim, &mut packed, &mut sums);
+                    self.block_transform(metric, false, at, &mut scale[..count], &mut offset[..count]);
+                    for (g, chunk) in collectors.chunks_mut(group).enumerate() {
+                        let qs = &packed_queries[g * group * np..(g + 1) * group * np];
+                        if !kernel.products(qs, &packed, np, tile, &sums, &mut products) {
+                            return None;
+                        }
+                        for (c, p) in chunk.iter_mut().zip(products.chunks_exact(tile)) {
+                            filter::collect(self.simd, c, &p[..count], &scale[..count], &offset[..count], at);
+                        }
+                    }
+                    at += count;
+                }
+                Some(collectors)
+            })
+            .collect();
+        let Some(partial) = partial else {
+            // The kernel declined (instructions missing): the f32 tiles give the same answer.
+            return self.gemm_collect(queries, metric, k, &self.f32_bounds(queries, metric));
+        };
+        let mut parts = partial.into_iter();
+        let mut merged = parts.next().unwrap_or_default();
+        for part in parts {
+            for (m, c) in merged.iter_mut().zip(part) {
+                m.merge(c);
+            }
+        }
+        merged
+    }
+}
+
+/// `products[i][j] = queries[i] . rows[j]` for `nq` queries and `count` rows (row-major).
+fn inner_products(queries: &[f32], rows: &[f32], dim: usize, nq: usize, count: usize, products: &mut [f32]) {
+    assert!(queries.len() >= nq * dim && rows.len() >= count * dim && products.len() >= nq * count);
+    // SAFETY: the assert above bounds every access: lhs is nq x dim row-major (row stride dim),
+    // rhs is the transpose of `rows` (dim x count, column stride dim), dst is nq x count
+    // row-major (row stride count). The three buffers are distinct borrows, so they do not alias.
+    unsafe {
+        gemm::gemm(
+            nq,
+            count,
+            dim,
+            products.as_mut_ptr(),
+            1,
+            count as isize,
+            false,
+            queries.as_ptr(),
+            1,
+            dim as isize,
+            rows.as_ptr(),
+            dim as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
