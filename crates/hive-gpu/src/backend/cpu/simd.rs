@@ -266,7 +266,9 @@ mod tests {
 
     #[test]
     fn every_level_matches_f64_for_awkward_dimensions() {
-        let mut levels = vec![SimdLevel::Scalar, SimdLevel::detect()];
+        // Neon runs the portable kernel with FMA: on x86 that is software FMA, slow but the
+        // same arithmetic, so the code path NEON uses is checked here too.
+        let mut levels = vec![SimdLevel::Scalar, SimdLevel::Neon, SimdLevel::detect()];
         if SimdLevel::detect() == SimdLevel::Avx512 {
             levels.push(SimdLevel::Avx2);
         }
