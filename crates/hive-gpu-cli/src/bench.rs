@@ -65,7 +65,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let p99 = percentile(&timings.calls, 0.99).as_secs_f64() * 1e3;
     let threads = rayon::current_num_threads();
     if args.json {
-        println!(
+        out!(
             "{}",
             json::object(&[
                 ("dataset", Value::Str(data.name.clone())),
@@ -91,9 +91,9 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
         );
         return Ok(());
     }
-    println!("hive-gpu bench");
-    println!("  data      {}: {} x {} base, {} queries", data.name, data.base.rows, data.base.dim, nq);
-    println!(
+    out!("hive-gpu bench");
+    out!("  data      {}: {} x {} base, {} queries", data.name, data.base.rows, data.base.dim, nq);
+    out!(
         "  backend   {} on {} ({}, {} threads), {} storage",
         context.backend_type(),
         device.name,
@@ -101,15 +101,15 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
         threads,
         config.precision
     );
-    println!("  search    metric {metric}, k = {k}, {batch} queries per call");
-    println!();
-    println!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
-    println!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
-    println!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
-    println!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms"));
-    println!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
-    println!();
-    println!(
+    out!("  search    metric {metric}, k = {k}, {batch} queries per call");
+    out!();
+    out!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
+    out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
+    out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
+    out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms"));
+    out!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
+    out!();
+    out!(
         "  QPS is queries per second over a whole pass (median of {} passes); latency is per\n  call of {batch} queries; recall is measured against {recall_source}.",
         timings.rounds.len()
     );

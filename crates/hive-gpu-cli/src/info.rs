@@ -6,22 +6,22 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 pub fn run() -> Result<(), HiveGpuError> {
     let statuses = detect_available_backends();
-    println!("{:<8} {:<10} detail", "backend", "available");
+    out!("{:<8} {:<10} detail", "backend", "available");
     for s in &statuses {
-        println!("{:<8} {:<10} {}", s.backend.name(), if s.available { "yes" } else { "no" }, s.reason);
+        out!("{:<8} {:<10} {}", s.backend.name(), if s.available { "yes" } else { "no" }, s.reason);
     }
     match select_best_backend() {
-        Ok(best) => println!("\nselected by default: {} (HIVE_GPU_BACKEND overrides)", best.name()),
-        Err(err) => println!("\nno default backend: {err}"),
+        Ok(best) => out!("\nselected by default: {} (HIVE_GPU_BACKEND overrides)", best.name()),
+        Err(err) => out!("\nno default backend: {err}"),
     }
     for device in statuses.iter().flat_map(|s| &s.devices) {
-        println!();
-        print_device(device);
+        out!();
+        print_device(device)?;
     }
     Ok(())
 }
 
-fn print_device(d: &GpuDeviceInfo) {
+fn print_device(d: &GpuDeviceInfo) -> Result<(), HiveGpuError> {
     let rows: Vec<(&str, String)> = vec![
         ("device", format!("{} #{} ({})", d.backend, d.device_id, d.name)),
         ("compute capability / SIMD", d.compute_capability.clone()),
@@ -37,6 +37,7 @@ fn print_device(d: &GpuDeviceInfo) {
         ("PCI bus id", d.pci_bus_id.clone().unwrap_or_else(|| "none (not a PCI device)".into())),
     ];
     for (key, value) in rows {
-        println!("  {key:<26} {value}");
+        out!("  {key:<26} {value}");
     }
+    Ok(())
 }

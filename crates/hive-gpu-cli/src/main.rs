@@ -1,5 +1,14 @@
 //! `hive-gpu`: backend information, benchmarks and exact searches from the command line.
 
+/// `println!` that returns an error instead of panicking when stdout is closed (`| head`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+            .map_err(|source| hive_gpu::HiveGpuError::Io { path: "<stdout>".into(), source })?
+    }};
+}
+
 mod bench;
 mod dataset;
 mod info;
@@ -151,6 +160,10 @@ fn main() -> ExitCode {
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`hive-gpu info | head`): nothing left to say.
+        Err(HiveGpuError::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
         Err(err) => {
             eprintln!("hive-gpu: error: {err}");
             ExitCode::FAILURE

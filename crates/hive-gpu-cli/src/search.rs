@@ -35,7 +35,7 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
         if args.json {
             let ids = list.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(",");
             let scores = list.iter().map(|r| r.score.to_string()).collect::<Vec<_>>().join(",");
-            println!(
+            out!(
                 "{}",
                 json::object(&[
                     ("query", Value::Int(qi as u64)),
@@ -45,7 +45,7 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
             );
         } else {
             let hits: Vec<String> = list.iter().map(|r| format!("{}:{:.6}", r.id, r.score)).collect();
-            println!("query {qi}: {}", hits.join(" "));
+            out!("query {qi}: {}", hits.join(" "));
         }
     }
     Ok(())

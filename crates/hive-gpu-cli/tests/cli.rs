@@ -142,3 +142,34 @@ fn unavailable_backend_and_bad_arguments_are_clear_errors() {
     let out = run(&["bench", "-k", "0"], &[]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = data_dir().join("siftsmall");
+    let base = dir.join("siftsmall_base.fvecs");
+    let query = dir.join("siftsmall_query.fvecs");
+    // About 1.5 MB of output: far more than a pipe holds, so the writer meets the closed end.
+    let mut child = Command::new(binary())
+        .args([
+            "search",
+            "--base",
+            base.to_str().expect("path"),
+            "--query",
+            query.to_str().expect("path"),
+            "-k",
+            "1000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("one line");
+    assert!(first.starts_with("query 0: 2176:"), "{first}");
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{err}");
+}

@@ -259,7 +259,7 @@ pub struct GpuDeviceInfo {
     /// Largest shared memory per block in bytes (the per-core L2 size for the CPU backend,
     /// when known, else 0).
     pub max_shared_memory_per_block: u64,
-    /// Parallel units: multiprocessors, compute units or CPU threads.
+    /// Parallel units: multiprocessors, compute units, or logical CPU cores.
     pub compute_units: u32,
     /// PCI bus id in "DDDD:BB:DD.F" form, when the device is on a PCI bus.
     pub pci_bus_id: Option<String>,

@@ -80,7 +80,7 @@ fn probe(backend: GpuBackendType) -> BackendStatus {
             BackendStatus {
                 backend,
                 available: true,
-                reason: format!("{} threads, {}", info.compute_units, info.compute_capability),
+                reason: format!("{} cores, {}", info.compute_units, info.compute_capability),
                 devices: vec![info],
             }
         }

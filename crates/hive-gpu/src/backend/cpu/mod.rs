@@ -53,7 +53,9 @@ impl GpuBackend for CpuBackend {
             compute_capability: self.simd.name().to_string(),
             max_threads_per_block: 1,
             max_shared_memory_per_block: l2_cache_bytes().unwrap_or(0),
-            compute_units: rayon::current_num_threads() as u32,
+            // The machine's logical cores; the threads a search uses are rayon's
+            // (`RAYON_NUM_THREADS`), which the CLI reports separately.
+            compute_units: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
             pci_bus_id: None,
         }
     }
