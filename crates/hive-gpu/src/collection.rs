@@ -12,6 +12,11 @@ use crate::types::{GpuDistanceMetric, GpuVector, Metadata, StorageConfig, Storag
 /// (|q - x|^2 <= 2(|q|^2 + |x|^2) must stay under f32::MAX).
 const MAX_SQUARED_NORM: f64 = 1e37;
 
+/// Under cosine a stored vector's squared norm must be a normal f32 with room to spare: the
+/// kernels scale products by 1/|x|, which amplifies underflow in them beyond any useful bound.
+/// Cosine ignores scale, so such a vector can simply be scaled up.
+const MIN_COSINE_SQUARED_NORM: f64 = 1e-36;
+
 /// Vectors appended per call into the row store, bounding the temporary copy.
 const APPEND_CHUNK: usize = 8192;
 
@@ -67,6 +72,18 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
         return Err(HiveGpuError::InvalidVector {
             id,
             reason: format!("{what}zero vector has no cosine similarity"),
+        });
+    }
+    if let Subject::Vector(_) = subject
+        && config.metric == GpuDistanceMetric::Cosine
+        && squared_norm < MIN_COSINE_SQUARED_NORM
+    {
+        return Err(HiveGpuError::InvalidVector {
+            id,
+            reason: format!(
+                "norm {:e} is too small for cosine (at least 1e-18); cosine ignores scale, so scale the vector up",
+                squared_norm.sqrt()
+            ),
         });
     }
     if let (Subject::Vector(_), StoragePrecision::F16) = (subject, config.precision) {

@@ -165,6 +165,24 @@ fn f16_storage_rejects_values_it_cannot_hold() {
     }
 }
 
+/// Under cosine, a stored vector must have |x| >= 1e-18: smaller norms underflow f32 in the
+/// kernels (found by the fuzzer). Cosine ignores scale, so the error says to scale it up.
+#[test]
+fn cosine_rejects_vectors_too_small_for_f32() {
+    for context in contexts() {
+        let storage = context.create_storage(2, GpuDistanceMetric::Cosine).expect("storage");
+        let err = storage.add_vectors(&[GpuVector::new("tiny", vec![1e-37, 0.0])]).unwrap_err();
+        assert!(matches!(&err, HiveGpuError::InvalidVector { id: Some(id), .. } if id == "tiny"), "{err:?}");
+        assert!(err.to_string().contains("too small for cosine"), "{err}");
+        assert_eq!(storage.vector_count(), 0);
+        // A tiny *query* is fine: cosine ignores its scale.
+        storage
+            .add_vectors(&[GpuVector::new("a", vec![1.0, 0.0]), GpuVector::new("b", vec![1.0, 1.0])])
+            .expect("add");
+        assert_eq!(storage.search(&[1e-40, 0.0], 1).expect("tiny query")[0].id, "a");
+    }
+}
+
 /// The op set is public: misuse of a row store is an error, not a panic.
 #[test]
 fn row_store_rejects_bad_arguments() {

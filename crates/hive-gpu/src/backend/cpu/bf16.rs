@@ -183,7 +183,10 @@ mod kernel {
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) fn row_to_pairs(row: &[f32], out: &mut [u32]) {
         let (chunks, tail) = row.as_chunks::<32>();
-        let (out_chunks, out_tail) = out.as_chunks_mut::<16>();
+        // Split the output where the whole chunks end, not at its own multiple of 16: with
+        // dim % 32 == 31 the padded output has one more whole chunk than the row.
+        let (out_head, out_tail) = out.split_at_mut(chunks.len() * 16);
+        let out_chunks = out_head.as_chunks_mut::<16>().0;
         for (c, o) in chunks.iter().zip(out_chunks) {
             let (lo, hi) = c.split_at(16);
             // SAFETY: `lo` and `hi` are 16 readable f32 each; the loads need no alignment.

@@ -23,7 +23,11 @@ impl CpuRows {
             GpuDistanceMetric::DotProduct => {
                 ErrorBound { absolute: gamma * q_norm * max_norm + tiny, relative: 0.0 }
             }
-            GpuDistanceMetric::Cosine => ErrorBound { absolute: gamma * q_norm + tiny, relative: 0.0 },
+            // Products that underflow lose up to 2^-150 each, then get scaled by 1/|x| <= 1e18
+            // (stored cosine rows have |x| >= 1e-18).
+            GpuDistanceMetric::Cosine => {
+                ErrorBound { absolute: gamma * q_norm + self.dim as f32 * 1e-26, relative: 0.0 }
+            }
         }
     }
 
@@ -36,7 +40,9 @@ impl CpuRows {
         let q_rounded = q_norm + q_residual;
         let widen = 1.0 + 2f64.powi(-8);
         let max_norm = f64::from(self.max_sq_norm).sqrt();
-        let tiny = self.dim as f64 * 1e-30;
+        // vdpbf16ps flushes products below 2^-126 to zero: up to 1.2e-38 each, which cosine then
+        // scales by 1/|x| <= 1e18 (stored cosine rows have |x| >= 1e-18).
+        let tiny = self.dim as f64 * if metric == GpuDistanceMetric::Cosine { 2e-20 } else { 1e-30 };
         let absolute = match metric {
             GpuDistanceMetric::Cosine => {
                 q_norm * f64::from(self.max_relative_residual)

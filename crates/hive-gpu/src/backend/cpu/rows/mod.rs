@@ -344,22 +344,8 @@ impl RowStore for CpuRows {
             // Exact integer products; only the f32 conversion rounds, well inside the f32 bound.
             let bounds = self.f32_bounds(queries, metric);
             self.tiled_collect(TileKernel::Bytes, queries, metric, k, &bounds)
-        } else if nq >= BF16_MIN_QUERIES && bf16::available() {
-            let bounds: Vec<ErrorBound> = queries
-                .chunks_exact(dim)
-                .zip(&q_norms)
-                .map(|(q, &qn)| self.bf16_bound(metric, q, qn))
-                .collect();
-            self.tiled_collect(TileKernel::Bf16, queries, metric, k, &bounds)
-        } else if nq >= GEMM_MIN_QUERIES {
-            let bounds = self.f32_bounds(queries, metric);
-            self.gemm_collect(queries, metric, k, &bounds)
         } else {
-            queries
-                .chunks_exact(dim)
-                .zip(&q_norms)
-                .map(|(q, &qn)| self.scan(q, metric, k, self.bound(metric, qn as f32, false)))
-                .collect()
+            self.approximate_collect(queries, &q_norms, metric, k)
         };
         Ok(collectors
             .into_par_iter()
@@ -378,6 +364,52 @@ impl RowStore for CpuRows {
                     .collect()
             })
             .collect())
+    }
+}
+
+impl CpuRows {
+    /// Candidates from the floating-point kernels: the scan, f32 GEMM tiles or bf16 tiles.
+    fn approximate_collect(
+        &self,
+        queries: &[f32],
+        q_norms: &[f64],
+        metric: GpuDistanceMetric,
+        k: usize,
+    ) -> Vec<topk::Collector> {
+        let dim = self.dim;
+        let nq = queries.len() / dim;
+        // Cosine ignores the query's scale, so the kernels get unit queries: a tiny or huge
+        // query cannot underflow or overflow their products. The re-rank uses the caller's.
+        let unit: Vec<f32>;
+        let (queries, unit_norms): (&[f32], Vec<f64>) = if metric == GpuDistanceMetric::Cosine {
+            unit = queries
+                .chunks_exact(dim)
+                .zip(q_norms)
+                .flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32))
+                .collect();
+            let norms = unit.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
+            (&unit, norms)
+        } else {
+            (queries, q_norms.to_vec())
+        };
+        let q_norms = &unit_norms;
+        if nq >= BF16_MIN_QUERIES && bf16::available() {
+            let bounds: Vec<ErrorBound> = queries
+                .chunks_exact(dim)
+                .zip(q_norms.iter())
+                .map(|(q, &qn)| self.bf16_bound(metric, q, qn))
+                .collect();
+            self.tiled_collect(TileKernel::Bf16, queries, metric, k, &bounds)
+        } else if nq >= GEMM_MIN_QUERIES {
+            let bounds = self.f32_bounds(queries, metric);
+            self.gemm_collect(queries, metric, k, &bounds)
+        } else {
+            queries
+                .chunks_exact(dim)
+                .zip(q_norms)
+                .map(|(q, &qn)| self.scan(q, metric, k, self.bound(metric, qn as f32, false)))
+                .collect()
+        }
     }
 }
 
