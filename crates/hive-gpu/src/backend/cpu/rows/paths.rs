@@ -157,7 +157,7 @@ impl CpuRows {
         let range_len = n.div_ceil(row_ranges).div_ceil(ROW_TILE) * ROW_TILE;
         let tasks: Vec<(usize, usize)> =
             (0..query_blocks).flat_map(|b| (0..row_ranges).map(move |r| (b, r))).collect();
-        let mut partial: Vec<Vec<Collector>> = tasks
+        let partial: Vec<Vec<Collector>> = tasks
             .par_iter()
             .map(|&(b, r)| {
                 let (q0, q1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(nq));
@@ -165,15 +165,11 @@ impl CpuRows {
                 self.gemm_task(&queries[q0 * dim..q1 * dim], metric, k, &bounds[q0..q1], r0, r1)
             })
             .collect();
+        // Tasks come ordered by query block, then row range.
+        let mut parts = partial.into_iter();
         let mut out = Vec::with_capacity(nq);
-        for block in partial.chunks_mut(row_ranges) {
-            let mut merged = std::mem::take(&mut block[0]);
-            for rest in &mut block[1..] {
-                for (m, c) in merged.iter_mut().zip(std::mem::take(rest)) {
-                    m.merge(c);
-                }
-            }
-            out.extend(merged);
+        for _ in 0..query_blocks {
+            out.extend(merge_ranges(parts.by_ref().take(row_ranges)));
         }
         out
     }
@@ -260,15 +256,20 @@ impl CpuRows {
             // The kernel declined (instructions missing): the f32 tiles give the same answer.
             return self.gemm_collect(queries, metric, k, &self.f32_bounds(queries, metric));
         };
-        let mut parts = partial.into_iter();
-        let mut merged = parts.next().unwrap_or_default();
-        for part in parts {
-            for (m, c) in merged.iter_mut().zip(part) {
-                m.merge(c);
-            }
-        }
-        merged
+        merge_ranges(partial)
     }
+}
+
+/// One candidate list per query from lists of the same queries over different row ranges.
+fn merge_ranges(parts: impl IntoIterator<Item = Vec<Collector>>) -> Vec<Collector> {
+    let mut parts = parts.into_iter();
+    let mut merged = parts.next().unwrap_or_default();
+    for part in parts {
+        for (m, c) in merged.iter_mut().zip(part) {
+            m.merge(c);
+        }
+    }
+    merged
 }
 
 /// `products[i][j] = queries[i] . rows[j]` for `nq` queries and `count` rows (row-major).
