@@ -53,7 +53,7 @@ pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, sel
 pub use error::{HiveGpuError, Result};
 pub use types::{
     BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector, Metadata,
-    SearchOptions, StorageConfig, StoragePrecision,
+    SearchOptions, SearchPrecision, StorageConfig, StoragePrecision,
 };
 
 use collection::Collection;
@@ -103,7 +103,7 @@ impl GpuContext {
         if config.dimension == 0 {
             return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
         }
-        let rows = self.backend.new_rows(config.dimension, config.precision)?;
+        let rows = self.backend.new_rows(config.dimension, config.precision, config.search)?;
         Ok(GpuVectorStorage {
             backend: self.backend.clone(),
             inner: RwLock::new(Collection::new(config, rows)),

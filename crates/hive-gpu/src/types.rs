@@ -139,6 +139,19 @@ impl FromStr for StoragePrecision {
     }
 }
 
+/// How a GPU backend computes the candidates of an exact search. Every mode returns the
+/// exact k nearest (each candidate pass has a proven error bound, and every row within it is
+/// re-ranked in f64); the modes differ in speed and in how many rows are re-ranked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SearchPrecision {
+    /// f32 arithmetic throughout (f16 storage uses f16 tensor cores with f32 accumulation).
+    #[default]
+    Exact,
+    /// Batches of f32 vectors use TF32 tensor cores for the candidate pass. The CPU backend,
+    /// which is exact at full speed already, treats this as `Exact`.
+    Fast,
+}
+
 /// Everything that defines a collection; [`crate::GpuContext::create_storage_with`] takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StorageConfig {
@@ -148,17 +161,25 @@ pub struct StorageConfig {
     pub metric: GpuDistanceMetric,
     /// How vectors are stored.
     pub precision: StoragePrecision,
+    /// How GPU searches compute their candidates (results are exact either way).
+    pub search: SearchPrecision,
 }
 
 impl StorageConfig {
     /// An f32 collection of `dimension` components compared by `metric`.
     pub fn new(dimension: usize, metric: GpuDistanceMetric) -> Self {
-        Self { dimension, metric, precision: StoragePrecision::F32 }
+        Self { dimension, metric, precision: StoragePrecision::F32, search: SearchPrecision::Exact }
     }
 
     /// The same configuration with another storage precision.
     pub fn with_precision(mut self, precision: StoragePrecision) -> Self {
         self.precision = precision;
+        self
+    }
+
+    /// The same configuration with another search precision.
+    pub fn with_search_precision(mut self, search: SearchPrecision) -> Self {
+        self.search = search;
         self
     }
 }
@@ -263,6 +284,10 @@ pub struct GpuDeviceInfo {
     pub compute_units: u32,
     /// PCI bus id in "DDDD:BB:DD.F" form, when the device is on a PCI bus.
     pub pci_bus_id: Option<String>,
+    /// Last-level (L2) cache size in bytes, when known.
+    pub l2_cache_bytes: Option<u64>,
+    /// Threads per warp or wavefront (32 on NVIDIA, 64 or 32 on AMD; 1 for the CPU backend).
+    pub warp_size: u32,
 }
 
 impl GpuDeviceInfo {

@@ -6,9 +6,12 @@
 //! an f64 reference through exactly these operations.
 
 pub mod cpu;
+pub(crate) mod gpu;
 
 use crate::error::{HiveGpuError, Result};
-use crate::types::{BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, StoragePrecision};
+use crate::types::{
+    BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, SearchPrecision, StoragePrecision,
+};
 
 /// One neighbour as a backend reports it: a storage slot and the metric's distance.
 ///
@@ -30,7 +33,8 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     /// The device's description, read now (free memory changes).
     fn device_info(&self) -> GpuDeviceInfo;
     /// Empty row storage for vectors of `dim` components.
-    fn new_rows(&self, dim: usize, precision: StoragePrecision) -> Result<Box<dyn RowStore>>;
+    fn new_rows(&self, dim: usize, precision: StoragePrecision, search: SearchPrecision)
+        -> Result<Box<dyn RowStore>>;
 }
 
 /// The rows of one collection, held where the backend computes, with a tombstone per slot.
@@ -84,6 +88,8 @@ fn probe(backend: GpuBackendType) -> BackendStatus {
                 devices: vec![info],
             }
         }
+        #[cfg(feature = "cuda")]
+        GpuBackendType::Cuda => probe_cuda(),
         other => BackendStatus {
             backend: other,
             available: false,
@@ -93,9 +99,31 @@ fn probe(backend: GpuBackendType) -> BackendStatus {
     }
 }
 
+/// CUDA is available when its libraries load, a device exists and the kernels compile for it.
+#[cfg(feature = "cuda")]
+fn probe_cuda() -> BackendStatus {
+    let backend = GpuBackendType::Cuda;
+    let unavailable = |reason: String| BackendStatus { backend, available: false, reason, devices: Vec::new() };
+    let count = match gpu::cuda::CudaDriver::device_count() {
+        Ok(0) => return unavailable("the NVIDIA driver loads but reports no CUDA device".into()),
+        Ok(n) => n,
+        Err(reason) => return unavailable(reason),
+    };
+    let mut devices = Vec::new();
+    for ordinal in 0..count {
+        match gpu::cuda_backend::open(ordinal) {
+            Ok(engine) => devices.push(engine.device_info()),
+            Err(e) => return unavailable(format!("device {ordinal}: {e}")),
+        }
+    }
+    let names: Vec<String> =
+        devices.iter().map(|d| format!("{} (compute {})", d.name, d.compute_capability)).collect();
+    BackendStatus { backend, available: true, reason: names.join(", "), devices }
+}
+
 fn not_built_reason(backend: GpuBackendType) -> &'static str {
     match backend {
-        GpuBackendType::Cuda => "not in this build yet: the CUDA backend is planned, not written",
+        GpuBackendType::Cuda => "not in this build: compiled without the `cuda` feature",
         GpuBackendType::Rocm => "not in this build yet: the ROCm backend is planned, not written",
         GpuBackendType::Vulkan => "not in this build yet: the wgpu/Vulkan backend is planned, not written",
         GpuBackendType::Metal => "not in this build yet: Metal will come through the wgpu backend",
@@ -140,6 +168,8 @@ pub(crate) fn open(backend: GpuBackendType, ordinal: usize) -> Result<std::sync:
             }
             Ok(std::sync::Arc::new(cpu::CpuBackend::new()))
         }
+        #[cfg(feature = "cuda")]
+        GpuBackendType::Cuda => gpu::cuda_backend::open(ordinal),
         other => Err(HiveGpuError::BackendUnavailable {
             backend: other,
             reason: not_built_reason(other).to_string(),

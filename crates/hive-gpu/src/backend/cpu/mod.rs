@@ -5,11 +5,11 @@ mod filter;
 mod int8;
 mod rows;
 pub mod simd;
-mod topk;
+pub(crate) mod topk;
 
 use crate::backend::{GpuBackend, RowStore};
 use crate::error::{HiveGpuError, Result};
-use crate::types::{GpuBackendType, GpuDeviceInfo, StoragePrecision};
+use crate::types::{GpuBackendType, GpuDeviceInfo, SearchPrecision, StoragePrecision};
 
 pub use simd::SimdLevel;
 
@@ -57,10 +57,12 @@ impl GpuBackend for CpuBackend {
             // (`RAYON_NUM_THREADS`), which the CLI reports separately.
             compute_units: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
             pci_bus_id: None,
+            l2_cache_bytes: l2_cache_bytes(),
+            warp_size: 1,
         }
     }
 
-    fn new_rows(&self, dim: usize, precision: StoragePrecision) -> Result<Box<dyn RowStore>> {
+    fn new_rows(&self, dim: usize, precision: StoragePrecision, _search: SearchPrecision) -> Result<Box<dyn RowStore>> {
         if dim == 0 {
             return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
         }

@@ -1,0 +1,98 @@
+//! The candidate gate of each GPU search path: rows whose approximate distance `a` exceeds
+//! `a_k * mul + add` (with `a_k` the k-th best approximate distance) cannot be among the
+//! true k nearest, by the same argument as the CPU backend's (`cpu/topk.rs`): with every
+//! approximate distance within `E` of the true one, true top-k rows satisfy `a <= a_k + 2E`.
+
+use crate::backend::cpu::topk::ErrorBound;
+use crate::types::GpuDistanceMetric;
+
+/// How the approximate distances of a path are computed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Approximation {
+    /// The scan kernel: f32 sums (L2 as a sum of squared differences).
+    Scan,
+    /// GEMM dot products in f32 without tensor-core shortcuts.
+    GemmF32,
+    /// GEMM on TF32 tensor cores.
+    GemmTf32,
+    /// GEMM on f16 tensor cores with the query scaled by `scale` (a power of two).
+    GemmF16 { scale: f64 },
+}
+
+/// `(mul, add)` of the gate for one query, given the query's norm (of the vector the kernels
+/// see: unit for cosine), the largest stored squared norm and the dimension.
+pub(super) fn gate(
+    metric: GpuDistanceMetric,
+    path: Approximation,
+    q_norm: f64,
+    max_sq_norm: f64,
+    dim: usize,
+) -> (f32, f32) {
+    let u = f64::from(f32::EPSILON) / 2.0;
+    let gamma = f64::from(ErrorBound::gamma(dim));
+    let d = dim as f64;
+    let r = max_sq_norm.sqrt();
+    // Subnormal inputs or products flushed to zero lose at most 2^-126 times the other
+    // operand's size each; cosine then scales by 1/|x| <= 1e18 (stored cosine rows have
+    // |x| >= 1e-18).
+    let tiny = d * 1.2e-38 * (1.0 + q_norm + r) + if metric == GpuDistanceMetric::Cosine { d * 2e-20 } else { 0.0 };
+    // Relative error of one dot product's inputs and accumulation, per path.
+    let product = match path {
+        Approximation::Scan | Approximation::GemmF32 => gamma,
+        // Operands truncated to 10 mantissa bits, accumulation possibly truncating.
+        Approximation::GemmTf32 => 2.0 * 2f64.powi(-10) + 2f64.powi(-20) + 2.0 * gamma,
+        Approximation::GemmF16 { .. } => 2f64.powi(-11) * (1.0 + 2f64.powi(-11)) + 2.0 * gamma,
+    };
+    // f16 query rounding below the subnormal step: 2^-25 per component of the scaled query.
+    let f16_floor = |norm_x: f64| match path {
+        Approximation::GemmF16 { scale } => 2f64.powi(-25) * d.sqrt() * norm_x / scale,
+        _ => 0.0,
+    };
+    if path == Approximation::Scan && metric == GpuDistanceMetric::Euclidean {
+        // A sum of non-negative terms: the error is relative to the distance itself.
+        let mul = (1.0 + gamma) / (1.0 - gamma) * (1.0 + 1e-6);
+        return (mul as f32, (4.0 * tiny * 1.01) as f32);
+    }
+    let error = match metric {
+        GpuDistanceMetric::Euclidean => 2.0 * (product * q_norm * r + f16_floor(r)) + gamma * max_sq_norm,
+        GpuDistanceMetric::DotProduct => product * q_norm * r + f16_floor(r),
+        GpuDistanceMetric::Cosine => product * q_norm + f16_floor(1.0) + 4.0 * u,
+    };
+    let add = 2.0 * (error + tiny) * 1.01;
+    (1.0, (add * (1.0 + 1e-6)) as f32)
+}
+
+/// The power of two that brings the query's largest component near 2^15, so its f16 copy
+/// neither overflows (65504) nor loses more than it must to subnormals.
+pub(super) fn f16_scale(query: &[f32]) -> f64 {
+    let max = query.iter().fold(0f32, |m, &x| m.max(x.abs()));
+    if max == 0.0 {
+        return 1.0;
+    }
+    let exponent = (32768.0 / f64::from(max)).log2().floor() as i32;
+    2f64.powi(exponent.clamp(-120, 120))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_scale_keeps_queries_in_range() {
+        for max in [1e-30f32, 1e-5, 0.3, 1.0, 1000.0, 65504.0, 1e30] {
+            let s = f16_scale(&[max, -max / 3.0]);
+            let scaled = f64::from(max) * s;
+            assert!((16384.0..=32768.0).contains(&scaled), "max {max}: scaled {scaled}");
+        }
+        assert_eq!(f16_scale(&[0.0, 0.0]), 1.0);
+    }
+
+    #[test]
+    fn gates_grow_with_precision_loss() {
+        let g = |p| gate(GpuDistanceMetric::DotProduct, p, 10.0, 100.0, 128).1;
+        assert!(g(Approximation::GemmF32) < g(Approximation::GemmF16 { scale: 1.0 }));
+        assert!(g(Approximation::GemmF16 { scale: 1.0 }) < g(Approximation::GemmTf32));
+        let (mul, add) = gate(GpuDistanceMetric::Euclidean, Approximation::Scan, 1.0, 1.0, 128);
+        assert!(mul > 1.0 && add >= 0.0);
+    }
+}

@@ -1,0 +1,121 @@
+//! The `Driver` trait: everything the GPU engine needs from a vendor runtime. CUDA implements
+//! it over cudarc (`cuda.rs`); HIP will implement it over libloading. The engine above is
+//! written once against this trait, so every line of it runs in the CUDA tests.
+
+use crate::error::Result;
+use crate::types::GpuDeviceInfo;
+
+/// A device address.
+pub type DevicePtr = u64;
+
+/// One kernel argument, passed by value.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    /// `unsigned int`.
+    U32(u32),
+    /// `int`.
+    I32(i32),
+    /// `unsigned long long`.
+    U64(u64),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+    /// A device pointer (0 for a null pointer).
+    Ptr(DevicePtr),
+}
+
+/// Input precision of a GEMM (the accumulation is always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmInputs {
+    /// f32 inputs, f32 products: no tensor-core shortcuts allowed.
+    F32,
+    /// f32 inputs rounded to TF32 on the tensor cores.
+    Tf32,
+    /// f16 inputs on the tensor cores.
+    F16,
+}
+
+/// `C = A^T B` in column-major terms: `A` is `k x m` (leading dimension `lda`), `B` is `k x n`,
+/// `C` is `m x n` f32 with leading dimension `ldc`. With row-major rows as `A` and row-major
+/// queries as `B`, `C` holds one query's dot products per column.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmTn {
+    /// Rows of `C` (stored rows in the tile).
+    pub m: usize,
+    /// Columns of `C` (queries).
+    pub n: usize,
+    /// The shared dimension (vector dimension).
+    pub k: usize,
+    /// `A` (the stored rows).
+    pub a: DevicePtr,
+    /// Leading dimension of `A`.
+    pub lda: usize,
+    /// `B` (the queries).
+    pub b: DevicePtr,
+    /// Leading dimension of `B`.
+    pub ldb: usize,
+    /// `C` (f32).
+    pub c: DevicePtr,
+    /// Leading dimension of `C`.
+    pub ldc: usize,
+    /// Input precision.
+    pub inputs: GemmInputs,
+}
+
+/// A vendor runtime bound to one device.
+pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
+    /// An ordered queue of device work, with whatever per-queue state the BLAS needs.
+    type Stream: Send + std::fmt::Debug;
+    /// A loaded kernel.
+    type Function: Send + Sync + Copy + std::fmt::Debug;
+    /// Page-locked host memory for asynchronous copies.
+    type Pinned: Send + std::fmt::Debug + std::ops::DerefMut<Target = [u8]>;
+
+    /// The device's description, with free memory read now.
+    fn device_info(&self) -> GpuDeviceInfo;
+    /// Threads per warp or wavefront.
+    fn warp_size(&self) -> u32;
+    /// Multiprocessors (compute units).
+    fn multiprocessors(&self) -> u32;
+    /// Largest dynamic shared memory one block may use, in bytes.
+    fn max_shared_bytes(&self) -> usize;
+    /// `(free, total)` device memory in bytes.
+    fn mem_info(&self) -> Result<(usize, usize)>;
+
+    /// Device memory; out of memory is `VramLimitExceeded`.
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
+    /// Frees what [`Driver::alloc`] returned.
+    fn free(&self, ptr: DevicePtr);
+    /// Page-locked host memory.
+    fn pinned(&self, bytes: usize) -> Result<Self::Pinned>;
+    /// A new stream.
+    fn stream(&self) -> Result<Self::Stream>;
+
+    /// Queues a copy of `host[..bytes]` to `dst`. The host buffer must stay untouched until
+    /// the stream is synchronized.
+    fn upload(&self, stream: &Self::Stream, dst: DevicePtr, host: &Self::Pinned, bytes: usize) -> Result<()>;
+    /// Queues a copy of `bytes` from `src` into `host`; valid after the stream is synchronized.
+    fn download(&self, stream: &Self::Stream, host: &mut Self::Pinned, src: DevicePtr, bytes: usize) -> Result<()>;
+    /// Queues a device-to-device copy.
+    fn copy(&self, stream: &Self::Stream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+    /// Queues setting `bytes` bytes at `dst` to `value`.
+    fn fill(&self, stream: &Self::Stream, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
+    /// Waits for everything queued on the stream.
+    fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
+
+    /// Compiles `source` for this device and loads the named kernels, in order.
+    fn compile(&self, source: &str, names: &[&str]) -> Result<Vec<Self::Function>>;
+    /// Queues a kernel launch.
+    fn launch(
+        &self,
+        stream: &Self::Stream,
+        function: Self::Function,
+        grid: (u32, u32),
+        block: u32,
+        shared_bytes: u32,
+        args: &[Arg],
+    ) -> Result<()>;
+    /// Queues a GEMM (see [`GemmTn`]).
+    fn gemm_tn(&self, stream: &Self::Stream, gemm: &GemmTn) -> Result<()>;
+}

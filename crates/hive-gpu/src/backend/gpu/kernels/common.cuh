@@ -1,0 +1,126 @@
+// Shared by every kernel of the GPU engine. Written in the CUDA/HIP common subset: no
+// includes, no intrinsics beyond the ones the prelude maps (HG_SHFL_XOR), warp width from
+// HG_WARP (set from the device at compile time, 32 or 64).
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short u16;
+
+#define HG_NONE 0xffffffffffffffffull
+#define HG_L2 0
+#define HG_DOT 1
+#define HG_COS 2
+
+// Sortable encodings: unsigned order equals numeric order.
+__device__ __forceinline__ u32 hg_f32_key(float a) {
+    u32 b = __float_as_uint(a);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float hg_key_f32(u32 k) {
+    u32 b = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    return __uint_as_float(b);
+}
+__device__ __forceinline__ u64 hg_f64_key(double a) {
+    u64 b = (u64)__double_as_longlong(a);
+    return (b & 0x8000000000000000ull) ? ~b : (b | 0x8000000000000000ull);
+}
+__device__ __forceinline__ double hg_key_f64(u64 k) {
+    u64 b = (k & 0x8000000000000000ull) ? (k & 0x7fffffffffffffffull) : ~k;
+    return __longlong_as_double((long long)b);
+}
+// A candidate: approximate distance key in the high half, slot in the low half, so one u64
+// comparison orders by distance, then by slot.
+__device__ __forceinline__ u64 hg_entry(float a, u32 slot) { return ((u64)hg_f32_key(a) << 32) | slot; }
+__device__ __forceinline__ float hg_entry_dist(u64 e) { return hg_key_f32((u32)(e >> 32)); }
+
+// Exact f16 -> f32 for finite halves (normal and subnormal): shift into the f32 layout, then
+// rebias the exponent by 2^112.
+__device__ __forceinline__ float hg_h2f(u16 h) {
+    float mag = __uint_as_float(((u32)(h & 0x7fffu)) << 13) * 5.192296858534828e+33f;
+    return (h & 0x8000u) ? -mag : mag;
+}
+
+__device__ __forceinline__ bool hg_dead(const u32* dead, u32 slot) {
+    return dead != 0 && ((dead[slot >> 5] >> (slot & 31)) & 1u);
+}
+
+// The candidate gate: rows with an approximate distance above band(a_k) cannot be among the
+// true k nearest (see the host's bounds). Rounded upward so the f32 arithmetic here cannot
+// make the band narrower than the proof needs.
+__device__ __forceinline__ float hg_band(float ak, float mul, float add) {
+    float r = fmaf(ak, mul, add);
+    return r + fabsf(r) * 4.76837158203125e-07f + 1e-37f;
+}
+
+__device__ __forceinline__ float hg_warp_sum(float v) {
+    for (int o = HG_WARP / 2; o > 0; o >>= 1) v += HG_SHFL_XOR(v, o);
+    return v;
+}
+__device__ __forceinline__ double hg_warp_sum_f64(double v) {
+    for (int o = HG_WARP / 2; o > 0; o >>= 1) v += HG_SHFL_XOR(v, o);
+    return v;
+}
+
+// Ascending bitonic sort of n (a power of two) keys in shared memory, with an optional
+// companion array; every thread of the block must call it.
+__device__ void hg_bitonic(u64* keys, u32* vals, u32 n) {
+    for (u32 size = 2; size <= n; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            for (u32 t = threadIdx.x; t < n / 2; t += blockDim.x) {
+                u32 i = 2 * t - (t & (stride - 1));
+                u32 j = i + stride;
+                bool up = (i & size) == 0;
+                u64 a = keys[i], b = keys[j];
+                bool swap;
+                if (vals) {
+                    u32 va = vals[i], vb = vals[j];
+                    bool greater = a > b || (a == b && va > vb);
+                    swap = greater == up;
+                    if (swap) { vals[i] = vb; vals[j] = va; }
+                } else {
+                    swap = (a > b) == up;
+                }
+                if (swap) { keys[i] = b; keys[j] = a; }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Block-wide top-k with an error band. Shared layout: sh[0, kcap) is the sorted list,
+// sh[kcap, sortn) the buffer of new candidates. `state` lives in shared memory.
+struct HgTopK {
+    u32 count;     // candidates in the buffer
+    float thr;     // filter: band of the current k-th best, +inf until k are known
+    u64 evicted;   // smallest entry pushed out of the list (HG_NONE if none)
+};
+
+__device__ void hg_merge(u64* sh, HgTopK* st, u32 k, u32 kcap, u32 sortn, float mul, float add) {
+    __syncthreads();
+    for (u32 i = kcap + st->count + threadIdx.x; i < sortn; i += blockDim.x) sh[i] = HG_NONE;
+    __syncthreads();
+    hg_bitonic(sh, 0, sortn);
+    if (threadIdx.x == 0) {
+        if (sh[kcap] < st->evicted) st->evicted = sh[kcap];
+        st->count = 0;
+        u64 kth = sh[k - 1];
+        st->thr = kth == HG_NONE ? __uint_as_float(0x7f800000u) : hg_band(hg_entry_dist(kth), mul, add);
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void hg_push(u64* sh, HgTopK* st, u32 kcap, float a, u32 slot) {
+    u32 pos = atomicAdd(&st->count, 1u);
+    sh[kcap + pos] = hg_entry(a, slot);
+}
+
+__device__ void hg_init(u64* sh, HgTopK* st, u32 kcap, const u64* list, u64 evicted, u32 k, float mul, float add) {
+    for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) sh[i] = list ? list[i] : HG_NONE;
+    if (threadIdx.x == 0) {
+        st->count = 0;
+        st->evicted = evicted;
+        st->thr = __uint_as_float(0x7f800000u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && sh[k - 1] != HG_NONE) st->thr = hg_band(hg_entry_dist(sh[k - 1]), mul, add);
+    __syncthreads();
+}

@@ -1,0 +1,36 @@
+// Row maintenance: squared norms of new rows and compaction on the device.
+
+template <typename T>
+__device__ void hg_norms(const T* rows, u32 dim, u32 first, u32 count, float* norms) {
+    u32 warps_total = gridDim.x * (blockDim.x / HG_WARP);
+    u32 warp = blockIdx.x * (blockDim.x / HG_WARP) + threadIdx.x / HG_WARP;
+    u32 lane = threadIdx.x % HG_WARP;
+    for (u32 i = warp; i < count; i += warps_total) {
+        u32 slot = first + i;
+        double acc = 0.0;
+        for (u32 c = lane; c < dim; c += HG_WARP) {
+            double x = (double)hg_load<T>(rows, (u64)slot * dim + c);
+            acc += x * x;
+        }
+        acc = hg_warp_sum_f64(acc);
+        if (lane == 0) norms[slot] = (float)acc;
+    }
+}
+// Squared norms (summed in f64, rounded to f32) of slots [first, first + count).
+extern "C" __global__ void hg_norms_f32(const float* rows, u32 dim, u32 first, u32 count, float* norms) {
+    hg_norms<float>(rows, dim, first, count, norms);
+}
+extern "C" __global__ void hg_norms_f16(const u16* rows, u32 dim, u32 first, u32 count, float* norms) {
+    hg_norms<u16>(rows, dim, first, count, norms);
+}
+
+// dst[i] = src[keep[i]] for rows of `words` 16-bit words (rows), and norms alongside.
+extern "C" __global__ void hg_gather(const u16* src, u16* dst, u64 words, const u32* keep, u32 count,
+                                     const float* norms_src, float* norms_dst) {
+    u64 total = words * count;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        u64 row = i / words, w = i % words;
+        dst[i] = src[(u64)keep[row] * words + w];
+        if (w == 0) norms_dst[row] = norms_src[keep[row]];
+    }
+}

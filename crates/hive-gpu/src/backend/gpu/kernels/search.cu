@@ -1,0 +1,376 @@
+// Search kernels: the single-query scan fused with top-k, top-k over GEMM tiles, the final
+// merge with the exact f64 re-rank, and the radix-select path for any k.
+
+#define HG_ROWS_PER_WARP 4
+
+// Approximate distance of `rows_n` consecutive rows starting at `first` (warp-cooperative;
+// every lane gets every result). The element type is a template so f32 and f16 share it.
+template <typename T> __device__ __forceinline__ float hg_load(const T* p, u64 i);
+template <> __device__ __forceinline__ float hg_load<float>(const float* p, u64 i) { return p[i]; }
+template <> __device__ __forceinline__ float hg_load<u16>(const u16* p, u64 i) { return hg_h2f(p[i]); }
+
+template <typename T>
+__device__ __forceinline__ void hg_warp_distances(const T* rows, u32 dim, u32 first, u32 valid, const float* q,
+                                                  int metric, float* out) {
+    u32 lane = threadIdx.x % HG_WARP;
+    float acc[HG_ROWS_PER_WARP];
+#pragma unroll
+    for (int r = 0; r < HG_ROWS_PER_WARP; r++) acc[r] = 0.0f;
+#pragma unroll 4
+    for (u32 c = lane; c < dim; c += HG_WARP) {
+        float qv = q[c];
+#pragma unroll
+        for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
+            if ((u32)r < valid) {
+                float x = hg_load<T>(rows, (u64)(first + r) * dim + c);
+                if (metric == HG_L2) {
+                    float d = qv - x;
+                    acc[r] = fmaf(d, d, acc[r]);
+                } else {
+                    acc[r] = fmaf(qv, x, acc[r]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < HG_ROWS_PER_WARP; r++) out[r] = hg_warp_sum(acc[r]);
+}
+
+__device__ __forceinline__ float hg_finish(float raw, int metric, const float* norms, u32 slot) {
+    if (metric == HG_L2) return raw;
+    if (metric == HG_DOT) return -raw;
+    return -raw / sqrtf(norms[slot]);
+}
+
+// grid (S, nq), block HG_BLOCK: block s of query q scans rows [s*per, (s+1)*per) and leaves its
+// candidate list in lists[(q*S + s)*kcap ..] and its smallest evicted entry in evicted[q*S + s].
+template <typename T>
+__device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead, u32 n, u32 dim,
+                             const float* queries, const float* gate_mul, const float* gate_add, int metric,
+                             u32 k, u32 kcap, u32 sortn, u32 per, u64* lists, u64* evicted) {
+    extern __shared__ u64 hg_smem[];
+    __shared__ HgTopK st;
+    u64* sh = hg_smem;
+    float* qs = (float*)(sh + sortn);
+    u32 q = blockIdx.y, s = blockIdx.x, S = gridDim.x;
+    for (u32 c = threadIdx.x; c < dim; c += blockDim.x) qs[c] = queries[(u64)q * dim + c];
+    float mul = gate_mul[q], add = gate_add[q];
+    hg_init(sh, &st, kcap, 0, HG_NONE, k, mul, add);
+    u32 start = s * per;
+    u32 end = min(n, start + per);
+    u32 warps = blockDim.x / HG_WARP, warp = threadIdx.x / HG_WARP, lane = threadIdx.x % HG_WARP;
+    u32 round = warps * HG_ROWS_PER_WARP;
+    u32 bcap = sortn - kcap;
+    for (u32 base = start; base < end; base += round) {
+        if (st.count + round > bcap) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+        float thr = st.thr;
+        u32 first = base + warp * HG_ROWS_PER_WARP;
+        u32 valid = first < end ? min((u32)HG_ROWS_PER_WARP, end - first) : 0;
+        float d[HG_ROWS_PER_WARP];
+        if (valid > 0) hg_warp_distances<T>(rows, dim, first, valid, qs, metric, d);
+#pragma unroll
+        for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
+            if (lane == (u32)r && (u32)r < valid) {
+                u32 slot = first + r;
+                float a = hg_finish(d[r], metric, norms, slot);
+                if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, a, slot);
+            }
+        }
+        __syncthreads();
+    }
+    if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+    u64* out = lists + ((u64)q * S + s) * kcap;
+    for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) out[i] = sh[i];
+    if (threadIdx.x == 0) evicted[(u64)q * S + s] = st.evicted;
+}
+
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_f32(const float* rows, const float* norms,
+        const u32* dead, u32 n, u32 dim, const float* queries, const float* gate_mul, const float* gate_add,
+        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u64* lists, u64* evicted) {
+    hg_scan_topk<float>(rows, norms, dead, n, dim, queries, gate_mul, gate_add, metric, k, kcap, sortn, per,
+                        lists, evicted);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_f16(const u16* rows, const float* norms,
+        const u32* dead, u32 n, u32 dim, const float* queries, const float* gate_mul, const float* gate_add,
+        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u64* lists, u64* evicted) {
+    hg_scan_topk<u16>(rows, norms, dead, n, dim, queries, gate_mul, gate_add, metric, k, kcap, sortn, per,
+                      lists, evicted);
+}
+
+// Approximate distance of every row to one query (removed rows get +inf): the input of the
+// radix-select path. grid: any, block HG_BLOCK; the query is read from global memory.
+template <typename T>
+__device__ void hg_scan_all(const T* rows, const float* norms, const u32* dead, u32 n, u32 dim, const float* q,
+                            int metric, float* dist) {
+    u32 warps_total = gridDim.x * (blockDim.x / HG_WARP);
+    u32 warp = blockIdx.x * (blockDim.x / HG_WARP) + threadIdx.x / HG_WARP;
+    u32 lane = threadIdx.x % HG_WARP;
+    for (u32 first = warp * HG_ROWS_PER_WARP; first < n; first += warps_total * HG_ROWS_PER_WARP) {
+        u32 valid = min((u32)HG_ROWS_PER_WARP, n - first);
+        float d[HG_ROWS_PER_WARP];
+        hg_warp_distances<T>(rows, dim, first, valid, q, metric, d);
+#pragma unroll
+        for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
+            if (lane == (u32)r && (u32)r < valid) {
+                u32 slot = first + r;
+                dist[slot] = hg_dead(dead, slot) ? __uint_as_float(0x7f800000u) : hg_finish(d[r], metric, norms, slot);
+            }
+        }
+    }
+}
+extern "C" __global__ void hg_scan_all_f32(const float* rows, const float* norms, const u32* dead, u32 n, u32 dim,
+                                           const float* q, int metric, float* dist) {
+    hg_scan_all<float>(rows, norms, dead, n, dim, q, metric, dist);
+}
+extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, const u32* dead, u32 n, u32 dim,
+                                           const float* q, int metric, float* dist) {
+    hg_scan_all<u16>(rows, norms, dead, n, dim, q, metric, dist);
+}
+
+#define HG_TILE_PER_THREAD 4
+
+// grid (qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
+// dimension ldc, covering slots [row0, row0 + tile_rows)) into each query's candidate list.
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float* dots, u32 ldc, u32 tile_rows,
+        u32 row0, const float* norms, const u32* dead, int metric, const float* inv_scale, const float* gate_mul,
+        const float* gate_add, u32 k, u32 kcap, u32 sortn, u64* lists, u64* evicted) {
+    extern __shared__ u64 hg_smem[];
+    __shared__ HgTopK st;
+    u64* sh = hg_smem;
+    u32 q = blockIdx.x;
+    float mul = gate_mul[q], add = gate_add[q];
+    u64* list = lists + (u64)q * kcap;
+    hg_init(sh, &st, kcap, list, evicted[q], k, mul, add);
+    const float* row = dots + (u64)q * ldc;
+    float dot_scale = inv_scale ? inv_scale[q] : 1.0f;
+    u32 round = blockDim.x * HG_TILE_PER_THREAD;
+    u32 bcap = sortn - kcap;
+    for (u32 base = 0; base < tile_rows; base += round) {
+        if (st.count + round > bcap) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+        float thr = st.thr;
+        float c[HG_TILE_PER_THREAD];
+#pragma unroll
+        for (int e = 0; e < HG_TILE_PER_THREAD; e++) {
+            u32 j = base + e * blockDim.x + threadIdx.x;
+            c[e] = j < tile_rows ? row[j] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < HG_TILE_PER_THREAD; e++) {
+            u32 j = base + e * blockDim.x + threadIdx.x;
+            if (j < tile_rows) {
+                u32 slot = row0 + j;
+                float dot = c[e] * dot_scale;
+                float a;
+                if (metric == HG_L2) a = fmaf(-2.0f, dot, norms[slot]);
+                else if (metric == HG_DOT) a = -dot;
+                else a = -dot / sqrtf(norms[slot]);
+                if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, a, slot);
+            }
+        }
+        __syncthreads();
+    }
+    if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+    for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) list[i] = sh[i];
+    if (threadIdx.x == 0) evicted[q] = st.evicted;
+}
+
+// Exact f64 canonical distance of a stored row (warp-cooperative; every lane gets it).
+template <typename T>
+__device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, double q_norm, int metric) {
+    u32 lane = threadIdx.x % HG_WARP;
+    double acc = 0.0, rr = 0.0;
+    for (u32 c = lane; c < dim; c += HG_WARP) {
+        double x = (double)hg_load<T>(rows, (u64)slot * dim + c);
+        double qv = (double)q[c];
+        if (metric == HG_L2) {
+            double d = qv - x;
+            acc += d * d;
+        } else {
+            acc += qv * x;
+            rr += x * x;
+        }
+    }
+    acc = hg_warp_sum_f64(acc);
+    if (metric == HG_L2) return acc;
+    if (metric == HG_DOT) return -acc;
+    rr = hg_warp_sum_f64(rr);
+    double norm = sqrt(rr);
+    return (norm == 0.0 || q_norm == 0.0) ? 0.0 : -acc / (norm * q_norm);
+}
+
+// grid (nq), block HG_BLOCK. Merges the S candidate lists of each query, checks that no row
+// inside the band was lost (else flags[q] = 1 and the host retries with more room), re-ranks
+// the band in f64 and writes the k best (slot, exact distance), ties by slot.
+template <typename T>
+__device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 kcap_in, u32 k, u32 kcap, u32 sortn,
+                            const float* gate_mul, const float* gate_add, const T* rows, u32 dim,
+                            const float* queries, const double* q_norms, int metric, u32* out_slots,
+                            double* out_dist, u32* flags) {
+    extern __shared__ u64 hg_smem[];
+    __shared__ HgTopK st;
+    __shared__ u32 band_count;
+    u64* sh = hg_smem;
+    u32 q = blockIdx.x;
+    float mul = gate_mul[q], add = gate_add[q];
+    const u64* in = lists + (u64)q * S * kcap_in;
+    if (S == 1 && kcap_in == kcap) {
+        hg_init(sh, &st, kcap, in, evicted[q], k, mul, add);
+    } else {
+        hg_init(sh, &st, kcap, 0, HG_NONE, k, mul, add);
+        if (threadIdx.x == 0) {
+            u64 ev = HG_NONE;
+            for (u32 s = 0; s < S; s++) ev = min(ev, evicted[(u64)q * S + s]);
+            st.evicted = ev;
+        }
+        u32 total = S * kcap_in;
+        u32 bcap = sortn - kcap;
+        for (u32 base = 0; base < total; base += blockDim.x) {
+            if (st.count + blockDim.x > bcap) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+            float thr = st.thr;
+            u32 i = base + threadIdx.x;
+            if (i < total) {
+                u64 e = in[i];
+                if (e != HG_NONE && hg_entry_dist(e) <= thr) {
+                    u32 pos = atomicAdd(&st.count, 1u);
+                    sh[kcap + pos] = e;
+                }
+            }
+            __syncthreads();
+        }
+        if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+    }
+    __syncthreads();
+    float band = hg_band(hg_entry_dist(sh[k - 1]), mul, add);
+    if (threadIdx.x == 0) {
+        band_count = 0;
+        if (st.evicted != HG_NONE && hg_entry_dist(st.evicted) <= band) flags[q] = 1;
+    }
+    __syncthreads();
+    if (flags[q] != 0) return;
+    for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) {
+        if (sh[i] != HG_NONE && hg_entry_dist(sh[i]) <= band) atomicMax(&band_count, i + 1);
+    }
+    __syncthreads();
+    u32 c = band_count;
+    u32 cp = 1;
+    while (cp < c) cp <<= 1;
+    // Candidate slots move to the upper half; their exact keys take the lower.
+    u32* slots = (u32*)(sh + kcap);
+    for (u32 i = threadIdx.x; i < cp; i += blockDim.x) slots[i] = i < c ? (u32)sh[i] : 0xffffffffu;
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < cp; i += blockDim.x) sh[i] = HG_NONE;
+    __syncthreads();
+    u32 warps = blockDim.x / HG_WARP, warp = threadIdx.x / HG_WARP, lane = threadIdx.x % HG_WARP;
+    const float* qv = queries + (u64)q * dim;
+    for (u32 i = warp; i < c; i += warps) {
+        double d = hg_exact<T>(rows, dim, slots[i], qv, q_norms[q], metric);
+        if (lane == 0) sh[i] = hg_f64_key(d);
+    }
+    __syncthreads();
+    hg_bitonic(sh, slots, cp);
+    for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
+        out_slots[(u64)q * k + i] = slots[i];
+        out_dist[(u64)q * k + i] = hg_key_f64(sh[i]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f32(const u64* lists, const u64* evicted, u32 S,
+        u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const float* rows,
+        u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
+        u32* flags) {
+    hg_finalize<float>(lists, evicted, S, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
+                       metric, out_slots, out_dist, flags);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f16(const u64* lists, const u64* evicted, u32 S,
+        u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u16* rows,
+        u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
+        u32* flags) {
+    hg_finalize<u16>(lists, evicted, S, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
+                     metric, out_slots, out_dist, flags);
+}
+
+// ---- Radix-select path (any k): state = {prefix, mask, remaining k, candidate count}. ----
+
+extern "C" __global__ void hg_radix_hist(const float* dist, u32 n, const u32* state, u32 shift, u32* hist) {
+    __shared__ u32 local[256];
+    for (u32 i = threadIdx.x; i < 256; i += blockDim.x) local[i] = 0;
+    __syncthreads();
+    u32 prefix = state[0], mask = state[1];
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u32 key = hg_f32_key(dist[i]);
+        if ((key & mask) == prefix) atomicAdd(&local[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < 256; i += blockDim.x)
+        if (local[i]) atomicAdd(&hist[i], local[i]);
+}
+
+// One thread: picks the bucket holding the remaining k-th key and clears the histogram.
+extern "C" __global__ void hg_radix_pick(u32* hist, u32* state, u32 shift) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    u32 remaining = state[2], below = 0, bucket = 255;
+    for (u32 b = 0; b < 256; b++) {
+        if (below + hist[b] >= remaining) { bucket = b; break; }
+        below += hist[b];
+    }
+    state[0] |= bucket << shift;
+    state[1] |= 255u << shift;
+    state[2] = remaining - below;
+    for (u32 b = 0; b < 256; b++) hist[b] = 0;
+}
+
+// Every row within the band of the k-th distance (state[0] is its key) becomes a candidate.
+extern "C" __global__ void hg_radix_collect(const float* dist, u32 n, u32* state, float mul, float add, u32* cand) {
+    float band = hg_band(hg_key_f32(state[0]), mul, add);
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        if (dist[i] <= band) cand[atomicAdd(&state[3], 1u)] = i;
+    }
+}
+
+// Exact f64 key of each candidate (warp per candidate); pads keys up to `padded` with HG_NONE.
+template <typename T>
+__device__ void hg_rerank_list(const u32* cand, u32 count, u32 padded, const T* rows, u32 dim, const float* q,
+                               double q_norm, int metric, u64* keys, u32* slots) {
+    u32 warps_total = gridDim.x * (blockDim.x / HG_WARP);
+    u32 warp = blockIdx.x * (blockDim.x / HG_WARP) + threadIdx.x / HG_WARP;
+    u32 lane = threadIdx.x % HG_WARP;
+    for (u32 i = warp; i < padded; i += warps_total) {
+        if (i < count) {
+            double d = hg_exact<T>(rows, dim, cand[i], q, q_norm, metric);
+            if (lane == 0) { keys[i] = hg_f64_key(d); slots[i] = cand[i]; }
+        } else if (lane == 0) {
+            keys[i] = HG_NONE;
+            slots[i] = 0xffffffffu;
+        }
+    }
+}
+extern "C" __global__ void hg_rerank_list_f32(const u32* cand, u32 count, u32 padded, const float* rows, u32 dim,
+                                              const float* q, double q_norm, int metric, u64* keys, u32* slots) {
+    hg_rerank_list<float>(cand, count, padded, rows, dim, q, q_norm, metric, keys, slots);
+}
+extern "C" __global__ void hg_rerank_list_f16(const u32* cand, u32 count, u32 padded, const u16* rows, u32 dim,
+                                              const float* q, double q_norm, int metric, u64* keys, u32* slots) {
+    hg_rerank_list<u16>(cand, count, padded, rows, dim, q, q_norm, metric, keys, slots);
+}
+
+// One compare-exchange step of a bitonic sort over global memory (key, slot) pairs.
+extern "C" __global__ void hg_bitonic_step(u64* keys, u32* slots, u32 n, u32 size, u32 stride) {
+    u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n / 2) return;
+    u32 i = 2 * t - (t & (stride - 1));
+    u32 j = i + stride;
+    bool up = (i & size) == 0;
+    u64 a = keys[i], b = keys[j];
+    u32 va = slots[i], vb = slots[j];
+    bool greater = a > b || (a == b && va > vb);
+    if (greater == up) {
+        keys[i] = b; keys[j] = a;
+        slots[i] = vb; slots[j] = va;
+    }
+}
+
+// Keys -> (slot, f64 distance) of the first k.
+extern "C" __global__ void hg_write_results(const u64* keys, const u32* slots, u32 k, u32* out_slots, double* out_dist) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < k) { out_slots[i] = slots[i]; out_dist[i] = hg_key_f64(keys[i]); }
+}

@@ -1,0 +1,117 @@
+//! Owned device memory and the per-search workspace, both generic over the [`Driver`].
+
+use std::sync::Arc;
+
+use super::driver::{DevicePtr, Driver};
+use crate::error::Result;
+
+/// Device memory freed on drop.
+#[derive(Debug)]
+pub(super) struct DeviceBuffer<D: Driver> {
+    driver: Arc<D>,
+    ptr: DevicePtr,
+    bytes: usize,
+}
+
+impl<D: Driver> DeviceBuffer<D> {
+    pub(super) fn new(driver: &Arc<D>, bytes: usize) -> Result<Self> {
+        let ptr = driver.alloc(bytes)?;
+        Ok(Self { driver: driver.clone(), ptr, bytes })
+    }
+
+    pub(super) fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl<D: Driver> Drop for DeviceBuffer<D> {
+    fn drop(&mut self) {
+        self.driver.free(self.ptr);
+    }
+}
+
+/// A device buffer that only grows, reused across searches so a search allocates nothing
+/// once the sizes it needs have been seen.
+#[derive(Debug)]
+pub(super) struct Scratch<D: Driver> {
+    buffer: Option<DeviceBuffer<D>>,
+}
+
+impl<D: Driver> Scratch<D> {
+    pub(super) fn new() -> Self {
+        Self { buffer: None }
+    }
+
+    /// A device pointer to at least `bytes` bytes.
+    pub(super) fn get(&mut self, driver: &Arc<D>, bytes: usize) -> Result<DevicePtr> {
+        if self.buffer.as_ref().is_none_or(|b| b.bytes() < bytes) {
+            self.buffer = None;
+            self.buffer = Some(DeviceBuffer::new(driver, bytes.next_power_of_two().max(256))?);
+        }
+        Ok(self.buffer.as_ref().map(|b| b.ptr()).unwrap_or(0))
+    }
+}
+
+/// Growable page-locked host memory.
+#[derive(Debug)]
+pub(super) struct Staging<D: Driver> {
+    buffer: Option<D::Pinned>,
+}
+
+impl<D: Driver> Staging<D> {
+    pub(super) fn new() -> Self {
+        Self { buffer: None }
+    }
+
+    pub(super) fn get(&mut self, driver: &D, bytes: usize) -> Result<&mut D::Pinned> {
+        if self.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
+            self.buffer = None;
+            self.buffer = Some(driver.pinned(bytes.next_power_of_two().max(4096))?);
+        }
+        match self.buffer.as_mut() {
+            Some(b) => Ok(b),
+            None => Err(crate::error::HiveGpuError::Internal("staging buffer missing".into())),
+        }
+    }
+}
+
+/// Everything one search needs on the device: its own stream, so concurrent searches never
+/// share buffers. Checked out of a pool per search.
+#[derive(Debug)]
+pub(super) struct Workspace<D: Driver> {
+    pub(super) stream: D::Stream,
+    pub(super) staging: Staging<D>,
+    pub(super) inputs: Scratch<D>,
+    pub(super) tile: Scratch<D>,
+    pub(super) lists: Scratch<D>,
+    pub(super) evicted: Scratch<D>,
+    pub(super) outputs: Scratch<D>,
+    pub(super) dist: Scratch<D>,
+    pub(super) cand: Scratch<D>,
+    pub(super) keys: Scratch<D>,
+    pub(super) slots: Scratch<D>,
+    pub(super) radix: Scratch<D>,
+}
+
+impl<D: Driver> Workspace<D> {
+    pub(super) fn new(driver: &D) -> Result<Self> {
+        Ok(Self {
+            stream: driver.stream()?,
+            staging: Staging::new(),
+            inputs: Scratch::new(),
+            tile: Scratch::new(),
+            lists: Scratch::new(),
+            evicted: Scratch::new(),
+            outputs: Scratch::new(),
+            dist: Scratch::new(),
+            cand: Scratch::new(),
+            keys: Scratch::new(),
+            slots: Scratch::new(),
+            radix: Scratch::new(),
+        })
+    }
+}

@@ -1,0 +1,413 @@
+//! Rows on the device: elements (f32 or f16), an f32 squared norm per row and a tombstone
+//! bitmap, grown by doubling with device-to-device copies and compacted on the device.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use super::Device;
+use super::driver::{Arg, Driver};
+use super::kernels::BLOCK;
+use super::memory::{DeviceBuffer, Staging, Workspace};
+use crate::backend::{Neighbor, RowStore};
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
+
+/// Rows staged per upload: large enough to keep the copy engine busy, small enough to
+/// overlap with converting the next chunk.
+const UPLOAD_CHUNK_BYTES: usize = 32 << 20;
+
+/// The device arrays of one collection.
+#[derive(Debug)]
+pub(super) struct Arrays<D: Driver> {
+    pub(super) rows: DeviceBuffer<D>,
+    pub(super) norms: DeviceBuffer<D>,
+    pub(super) dead: DeviceBuffer<D>,
+    pub(super) capacity: usize,
+}
+
+/// What mutations use: a stream and two staging buffers (one fills while the other uploads).
+#[derive(Debug)]
+struct Maintenance<D: Driver> {
+    stream: D::Stream,
+    staging: [Staging<D>; 2],
+}
+
+/// A collection's rows on a GPU.
+#[derive(Debug)]
+pub(crate) struct GpuRows<D: Driver> {
+    pub(super) device: Arc<Device<D>>,
+    pub(super) dim: usize,
+    pub(super) precision: StoragePrecision,
+    pub(super) search: SearchPrecision,
+    pub(super) len: usize,
+    pub(super) arrays: Option<Arrays<D>>,
+    /// Host copy of the tombstone bitmap (the device holds the same words).
+    dead: Vec<u32>,
+    pub(super) dead_count: usize,
+    /// Set when a tombstone upload failed: the next search uploads the whole bitmap.
+    dead_stale: AtomicBool,
+    /// At least the largest squared norm of any slot, removed ones included.
+    pub(super) max_sq_norm: f32,
+    maintenance: Mutex<Maintenance<D>>,
+    pub(super) pool: Mutex<Vec<Workspace<D>>>,
+}
+
+impl<D: Driver> GpuRows<D> {
+    pub(super) fn new(
+        device: Arc<Device<D>>,
+        dim: usize,
+        precision: StoragePrecision,
+        search: SearchPrecision,
+    ) -> Result<Self> {
+        let stream = device.driver.stream()?;
+        Ok(Self {
+            device,
+            dim,
+            precision,
+            search,
+            len: 0,
+            arrays: None,
+            dead: Vec::new(),
+            dead_count: 0,
+            dead_stale: AtomicBool::new(false),
+            max_sq_norm: 0.0,
+            maintenance: Mutex::new(Maintenance { stream, staging: [Staging::new(), Staging::new()] }),
+            pool: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(super) fn element_bytes(&self) -> usize {
+        match self.precision {
+            StoragePrecision::F32 => 4,
+            StoragePrecision::F16 => 2,
+        }
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.dim * self.element_bytes()
+    }
+
+    pub(super) fn driver(&self) -> &Arc<D> {
+        &self.device.driver
+    }
+
+    fn maintenance(&self) -> Result<std::sync::MutexGuard<'_, Maintenance<D>>> {
+        self.maintenance.lock().map_err(|_| HiveGpuError::Internal("GPU maintenance lock poisoned".into()))
+    }
+
+    fn dead_words(capacity: usize) -> usize {
+        capacity.div_ceil(32).max(1)
+    }
+
+    /// Device arrays for `capacity` rows, holding the first `self.len` rows of the current ones.
+    fn grow_to(&mut self, capacity: usize) -> Result<()> {
+        let driver = self.driver().clone();
+        let row_bytes = self.row_bytes();
+        let words = Self::dead_words(capacity);
+        let requested = capacity * (row_bytes + 4) + words * 4;
+        let too_big = |_| HiveGpuError::VramLimitExceeded {
+            backend: self.device.backend,
+            requested: requested as u64,
+            available: driver.mem_info().map(|(free, _)| free as u64).unwrap_or(0),
+        };
+        let rows = DeviceBuffer::new(&driver, capacity * row_bytes)?;
+        let norms = DeviceBuffer::new(&driver, capacity * 4).map_err(too_big)?;
+        let dead = DeviceBuffer::new(&driver, words * 4).map_err(too_big)?;
+        let maintenance = self.maintenance()?;
+        let stream = &maintenance.stream;
+        driver.fill(stream, dead.ptr(), 0, words * 4)?;
+        if let Some(old) = &self.arrays {
+            driver.copy(stream, rows.ptr(), old.rows.ptr(), self.len * row_bytes)?;
+            driver.copy(stream, norms.ptr(), old.norms.ptr(), self.len * 4)?;
+            driver.copy(stream, dead.ptr(), old.dead.ptr(), Self::dead_words(self.len) * 4)?;
+        }
+        driver.synchronize(stream)?;
+        drop(maintenance);
+        self.arrays = Some(Arrays { rows, norms, dead, capacity });
+        self.dead.resize(words, 0);
+        Ok(())
+    }
+
+    fn ensure_capacity(&mut self, needed: usize) -> Result<()> {
+        let capacity = self.arrays.as_ref().map_or(0, |a| a.capacity);
+        if needed <= capacity {
+            return Ok(());
+        }
+        // Amortised doubling, falling back to the exact size when doubling does not fit.
+        let doubled = needed.max(capacity * 2).max(1024);
+        match self.grow_to(doubled) {
+            Err(HiveGpuError::VramLimitExceeded { .. }) if doubled > needed => self.grow_to(needed),
+            other => other,
+        }
+    }
+
+    /// Uploads `rows` (whole rows, already validated) into slots starting at `first`, then
+    /// computes their norms on the device and folds them into `max_sq_norm`.
+    fn upload_rows(&mut self, first: usize, rows: &[f32]) -> Result<()> {
+        let count = rows.len() / self.dim;
+        let driver = self.driver().clone();
+        let (row_bytes, dim, precision) = (self.row_bytes(), self.dim, self.precision);
+        let Some(arrays) = &self.arrays else {
+            return Err(HiveGpuError::Internal("rows uploaded before allocation".into()));
+        };
+        let (rows_ptr, norms_ptr) = (arrays.rows.ptr(), arrays.norms.ptr());
+        let mut guard = self.maintenance()?;
+        let Maintenance { stream, staging } = &mut *guard;
+        let rows_per_chunk = (UPLOAD_CHUNK_BYTES / row_bytes).max(1);
+        for (i, chunk) in rows.chunks(rows_per_chunk * dim).enumerate() {
+            let bytes = chunk.len() / dim * row_bytes;
+            let buffer = staging[i % 2].get(&driver, bytes)?;
+            match precision {
+                StoragePrecision::F32 => {
+                    for (dst, src) in buffer[..bytes].chunks_exact_mut(4).zip(chunk) {
+                        dst.copy_from_slice(&src.to_ne_bytes());
+                    }
+                }
+                StoragePrecision::F16 => {
+                    let mut halves = vec![f16::ZERO; chunk.len()];
+                    halves.convert_from_f32_slice(chunk);
+                    for (dst, src) in buffer[..bytes].chunks_exact_mut(2).zip(&halves) {
+                        dst.copy_from_slice(&src.to_bits().to_ne_bytes());
+                    }
+                }
+            }
+            let offset = (first + i * rows_per_chunk) * row_bytes;
+            driver.upload(stream, rows_ptr + offset as u64, buffer, bytes)?;
+            // The other buffer is refilled next: wait for its previous upload.
+            if i % 2 == 1 {
+                driver.synchronize(stream)?;
+            }
+        }
+        let kernel = match precision {
+            StoragePrecision::F32 => self.device.kernels.norms_f32,
+            StoragePrecision::F16 => self.device.kernels.norms_f16,
+        };
+        let warps_per_block = (BLOCK / driver.warp_size()) as usize;
+        let grid = count.div_ceil(warps_per_block).min(65535) as u32;
+        driver.launch(
+            stream,
+            kernel,
+            (grid, 1),
+            BLOCK,
+            0,
+            &[Arg::Ptr(rows_ptr), Arg::U32(dim as u32), Arg::U32(first as u32), Arg::U32(count as u32), Arg::Ptr(norms_ptr)],
+        )?;
+        let host = staging[0].get(&driver, count * 4)?;
+        driver.synchronize(stream)?;
+        driver.download(stream, host, norms_ptr + (first * 4) as u64, count * 4)?;
+        driver.synchronize(stream)?;
+        let max = host[..count * 4]
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .fold(0f32, f32::max);
+        drop(guard);
+        // Widened a little so bounds built on it stay bounds after rounding.
+        self.max_sq_norm = self.max_sq_norm.max(max * (1.0 + 1e-6));
+        Ok(())
+    }
+
+    /// Uploads the host tombstone words `[from, to)`.
+    fn upload_dead(&self, from: usize, to: usize) -> Result<()> {
+        let Some(arrays) = &self.arrays else { return Ok(()) };
+        if from >= to {
+            return Ok(());
+        }
+        let driver = self.driver().clone();
+        let mut guard = self.maintenance()?;
+        let Maintenance { stream, staging } = &mut *guard;
+        let bytes = (to - from) * 4;
+        let buffer = staging[0].get(&driver, bytes)?;
+        for (dst, word) in buffer[..bytes].chunks_exact_mut(4).zip(&self.dead[from..to]) {
+            dst.copy_from_slice(&word.to_ne_bytes());
+        }
+        driver.upload(stream, arrays.dead.ptr() + (from * 4) as u64, buffer, bytes)?;
+        driver.synchronize(stream)
+    }
+
+    fn set_dead(&mut self, slot: usize, dead: bool) -> bool {
+        let (word, bit) = (slot / 32, 1u32 << (slot % 32));
+        let was = self.dead[word] & bit != 0;
+        if was != dead {
+            self.dead[word] ^= bit;
+            if dead {
+                self.dead_count += 1;
+            } else {
+                self.dead_count -= 1;
+            }
+        }
+        was != dead
+    }
+
+    pub(super) fn live(&self) -> usize {
+        self.len - self.dead_count
+    }
+}
+
+impl<D: Driver> RowStore for GpuRows<D> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn reserve(&mut self, additional: usize) -> Result<()> {
+        if self.len.saturating_add(additional) > u32::MAX as usize - 1 {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "a GPU collection holds fewer than {} vectors ({} present, {additional} more asked)",
+                u32::MAX,
+                self.len
+            )));
+        }
+        self.ensure_capacity(self.len + additional)
+    }
+
+    fn append(&mut self, rows: &[f32]) -> Result<()> {
+        if !rows.len().is_multiple_of(self.dim) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "append needs whole {}-dimensional rows ({} values)",
+                self.dim,
+                rows.len()
+            )));
+        }
+        let count = rows.len() / self.dim;
+        if count == 0 {
+            return Ok(());
+        }
+        self.reserve(count)?;
+        let first = self.len;
+        self.upload_rows(first, rows)?;
+        self.len += count;
+        Ok(())
+    }
+
+    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
+        if slot >= self.len || row.len() != self.dim {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "overwrite of slot {slot} of {} with {} values (dimension {})",
+                self.len,
+                row.len(),
+                self.dim
+            )));
+        }
+        self.upload_rows(slot, row)?;
+        if self.set_dead(slot, false) {
+            self.upload_dead(slot / 32, slot / 32 + 1)?;
+        }
+        Ok(())
+    }
+
+    fn tombstone(&mut self, slots: &[usize]) {
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        for &slot in slots {
+            if slot < self.len && self.set_dead(slot, true) {
+                lo = lo.min(slot / 32);
+                hi = hi.max(slot / 32 + 1);
+            }
+        }
+        // The trait's tombstone cannot fail; a failed upload leaves the device bitmap stale,
+        // so the next search re-uploads it whole.
+        if self.upload_dead(lo, hi).is_err() {
+            self.dead_stale.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn compact(&mut self, keep: &[usize]) -> Result<()> {
+        if keep.windows(2).any(|w| w[0] >= w[1]) || keep.last().is_some_and(|&s| s >= self.len) {
+            return Err(HiveGpuError::InvalidArgument("compact needs ascending slots in range".into()));
+        }
+        let Some(old) = &self.arrays else { return Ok(()) };
+        let driver = self.driver().clone();
+        let count = keep.len();
+        let capacity = count.max(1024);
+        let row_bytes = self.row_bytes();
+        let words = Self::dead_words(capacity);
+        let rows = DeviceBuffer::new(&driver, capacity * row_bytes)?;
+        let norms = DeviceBuffer::new(&driver, capacity * 4)?;
+        let dead = DeviceBuffer::new(&driver, words * 4)?;
+        let keep_device = DeviceBuffer::new(&driver, count.max(1) * 4)?;
+        {
+            let mut guard = self.maintenance()?;
+            let Maintenance { stream, staging } = &mut *guard;
+            let buffer = staging[0].get(&driver, count.max(1) * 4)?;
+            for (dst, &slot) in buffer.chunks_exact_mut(4).zip(keep) {
+                dst.copy_from_slice(&(slot as u32).to_ne_bytes());
+            }
+            driver.upload(stream, keep_device.ptr(), buffer, count * 4)?;
+            driver.fill(stream, dead.ptr(), 0, words * 4)?;
+            if count > 0 {
+                let words16 = (row_bytes / 2) as u64;
+                let total = words16 * count as u64;
+                let grid = total.div_ceil(u64::from(BLOCK)).min(65535) as u32;
+                driver.launch(
+                    stream,
+                    self.device.kernels.gather,
+                    (grid, 1),
+                    BLOCK,
+                    0,
+                    &[
+                        Arg::Ptr(old.rows.ptr()),
+                        Arg::Ptr(rows.ptr()),
+                        Arg::U64(words16),
+                        Arg::Ptr(keep_device.ptr()),
+                        Arg::U32(count as u32),
+                        Arg::Ptr(old.norms.ptr()),
+                        Arg::Ptr(norms.ptr()),
+                    ],
+                )?;
+            }
+            driver.synchronize(stream)?;
+        }
+        self.arrays = Some(Arrays { rows, norms, dead, capacity });
+        self.len = count;
+        self.dead = vec![0; words];
+        self.dead_count = 0;
+        self.dead_stale.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.arrays = None;
+        self.len = 0;
+        self.dead.clear();
+        self.dead_count = 0;
+        self.max_sq_norm = 0.0;
+        self.dead_stale.store(false, Ordering::SeqCst);
+    }
+
+    fn read_row(&self, slot: usize) -> Result<Vec<f32>> {
+        let Some(arrays) = self.arrays.as_ref().filter(|_| slot < self.len) else {
+            return Err(HiveGpuError::InvalidArgument(format!("slot {slot} of {}", self.len)));
+        };
+        let driver = self.driver().clone();
+        let row_bytes = self.row_bytes();
+        let mut guard = self.maintenance()?;
+        let Maintenance { stream, staging } = &mut *guard;
+        let buffer = staging[1].get(&driver, row_bytes)?;
+        driver.download(stream, buffer, arrays.rows.ptr() + (slot * row_bytes) as u64, row_bytes)?;
+        driver.synchronize(stream)?;
+        Ok(match self.precision {
+            StoragePrecision::F32 => {
+                buffer[..row_bytes].chunks_exact(4).map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]])).collect()
+            }
+            StoragePrecision::F16 => buffer[..row_bytes]
+                .chunks_exact(2)
+                .map(|b| f16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f32())
+                .collect(),
+        })
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.arrays.as_ref().map_or(0, |a| a.rows.bytes() + a.norms.bytes() + a.dead.bytes())
+    }
+
+    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        if self.dead_stale.swap(false, Ordering::SeqCst)
+            && let Err(e) = self.upload_dead(0, self.dead.len())
+        {
+            self.dead_stale.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
+        self.search(queries, k, metric)
+    }
+}

@@ -1,0 +1,627 @@
+//! Exact k-NN on the device. Three paths produce candidates, all finished the same way
+//! (f64 re-rank of every row inside the proven error band, on the device):
+//! - few queries: a bandwidth-bound scan fused with per-block top-k, merged per query;
+//! - batches: GEMM tiles (cuBLAS) folded into per-query candidate lists tile by tile, so the
+//!   full distance matrix never exists;
+//! - any k too large for on-chip lists, and any query whose band overflowed its list: a
+//!   radix select of the k-th distance, then the band, re-ranked and sorted on the device.
+//!
+//! Only k (slot, distance) pairs per query come back to the host.
+
+use half::f16;
+
+use super::bounds::{self, Approximation};
+use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
+use super::kernels::BLOCK;
+use super::memory::Workspace;
+use super::rows::GpuRows;
+use crate::backend::Neighbor;
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
+
+/// Largest on-chip candidate list (entries); larger k take the radix path.
+const MAX_LIST: usize = 4096;
+/// Batches of at least this many queries use GEMM tiles; fewer scan.
+const GEMM_MIN_QUERIES: usize = 8;
+/// Device bytes one GEMM tile of dot products may take.
+const TILE_BYTES: usize = 256 << 20;
+
+fn align(bytes: usize) -> usize {
+    bytes.div_ceil(256) * 256
+}
+
+fn metric_code(metric: GpuDistanceMetric) -> i32 {
+    match metric {
+        GpuDistanceMetric::Euclidean => 0,
+        GpuDistanceMetric::DotProduct => 1,
+        GpuDistanceMetric::Cosine => 2,
+    }
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0)
+}
+
+/// Candidate list size for k: room for the band's extra rows beyond k.
+fn list_size(k: usize) -> usize {
+    (k + (k / 4).max(32)).next_power_of_two()
+}
+
+/// Where each input lives in the workspace's input buffer.
+#[derive(Debug, Clone, Copy)]
+struct Inputs {
+    exact: DevicePtr,
+    approx: DevicePtr,
+    half: DevicePtr,
+    inv_scale: DevicePtr,
+    q_norms: DevicePtr,
+    gate_mul: DevicePtr,
+    gate_add: DevicePtr,
+}
+
+/// Where each output lives in the workspace's output buffer.
+#[derive(Debug, Clone, Copy)]
+struct Outputs {
+    slots: DevicePtr,
+    dist: DevicePtr,
+    flags: DevicePtr,
+    bytes: usize,
+    dist_offset: usize,
+    flags_offset: usize,
+}
+
+impl<D: Driver> GpuRows<D> {
+    fn checkout(&self) -> Result<Workspace<D>> {
+        let reused = self.pool.lock().map_err(|_| HiveGpuError::Internal("workspace pool poisoned".into()))?.pop();
+        match reused {
+            Some(ws) => Ok(ws),
+            None => Workspace::new(&**self.driver()),
+        }
+    }
+
+    fn checkin(&self, ws: Workspace<D>) {
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.push(ws);
+        }
+    }
+
+    /// Exact k nearest live rows of each query (see the module docs).
+    pub(super) fn search(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        let live = self.live();
+        if k == 0 || k > live || !queries.len().is_multiple_of(self.dim) || queries.is_empty() {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {}-dimensional queries ({} values)",
+                self.dim,
+                queries.len()
+            )));
+        }
+        let mut ws = self.checkout()?;
+        let outcome = self.search_in(&mut ws, queries, k, metric);
+        // A workspace whose stream saw an error is dropped, not reused.
+        if outcome.is_ok() {
+            self.checkin(ws);
+        }
+        outcome
+    }
+
+    fn approximation(&self, nq: usize, k: usize) -> Approximation {
+        if nq < GEMM_MIN_QUERIES && list_size(k) <= MAX_LIST && self.scan_shared_bytes(k) <= self.shared_limit() {
+            return Approximation::Scan;
+        }
+        match (self.precision, self.search) {
+            (StoragePrecision::F16, _) => Approximation::GemmF16 { scale: 1.0 },
+            (StoragePrecision::F32, SearchPrecision::Exact) => Approximation::GemmF32,
+            (StoragePrecision::F32, SearchPrecision::Fast) => Approximation::GemmTf32,
+        }
+    }
+
+    fn shared_limit(&self) -> usize {
+        self.driver().max_shared_bytes().saturating_sub(1024)
+    }
+
+    fn scan_sort_size(k: usize) -> usize {
+        (2 * list_size(k)).max(512)
+    }
+
+    fn scan_shared_bytes(&self, k: usize) -> usize {
+        Self::scan_sort_size(k) * 8 + self.dim * 4
+    }
+
+    fn search_in(
+        &self,
+        ws: &mut Workspace<D>,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let driver = self.driver().clone();
+        let dim = self.dim;
+        let nq = queries.len() / dim;
+        let path = self.approximation(nq, k);
+        let radix_only = list_size(k) > MAX_LIST;
+
+        // Host-side preparation: norms, unit queries for cosine, f16 copies, gates.
+        let q_norms: Vec<f64> =
+            queries.chunks_exact(dim).map(|q| q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()).collect();
+        let cosine = metric == GpuDistanceMetric::Cosine;
+        let approx: Vec<f32> = if cosine {
+            queries.chunks_exact(dim).zip(&q_norms).flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32)).collect()
+        } else {
+            Vec::new()
+        };
+        let approx_queries: &[f32] = if cosine { &approx } else { queries };
+        let half = matches!(path, Approximation::GemmF16 { .. });
+        let mut scales = vec![1.0f64; nq];
+        let mut halves: Vec<u16> = Vec::new();
+        if half {
+            halves.reserve(nq * dim);
+            for (q, scale) in approx_queries.chunks_exact(dim).zip(scales.iter_mut()) {
+                *scale = bounds::f16_scale(q);
+                halves.extend(q.iter().map(|&x| f16::from_f64(f64::from(x) * *scale).to_bits()));
+            }
+        }
+        let max_sq_norm = f64::from(self.max_sq_norm);
+        let gate_for = |path: Approximation| -> (Vec<f32>, Vec<f32>) {
+            approx_queries
+                .chunks_exact(dim)
+                .zip(&scales)
+                .map(|(q, &scale)| {
+                    let norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+                    let p = match path {
+                        Approximation::GemmF16 { .. } => Approximation::GemmF16 { scale },
+                        other => other,
+                    };
+                    bounds::gate(metric, p, norm, max_sq_norm, dim)
+                })
+                .unzip()
+        };
+        let (gate_mul, gate_add) = gate_for(if radix_only { Approximation::Scan } else { path });
+        let (scan_mul, scan_add) = gate_for(Approximation::Scan);
+
+        // One upload of every input.
+        let sizes = [
+            align(nq * dim * 4),
+            if cosine { align(nq * dim * 4) } else { 0 },
+            if half { align(nq * dim * 2) } else { 0 },
+            align(nq * 4),
+            align(nq * 8),
+            align(nq * 4),
+            align(nq * 4),
+            align(nq * 4),
+            align(nq * 4),
+        ];
+        let input_bytes: usize = sizes.iter().sum();
+        let outputs_layout = {
+            let slots = align(nq * k * 4);
+            let dist = align(nq * k * 8);
+            let flags = align(nq * 4);
+            (slots, slots + dist, slots + dist + flags)
+        };
+        let base = ws.inputs.get(&driver, input_bytes)?;
+        let staging = ws.staging.get(&*driver, input_bytes.max(outputs_layout.2))?;
+        let mut offset = 0usize;
+        let mut put = |bytes: &[u8], size: usize| -> DevicePtr {
+            staging[offset..offset + bytes.len()].copy_from_slice(bytes);
+            let at = base + offset as u64;
+            offset += size;
+            at
+        };
+        let to_bytes_f32 = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let exact = put(&to_bytes_f32(queries), sizes[0]);
+        let approx_ptr = if cosine { put(&to_bytes_f32(&approx), sizes[1]) } else { exact };
+        let half_ptr = if half { put(&halves.iter().flat_map(|h| h.to_ne_bytes()).collect::<Vec<u8>>(), sizes[2]) } else { 0 };
+        let inv_scale: Vec<f32> = scales.iter().map(|&s| (1.0 / s) as f32).collect();
+        let inv_scale_ptr = put(&to_bytes_f32(&inv_scale), sizes[3]);
+        let q_norms_ptr = put(&q_norms.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(), sizes[4]);
+        let gate_mul_ptr = put(&to_bytes_f32(&gate_mul), sizes[5]);
+        let gate_add_ptr = put(&to_bytes_f32(&gate_add), sizes[6]);
+        let scan_mul_ptr = put(&to_bytes_f32(&scan_mul), sizes[7]);
+        let scan_add_ptr = put(&to_bytes_f32(&scan_add), sizes[8]);
+        driver.upload(&ws.stream, base, staging, input_bytes)?;
+        let inputs = Inputs {
+            exact,
+            approx: approx_ptr,
+            half: half_ptr,
+            inv_scale: if half { inv_scale_ptr } else { 0 },
+            q_norms: q_norms_ptr,
+            gate_mul: gate_mul_ptr,
+            gate_add: gate_add_ptr,
+        };
+        let out_base = ws.outputs.get(&driver, outputs_layout.2)?;
+        let outputs = Outputs {
+            slots: out_base,
+            dist: out_base + outputs_layout.0 as u64,
+            flags: out_base + outputs_layout.1 as u64,
+            bytes: outputs_layout.2,
+            dist_offset: outputs_layout.0,
+            flags_offset: outputs_layout.1,
+        };
+        driver.fill(&ws.stream, outputs.flags, 0, nq * 4)?;
+
+        if radix_only {
+            for q in 0..nq {
+                self.radix_one(ws, &inputs, q, k, metric, &outputs, (gate_mul[q], gate_add[q]), q_norms[q])?;
+            }
+        } else if path == Approximation::Scan {
+            self.scan_path(ws, &inputs, nq, k, metric, &outputs)?;
+        } else {
+            self.tile_path(ws, &inputs, nq, k, metric, path, &outputs)?;
+        }
+
+        let mut results = self.download_results(ws, &outputs, nq, k)?;
+        // Queries whose band overflowed their list go through the radix path (rare: heavy
+        // ties or huge error bands).
+        let flagged: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(q, _)| q).collect();
+        if !flagged.is_empty() {
+            driver.fill(&ws.stream, outputs.flags, 0, nq * 4)?;
+            let scan_inputs = Inputs { gate_mul: scan_mul_ptr, gate_add: scan_add_ptr, ..inputs };
+            for &q in &flagged {
+                self.radix_one(ws, &scan_inputs, q, k, metric, &outputs, (scan_mul[q], scan_add[q]), q_norms[q])?;
+            }
+            let again = self.download_results(ws, &outputs, nq, k)?;
+            for q in flagged {
+                results[q] = again[q].clone();
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.ok_or_else(|| HiveGpuError::Internal("the radix path flagged a query".into())))
+            .collect()
+    }
+
+    /// Copies the results back: `None` for a query whose band overflowed its list.
+    fn download_results(
+        &self,
+        ws: &mut Workspace<D>,
+        outputs: &Outputs,
+        nq: usize,
+        k: usize,
+    ) -> Result<Vec<Option<Vec<Neighbor>>>> {
+        let driver = self.driver().clone();
+        let host = ws.staging.get(&*driver, outputs.bytes)?;
+        driver.download(&ws.stream, host, outputs.slots, outputs.bytes)?;
+        driver.synchronize(&ws.stream)?;
+        let word = |at: usize| u32::from_ne_bytes([host[at], host[at + 1], host[at + 2], host[at + 3]]);
+        let mut results = Vec::with_capacity(nq);
+        for q in 0..nq {
+            if word(outputs.flags_offset + q * 4) != 0 {
+                results.push(None);
+                continue;
+            }
+            let mut row = Vec::with_capacity(k);
+            for i in 0..k {
+                let slot = word((q * k + i) * 4) as usize;
+                let at = outputs.dist_offset + (q * k + i) * 8;
+                let mut bytes = [0u8; 8];
+                bytes.copy_from_slice(&host[at..at + 8]);
+                let distance = f64::from_ne_bytes(bytes);
+                if slot >= self.len {
+                    return Err(HiveGpuError::Internal(format!("the device returned slot {slot} of {}", self.len)));
+                }
+                row.push(Neighbor { slot, distance });
+            }
+            results.push(Some(row));
+        }
+        Ok(results)
+    }
+
+    fn arrays_ptrs(&self) -> Result<(DevicePtr, DevicePtr, DevicePtr)> {
+        let arrays = self.arrays.as_ref().ok_or_else(|| HiveGpuError::EmptyCollection)?;
+        // Without removed rows the kernels skip the bitmap entirely (null pointer).
+        let dead = if self.dead_count > 0 { arrays.dead.ptr() } else { 0 };
+        Ok((arrays.rows.ptr(), arrays.norms.ptr(), dead))
+    }
+
+    fn is_f16(&self) -> bool {
+        self.precision == StoragePrecision::F16
+    }
+
+    /// Finalize: merge `lists` (S per query), check the band, re-rank in f64, write results.
+    #[allow(clippy::too_many_arguments)]
+    fn finalize(
+        &self,
+        ws: &Workspace<D>,
+        inputs: &Inputs,
+        first_query: usize,
+        count: usize,
+        k: usize,
+        lists: DevicePtr,
+        evicted: DevicePtr,
+        segments: usize,
+        metric: GpuDistanceMetric,
+        outputs: &Outputs,
+    ) -> Result<()> {
+        let driver = self.driver();
+        let kcap = list_size(k);
+        let sortn = (2 * kcap).max(1024);
+        let (rows, _, _) = self.arrays_ptrs()?;
+        let kernel = if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
+        let q0 = first_query as u64;
+        driver.launch(
+            &ws.stream,
+            kernel,
+            (count as u32, 1),
+            BLOCK,
+            (sortn * 8) as u32,
+            &[
+                Arg::Ptr(lists),
+                Arg::Ptr(evicted),
+                Arg::U32(segments as u32),
+                Arg::U32(kcap as u32),
+                Arg::U32(k as u32),
+                Arg::U32(kcap as u32),
+                Arg::U32(sortn as u32),
+                Arg::Ptr(inputs.gate_mul + q0 * 4),
+                Arg::Ptr(inputs.gate_add + q0 * 4),
+                Arg::Ptr(rows),
+                Arg::U32(self.dim as u32),
+                Arg::Ptr(inputs.exact + q0 * self.dim as u64 * 4),
+                Arg::Ptr(inputs.q_norms + q0 * 8),
+                Arg::I32(metric_code(metric)),
+                Arg::Ptr(outputs.slots + q0 * k as u64 * 4),
+                Arg::Ptr(outputs.dist + q0 * k as u64 * 8),
+                Arg::Ptr(outputs.flags + q0 * 4),
+            ],
+        )
+    }
+
+    fn scan_path(
+        &self,
+        ws: &mut Workspace<D>,
+        inputs: &Inputs,
+        nq: usize,
+        k: usize,
+        metric: GpuDistanceMetric,
+        outputs: &Outputs,
+    ) -> Result<()> {
+        let driver = self.driver().clone();
+        let n = self.len;
+        let kcap = list_size(k);
+        let sortn = Self::scan_sort_size(k);
+        let blocks_wanted = (driver.multiprocessors() as usize * 8 / nq).max(1);
+        let segments = blocks_wanted.min(n.div_ceil(BLOCK as usize)).max(1);
+        let per = n.div_ceil(segments);
+        let lists = ws.lists.get(&driver, nq * segments * kcap * 8)?;
+        let evicted = ws.evicted.get(&driver, nq * segments * 8)?;
+        let (rows, norms, dead) = self.arrays_ptrs()?;
+        let kernel = if self.is_f16() { self.device.kernels.scan_topk_f16 } else { self.device.kernels.scan_topk_f32 };
+        driver.launch(
+            &ws.stream,
+            kernel,
+            (segments as u32, nq as u32),
+            BLOCK,
+            self.scan_shared_bytes(k) as u32,
+            &[
+                Arg::Ptr(rows),
+                Arg::Ptr(norms),
+                Arg::Ptr(dead),
+                Arg::U32(n as u32),
+                Arg::U32(self.dim as u32),
+                Arg::Ptr(inputs.approx),
+                Arg::Ptr(inputs.gate_mul),
+                Arg::Ptr(inputs.gate_add),
+                Arg::I32(metric_code(metric)),
+                Arg::U32(k as u32),
+                Arg::U32(kcap as u32),
+                Arg::U32(sortn as u32),
+                Arg::U32(per as u32),
+                Arg::Ptr(lists),
+                Arg::Ptr(evicted),
+            ],
+        )?;
+        self.finalize(ws, inputs, 0, nq, k, lists, evicted, segments, metric, outputs)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn tile_path(
+        &self,
+        ws: &mut Workspace<D>,
+        inputs: &Inputs,
+        nq: usize,
+        k: usize,
+        metric: GpuDistanceMetric,
+        path: Approximation,
+        outputs: &Outputs,
+    ) -> Result<()> {
+        let driver = self.driver().clone();
+        let (n, dim) = (self.len, self.dim);
+        let kcap = list_size(k);
+        let sortn = (2 * kcap).max(2048);
+        let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq);
+        let tile_budget = env_usize("HIVE_GPU_TILE_BYTES").unwrap_or(TILE_BYTES);
+        let tile_rows = (tile_budget / (chunk * 4)).clamp(256, n.max(256)).div_ceil(256) * 256;
+        let tile_rows = env_usize("HIVE_GPU_TILE_ROWS").unwrap_or(tile_rows).min(n.div_ceil(256) * 256);
+        let tile = ws.tile.get(&driver, chunk * tile_rows * 4)?;
+        let lists = ws.lists.get(&driver, chunk * kcap * 8)?;
+        let evicted = ws.evicted.get(&driver, chunk * 8)?;
+        let (rows, norms, dead) = self.arrays_ptrs()?;
+        let (inputs_kind, queries, element) = match path {
+            Approximation::GemmF16 { .. } => (GemmInputs::F16, inputs.half, 2u64),
+            Approximation::GemmTf32 => (GemmInputs::Tf32, inputs.approx, 4),
+            _ => (GemmInputs::F32, inputs.approx, 4),
+        };
+        let row_element = self.element_bytes() as u64;
+        for q0 in (0..nq).step_by(chunk) {
+            let qc = chunk.min(nq - q0);
+            driver.fill(&ws.stream, lists, 0xff, qc * kcap * 8)?;
+            driver.fill(&ws.stream, evicted, 0xff, qc * 8)?;
+            for r0 in (0..n).step_by(tile_rows) {
+                let rt = tile_rows.min(n - r0);
+                driver.gemm_tn(
+                    &ws.stream,
+                    &GemmTn {
+                        m: rt,
+                        n: qc,
+                        k: dim,
+                        a: rows + r0 as u64 * dim as u64 * row_element,
+                        lda: dim,
+                        b: queries + q0 as u64 * dim as u64 * element,
+                        ldb: dim,
+                        c: tile,
+                        ldc: tile_rows,
+                        inputs: inputs_kind,
+                    },
+                )?;
+                driver.launch(
+                    &ws.stream,
+                    self.device.kernels.tile_topk,
+                    (qc as u32, 1),
+                    BLOCK,
+                    (sortn * 8) as u32,
+                    &[
+                        Arg::Ptr(tile),
+                        Arg::U32(tile_rows as u32),
+                        Arg::U32(rt as u32),
+                        Arg::U32(r0 as u32),
+                        Arg::Ptr(norms),
+                        Arg::Ptr(dead),
+                        Arg::I32(metric_code(metric)),
+                        Arg::Ptr(if inputs.inv_scale == 0 { 0 } else { inputs.inv_scale + q0 as u64 * 4 }),
+                        Arg::Ptr(inputs.gate_mul + q0 as u64 * 4),
+                        Arg::Ptr(inputs.gate_add + q0 as u64 * 4),
+                        Arg::U32(k as u32),
+                        Arg::U32(kcap as u32),
+                        Arg::U32(sortn as u32),
+                        Arg::Ptr(lists),
+                        Arg::Ptr(evicted),
+                    ],
+                )?;
+            }
+            self.finalize(ws, inputs, q0, qc, k, lists, evicted, 1, metric, outputs)?;
+        }
+        Ok(())
+    }
+
+    /// The radix-select path for query `q`: any k, any band size.
+    #[allow(clippy::too_many_arguments)]
+    fn radix_one(
+        &self,
+        ws: &mut Workspace<D>,
+        inputs: &Inputs,
+        q: usize,
+        k: usize,
+        metric: GpuDistanceMetric,
+        outputs: &Outputs,
+        gate: (f32, f32),
+        q_norm: f64,
+    ) -> Result<()> {
+        let driver = self.driver().clone();
+        let (n, dim) = (self.len, self.dim);
+        let (rows, norms, dead) = self.arrays_ptrs()?;
+        let dist = ws.dist.get(&driver, n * 4)?;
+        let cand = ws.cand.get(&driver, n * 4)?;
+        let radix = ws.radix.get(&driver, 256 * 4 + 64)?;
+        let (hist, state) = (radix, radix + 1024);
+        let f16_rows = self.is_f16();
+        let kernels = &self.device.kernels;
+        let grid = (driver.multiprocessors() * 8) as u32;
+        let query = inputs.approx + (q * dim * 4) as u64;
+        driver.launch(
+            &ws.stream,
+            if f16_rows { kernels.scan_all_f16 } else { kernels.scan_all_f32 },
+            (grid, 1),
+            BLOCK,
+            0,
+            &[
+                Arg::Ptr(rows),
+                Arg::Ptr(norms),
+                Arg::Ptr(dead),
+                Arg::U32(n as u32),
+                Arg::U32(dim as u32),
+                Arg::Ptr(query),
+                Arg::I32(metric_code(metric)),
+                Arg::Ptr(dist),
+            ],
+        )?;
+        // state = {prefix, mask, remaining k, candidates}
+        let host = ws.staging.get(&*driver, outputs.bytes.max(16))?;
+        driver.synchronize(&ws.stream)?;
+        for (i, v) in [0u32, 0, k as u32, 0].iter().enumerate() {
+            host[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        driver.upload(&ws.stream, state, host, 16)?;
+        driver.fill(&ws.stream, hist, 0, 1024)?;
+        for shift in [24u32, 16, 8, 0] {
+            driver.launch(
+                &ws.stream,
+                kernels.radix_hist,
+                (grid, 1),
+                BLOCK,
+                0,
+                &[Arg::Ptr(dist), Arg::U32(n as u32), Arg::Ptr(state), Arg::U32(shift), Arg::Ptr(hist)],
+            )?;
+            driver.launch(&ws.stream, kernels.radix_pick, (1, 1), 1, 0, &[Arg::Ptr(hist), Arg::Ptr(state), Arg::U32(shift)])?;
+        }
+        driver.launch(
+            &ws.stream,
+            kernels.radix_collect,
+            (grid, 1),
+            BLOCK,
+            0,
+            &[Arg::Ptr(dist), Arg::U32(n as u32), Arg::Ptr(state), Arg::F32(gate.0), Arg::F32(gate.1), Arg::Ptr(cand)],
+        )?;
+        let host = ws.staging.get(&*driver, outputs.bytes.max(16))?;
+        driver.download(&ws.stream, host, state, 16)?;
+        driver.synchronize(&ws.stream)?;
+        let count = u32::from_ne_bytes([host[12], host[13], host[14], host[15]]) as usize;
+        if count < k || count > n {
+            return Err(HiveGpuError::Internal(format!("radix select found {count} candidates for k = {k} of {n}")));
+        }
+        let padded = count.next_power_of_two();
+        let keys = ws.keys.get(&driver, padded * 8)?;
+        let slots = ws.slots.get(&driver, padded * 4)?;
+        let rerank_grid = (padded.div_ceil((BLOCK / driver.warp_size()) as usize)).min(65535) as u32;
+        driver.launch(
+            &ws.stream,
+            if f16_rows { kernels.rerank_list_f16 } else { kernels.rerank_list_f32 },
+            (rerank_grid, 1),
+            BLOCK,
+            0,
+            &[
+                Arg::Ptr(cand),
+                Arg::U32(count as u32),
+                Arg::U32(padded as u32),
+                Arg::Ptr(rows),
+                Arg::U32(dim as u32),
+                Arg::Ptr(inputs.exact + (q * dim * 4) as u64),
+                Arg::F64(q_norm),
+                Arg::I32(metric_code(metric)),
+                Arg::Ptr(keys),
+                Arg::Ptr(slots),
+            ],
+        )?;
+        let pairs = (padded / 2).max(1);
+        let sort_grid = pairs.div_ceil(BLOCK as usize) as u32;
+        let mut size = 2;
+        while size <= padded {
+            let mut stride = size / 2;
+            while stride > 0 {
+                driver.launch(
+                    &ws.stream,
+                    kernels.bitonic_step,
+                    (sort_grid, 1),
+                    BLOCK,
+                    0,
+                    &[Arg::Ptr(keys), Arg::Ptr(slots), Arg::U32(padded as u32), Arg::U32(size as u32), Arg::U32(stride as u32)],
+                )?;
+                stride /= 2;
+            }
+            size *= 2;
+        }
+        driver.launch(
+            &ws.stream,
+            kernels.write_results,
+            (k.div_ceil(BLOCK as usize) as u32, 1),
+            BLOCK,
+            0,
+            &[
+                Arg::Ptr(keys),
+                Arg::Ptr(slots),
+                Arg::U32(k as u32),
+                Arg::Ptr(outputs.slots + (q * k * 4) as u64),
+                Arg::Ptr(outputs.dist + (q * k * 8) as u64),
+            ],
+        )
+    }
+
+}
