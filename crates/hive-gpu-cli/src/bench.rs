@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use hive_gpu::{GpuDistanceMetric, GpuVector, GpuVectorStorage, HiveGpuError, StorageConfig};
+use hive_gpu::{GpuDistanceMetric, GpuVector, GpuVectorStorage, HiveGpuError};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::BenchArgs;
@@ -53,7 +53,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let context = settings.context()?;
     let device = context.device_info();
 
-    let config = StorageConfig::new(data.base.dim, metric).with_precision(settings.precision());
+    let config = settings.storage_config(data.base.dim);
     let storage = context.create_storage_with(config)?;
     let build = build(&storage, &data, args.json)?;
 
@@ -79,6 +79,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                 ("k", Value::Int(k as u64)),
                 ("metric", Value::Str(metric.to_string())),
                 ("precision", Value::Str(config.precision.to_string())),
+                ("search_precision", Value::Str(format!("{:?}", config.search).to_lowercase())),
                 ("batch", Value::Int(batch as u64)),
                 ("recall", Value::Num(recall)),
                 ("recall_source", Value::Str(recall_source)),

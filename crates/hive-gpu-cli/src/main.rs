@@ -20,7 +20,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use hive_gpu::{GpuBackendType, GpuContext, GpuDistanceMetric, HiveGpuError, StoragePrecision};
+use hive_gpu::{
+    GpuBackendType, GpuContext, GpuDistanceMetric, HiveGpuError, SearchPrecision, StorageConfig, StoragePrecision,
+};
 
 #[derive(Parser)]
 #[command(name = "hive-gpu", version, about = "Exact vector similarity search on CUDA, ROCm, Vulkan and CPU")]
@@ -119,8 +121,12 @@ enum BackendArg {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum PrecisionArg {
+    /// f32 storage, f32 candidate pass.
     F32,
+    /// f16 storage (half the memory; f16 tensor cores on GPUs).
     F16,
+    /// f32 storage, TF32 tensor-core candidate pass on GPUs (results stay exact).
+    Fast,
 }
 
 impl SearchSettings {
@@ -134,9 +140,22 @@ impl SearchSettings {
 
     fn precision(&self) -> StoragePrecision {
         match self.precision {
-            PrecisionArg::F32 => StoragePrecision::F32,
+            PrecisionArg::F32 | PrecisionArg::Fast => StoragePrecision::F32,
             PrecisionArg::F16 => StoragePrecision::F16,
         }
+    }
+
+    fn search_precision(&self) -> SearchPrecision {
+        match self.precision {
+            PrecisionArg::Fast => SearchPrecision::Fast,
+            PrecisionArg::F32 | PrecisionArg::F16 => SearchPrecision::Exact,
+        }
+    }
+
+    fn storage_config(&self, dim: usize) -> StorageConfig {
+        StorageConfig::new(dim, self.metric())
+            .with_precision(self.precision())
+            .with_search_precision(self.search_precision())
     }
 
     fn context(&self) -> Result<GpuContext, HiveGpuError> {

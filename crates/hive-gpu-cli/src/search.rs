@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use hive_gpu::io;
-use hive_gpu::{GpuVector, HiveGpuError, StorageConfig};
+use hive_gpu::{GpuVector, HiveGpuError};
 use indicatif::ProgressBar;
 
 use crate::SearchArgs;
@@ -20,7 +20,7 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
     }
     let settings = &args.settings;
     let context = settings.context()?;
-    let config = StorageConfig::new(base.dim, settings.metric()).with_precision(settings.precision());
+    let config = settings.storage_config(base.dim);
     let storage = context.create_storage_with(config)?;
     let vectors: Vec<GpuVector> =
         (0..base.rows).map(|i| GpuVector::new(i.to_string(), base.row(i).to_vec())).collect();
