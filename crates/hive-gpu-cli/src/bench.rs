@@ -29,11 +29,11 @@ struct Timings {
 pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let settings = &args.settings;
     let metric = settings.metric();
-    let k = settings.k;
-    if k == 0 {
+    let ks = if args.ks.is_empty() { vec![settings.k] } else { args.ks.clone() };
+    if ks.contains(&0) {
         return Err(HiveGpuError::InvalidArgument("-k must be at least 1".into()));
     }
-    let data = {
+    let mut data = {
         let spinner = if args.json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
         spinner.set_message("loading vectors");
         spinner.enable_steady_tick(Duration::from_millis(120));
@@ -48,8 +48,11 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
             id: None,
         });
     }
+    if let Some(limit) = args.nq {
+        data.truncate_queries(limit.max(1));
+    }
     let nq = data.queries.rows;
-    let batch = args.batch.unwrap_or(nq).clamp(1, nq.max(1));
+    let batches: Vec<usize> = if args.batch.is_empty() { vec![nq] } else { args.batch.clone() };
     let context = settings.context()?;
     let device = context.device_info();
 
@@ -57,63 +60,68 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let storage = context.create_storage_with(config)?;
     let build = build(&storage, &data, args.json)?;
 
-    let timings = time_search(&storage, &data, k, batch, args.json)?;
-    let (recall, recall_source) = recall(&data, &timings.ids, k, metric);
-
-    let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
-    let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
-    let p99 = percentile(&timings.calls, 0.99).as_secs_f64() * 1e3;
-    let threads = rayon::current_num_threads();
-    if args.json {
-        out!(
-            "{}",
-            json::object(&[
-                ("dataset", Value::Str(data.name.clone())),
-                ("backend", Value::Str(context.backend_type().name().into())),
-                ("device", Value::Str(device.name.clone())),
-                ("simd_or_cc", Value::Str(device.compute_capability.clone())),
-                ("threads", Value::Int(threads as u64)),
-                ("n", Value::Int(data.base.rows as u64)),
-                ("dim", Value::Int(data.base.dim as u64)),
-                ("nq", Value::Int(nq as u64)),
-                ("k", Value::Int(k as u64)),
-                ("metric", Value::Str(metric.to_string())),
-                ("precision", Value::Str(config.precision.to_string())),
-                ("search_precision", Value::Str(format!("{:?}", config.search).to_lowercase())),
-                ("batch", Value::Int(batch as u64)),
-                ("recall", Value::Num(recall)),
-                ("recall_source", Value::Str(recall_source)),
-                ("qps", Value::Num(qps)),
-                ("p50_ms", Value::Num(p50)),
-                ("p99_ms", Value::Num(p99)),
-                ("build_s", Value::Num(build.as_secs_f64())),
-                ("rounds", Value::Int(timings.rounds.len() as u64)),
-            ])
-        );
-        return Ok(());
+    for &batch in &batches {
+        let batch = batch.clamp(1, nq.max(1));
+        for &k in &ks {
+            let timings = time_search(&storage, &data, k, batch, args.json)?;
+            let (recall, recall_source) = recall(&data, &timings.ids, k, metric);
+            let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
+            let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
+            let p99 = percentile(&timings.calls, 0.99).as_secs_f64() * 1e3;
+            let threads = rayon::current_num_threads();
+            if args.json {
+                out!(
+                    "{}",
+                    json::object(&[
+                        ("dataset", Value::Str(data.name.clone())),
+                        ("backend", Value::Str(context.backend_type().name().into())),
+                        ("device", Value::Str(device.name.clone())),
+                        ("simd_or_cc", Value::Str(device.compute_capability.clone())),
+                        ("threads", Value::Int(threads as u64)),
+                        ("n", Value::Int(data.base.rows as u64)),
+                        ("dim", Value::Int(data.base.dim as u64)),
+                        ("nq", Value::Int(nq as u64)),
+                        ("k", Value::Int(k as u64)),
+                        ("metric", Value::Str(metric.to_string())),
+                        ("precision", Value::Str(config.precision.to_string())),
+                        ("search_precision", Value::Str(format!("{:?}", config.search).to_lowercase())),
+                        ("batch", Value::Int(batch as u64)),
+                        ("recall", Value::Num(recall)),
+                        ("recall_source", Value::Str(recall_source)),
+                        ("qps", Value::Num(qps)),
+                        ("p50_ms", Value::Num(p50)),
+                        ("p99_ms", Value::Num(p99)),
+                        ("build_s", Value::Num(build.as_secs_f64())),
+                        ("rounds", Value::Int(timings.rounds.len() as u64)),
+                    ])
+                );
+                continue;
+            }
+            out!("hive-gpu bench");
+            out!("  data      {}: {} x {} base, {} queries", data.name, data.base.rows, data.base.dim, nq);
+            out!(
+                "  backend   {} on {} ({}, {} threads), {} storage, {:?} search",
+                context.backend_type(),
+                device.name,
+                device.compute_capability,
+                threads,
+                config.precision,
+                config.search
+            );
+            out!("  search    metric {metric}, k = {k}, {batch} queries per call");
+            out!();
+            out!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
+            out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
+            out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
+            out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms"));
+            out!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
+            out!();
+            out!(
+                "  QPS is queries per second over a whole pass (median of {} passes); latency is per\n  call of {batch} queries; recall is measured against {recall_source}.",
+                timings.rounds.len()
+            );
+        }
     }
-    out!("hive-gpu bench");
-    out!("  data      {}: {} x {} base, {} queries", data.name, data.base.rows, data.base.dim, nq);
-    out!(
-        "  backend   {} on {} ({}, {} threads), {} storage",
-        context.backend_type(),
-        device.name,
-        device.compute_capability,
-        threads,
-        config.precision
-    );
-    out!("  search    metric {metric}, k = {k}, {batch} queries per call");
-    out!();
-    out!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
-    out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
-    out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
-    out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms"));
-    out!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
-    out!();
-    out!(
-        "  QPS is queries per second over a whole pass (median of {} passes); latency is per\n  call of {batch} queries; recall is measured against {recall_source}.",
-        timings.rounds.len()
-    );
     Ok(())
 }
 

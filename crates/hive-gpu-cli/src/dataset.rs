@@ -89,3 +89,17 @@ fn missing(dir: &Path, suffix: &str) -> HiveGpuError {
 fn file_name(path: &Path) -> String {
     path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
 }
+
+impl Dataset {
+    /// Keeps only the first `limit` queries (and their ground-truth rows).
+    pub fn truncate_queries(&mut self, limit: usize) {
+        let rows = self.queries.rows.min(limit);
+        self.queries.data.truncate(rows * self.queries.dim);
+        self.queries.rows = rows;
+        if let Some(truth) = &mut self.groundtruth {
+            let kept = truth.rows.min(rows);
+            truth.data.truncate(kept * truth.dim);
+            truth.rows = kept;
+        }
+    }
+}

@@ -80,9 +80,16 @@ struct BenchArgs {
     data: DataArgs,
     #[command(flatten)]
     settings: SearchSettings,
-    /// Queries per search call (default: all at once; 1 = one by one).
+    /// Queries per search call (default: all at once; 1 = one by one). A comma list runs
+    /// each size in turn on the same collection.
+    #[arg(long, value_delimiter = ',')]
+    batch: Vec<usize>,
+    /// Several k values (comma list) measured in turn on the same collection; overrides -k.
+    #[arg(long = "ks", value_delimiter = ',')]
+    ks: Vec<usize>,
+    /// Use only the first N queries.
     #[arg(long)]
-    batch: Option<usize>,
+    nq: Option<usize>,
     /// Print one JSON object instead of the report.
     #[arg(long)]
     json: bool,

@@ -70,6 +70,42 @@ struct Outputs {
     flags_offset: usize,
 }
 
+/// With `HIVE_GPU_PROFILE=1`, each search phase synchronizes and reports its wall time on
+/// stderr (a diagnostic: it serializes the pipeline it measures).
+struct Profiler {
+    enabled: bool,
+    last: std::time::Instant,
+    phases: Vec<(&'static str, f64)>,
+}
+
+impl Profiler {
+    fn new() -> Self {
+        let enabled = std::env::var("HIVE_GPU_PROFILE").as_deref() == Ok("1");
+        Self { enabled, last: std::time::Instant::now(), phases: Vec::new() }
+    }
+
+    fn mark<D: Driver>(&mut self, driver: &D, stream: &D::Stream, phase: &'static str) -> Result<()> {
+        if self.enabled {
+            driver.synchronize(stream)?;
+            let now = std::time::Instant::now();
+            let ms = (now - self.last).as_secs_f64() * 1e3;
+            match self.phases.iter_mut().find(|(p, _)| *p == phase) {
+                Some(entry) => entry.1 += ms,
+                None => self.phases.push((phase, ms)),
+            }
+            self.last = now;
+        }
+        Ok(())
+    }
+
+    fn report(&self, what: &str) {
+        if self.enabled {
+            let parts: Vec<String> = self.phases.iter().map(|(p, ms)| format!("{p} {ms:.3}")).collect();
+            eprintln!("hive-gpu profile ({what}, ms): {}", parts.join(", "));
+        }
+    }
+}
+
 impl<D: Driver> GpuRows<D> {
     fn checkout(&self) -> Result<Workspace<D>> {
         let reused = self.pool.lock().map_err(|_| HiveGpuError::Internal("workspace pool poisoned".into()))?.pop();
@@ -138,6 +174,7 @@ impl<D: Driver> GpuRows<D> {
         let dim = self.dim;
         let nq = queries.len() / dim;
         let path = self.approximation(nq, k);
+        let mut profile = Profiler::new();
         let radix_only = list_size(k) > MAX_LIST;
 
         // Host-side preparation: norms, unit queries for cosine, f16 copies, gates.
@@ -237,6 +274,7 @@ impl<D: Driver> GpuRows<D> {
             flags_offset: outputs_layout.1,
         };
         driver.fill(&ws.stream, outputs.flags, 0, nq * 4)?;
+        profile.mark(&*driver, &ws.stream, "prepare+upload")?;
 
         if radix_only {
             for q in 0..nq {
@@ -245,10 +283,12 @@ impl<D: Driver> GpuRows<D> {
         } else if path == Approximation::Scan {
             self.scan_path(ws, &inputs, nq, k, metric, &outputs)?;
         } else {
-            self.tile_path(ws, &inputs, nq, k, metric, path, &outputs)?;
+            self.tile_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile)?;
         }
+        profile.mark(&*driver, &ws.stream, "candidates+finalize")?;
 
         let mut results = self.download_results(ws, &outputs, nq, k)?;
+        profile.mark(&*driver, &ws.stream, "download")?;
         // Queries whose band overflowed their list go through the radix path (rare: heavy
         // ties or huge error bands).
         let flagged: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(q, _)| q).collect();
@@ -263,6 +303,7 @@ impl<D: Driver> GpuRows<D> {
                 results[q] = again[q].clone();
             }
         }
+        profile.report(&format!("nq {nq} k {k} {path:?}"));
         results
             .into_iter()
             .map(|r| r.ok_or_else(|| HiveGpuError::Internal("the radix path flagged a query".into())))
@@ -333,7 +374,9 @@ impl<D: Driver> GpuRows<D> {
     ) -> Result<()> {
         let driver = self.driver();
         let kcap = list_size(k);
-        let sortn = (2 * kcap).max(1024);
+        // Several lists per query: room for every list's prefix inside the first band.
+        let roomy = (4 * kcap).max(1024);
+        let sortn = if segments > 1 && roomy * 8 <= self.shared_limit() { roomy } else { (2 * kcap).max(1024) };
         let (rows, _, _) = self.arrays_ptrs()?;
         let kernel = if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
         let q0 = first_query as u64;
@@ -422,6 +465,7 @@ impl<D: Driver> GpuRows<D> {
         metric: GpuDistanceMetric,
         path: Approximation,
         outputs: &Outputs,
+        profile: &mut Profiler,
     ) -> Result<()> {
         let driver = self.driver().clone();
         let (n, dim) = (self.len, self.dim);
@@ -434,6 +478,7 @@ impl<D: Driver> GpuRows<D> {
         let tile = ws.tile.get(&driver, chunk * tile_rows * 4)?;
         let lists = ws.lists.get(&driver, chunk * kcap * 8)?;
         let evicted = ws.evicted.get(&driver, chunk * 8)?;
+        let thresholds = ws.thresholds.get(&driver, chunk * 4)?;
         let (rows, norms, dead) = self.arrays_ptrs()?;
         let (inputs_kind, queries, element) = match path {
             Approximation::GemmF16 { .. } => (GemmInputs::F16, inputs.half, 2u64),
@@ -445,6 +490,8 @@ impl<D: Driver> GpuRows<D> {
             let qc = chunk.min(nq - q0);
             driver.fill(&ws.stream, lists, 0xff, qc * kcap * 8)?;
             driver.fill(&ws.stream, evicted, 0xff, qc * 8)?;
+            // 0x7f7f7f7f is 3.4e38: above every distance, so "no threshold yet".
+            driver.fill(&ws.stream, thresholds, 0x7f, qc * 4)?;
             for r0 in (0..n).step_by(tile_rows) {
                 let rt = tile_rows.min(n - r0);
                 driver.gemm_tn(
@@ -462,6 +509,7 @@ impl<D: Driver> GpuRows<D> {
                         inputs: inputs_kind,
                     },
                 )?;
+                profile.mark(&*driver, &ws.stream, "gemm")?;
                 driver.launch(
                     &ws.stream,
                     self.device.kernels.tile_topk,
@@ -484,10 +532,13 @@ impl<D: Driver> GpuRows<D> {
                         Arg::U32(sortn as u32),
                         Arg::Ptr(lists),
                         Arg::Ptr(evicted),
+                        Arg::Ptr(thresholds),
                     ],
                 )?;
+                profile.mark(&*driver, &ws.stream, "select")?;
             }
             self.finalize(ws, inputs, q0, qc, k, lists, evicted, 1, metric, outputs)?;
+            profile.mark(&*driver, &ws.stream, "finalize")?;
         }
         Ok(())
     }

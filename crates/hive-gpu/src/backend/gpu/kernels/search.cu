@@ -131,22 +131,37 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
 
 // grid (qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
 // dimension ldc, covering slots [row0, row0 + tile_rows)) into each query's candidate list.
+// Each query's state (list, smallest evicted entry, filter threshold) lives in global memory;
+// the list is only read and written when the tile has candidates below the threshold, which
+// after the first tiles is rare, so most blocks read their tile and one float.
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float* dots, u32 ldc, u32 tile_rows,
         u32 row0, const float* norms, const u32* dead, int metric, const float* inv_scale, const float* gate_mul,
-        const float* gate_add, u32 k, u32 kcap, u32 sortn, u64* lists, u64* evicted) {
+        const float* gate_add, u32 k, u32 kcap, u32 sortn, u64* lists, u64* evicted, float* thresholds) {
     extern __shared__ u64 hg_smem[];
     __shared__ HgTopK st;
     u64* sh = hg_smem;
     u32 q = blockIdx.x;
     float mul = gate_mul[q], add = gate_add[q];
     u64* list = lists + (u64)q * kcap;
-    hg_init(sh, &st, kcap, list, evicted[q], k, mul, add);
+    if (threadIdx.x == 0) {
+        st.count = 0;
+        st.thr = thresholds[q];
+        st.evicted = evicted[q];
+    }
+    bool loaded = false;
+    __syncthreads();
     const float* row = dots + (u64)q * ldc;
     float dot_scale = inv_scale ? inv_scale[q] : 1.0f;
     u32 round = blockDim.x * HG_TILE_PER_THREAD;
     u32 bcap = sortn - kcap;
     for (u32 base = 0; base < tile_rows; base += round) {
-        if (st.count + round > bcap) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+        if (st.count + round > bcap) {
+            if (!loaded) {
+                for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) sh[i] = list[i];
+                loaded = true;
+            }
+            hg_merge(sh, &st, k, kcap, sortn, mul, add);
+        }
         float thr = st.thr;
         float c[HG_TILE_PER_THREAD];
 #pragma unroll
@@ -169,9 +184,20 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
         }
         __syncthreads();
     }
-    if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
-    for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) list[i] = sh[i];
-    if (threadIdx.x == 0) evicted[q] = st.evicted;
+    if (st.count > 0) {
+        if (!loaded) {
+            for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) sh[i] = list[i];
+            loaded = true;
+        }
+        hg_merge(sh, &st, k, kcap, sortn, mul, add);
+    }
+    if (loaded) {
+        for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) list[i] = sh[i];
+        if (threadIdx.x == 0) {
+            evicted[q] = st.evicted;
+            thresholds[q] = st.thr;
+        }
+    }
 }
 
 // Exact f64 canonical distance of a stored row (warp-cooperative; every lane gets it).
@@ -209,8 +235,15 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 kca
     extern __shared__ u64 hg_smem[];
     __shared__ HgTopK st;
     __shared__ u32 band_count;
+    __shared__ u64 tau;
+    __shared__ u32 overflow, lost;
     u64* sh = hg_smem;
     u32 q = blockIdx.x;
+    if (threadIdx.x == 0) {
+        tau = HG_NONE;
+        overflow = 0;
+        lost = 0;
+    }
     float mul = gate_mul[q], add = gate_add[q];
     const u64* in = lists + (u64)q * S * kcap_in;
     if (S == 1 && kcap_in == kcap) {
@@ -218,10 +251,41 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 kca
     } else {
         hg_init(sh, &st, kcap, 0, HG_NONE, k, mul, add);
         if (threadIdx.x == 0) {
+            tau = HG_NONE;
+            overflow = 0;
             u64 ev = HG_NONE;
             for (u32 s = 0; s < S; s++) ev = min(ev, evicted[(u64)q * S + s]);
             st.evicted = ev;
         }
+        __syncthreads();
+        // Each list's k-th entry bounds the global k-th from above, so the smallest of them
+        // gives a band from the start; each sorted list then contributes only its prefix.
+        for (u32 s = threadIdx.x; s < S; s += blockDim.x) atomicMin(&tau, in[(u64)s * kcap_in + k - 1]);
+        __syncthreads();
+        if (tau != HG_NONE) {
+            float thr0 = hg_band(hg_entry_dist(tau), mul, add);
+            u32 bcap = sortn - kcap;
+            for (u32 s = threadIdx.x; s < S; s += blockDim.x) {
+                for (u32 i = 0; i < kcap_in; i++) {
+                    u64 e = in[(u64)s * kcap_in + i];
+                    if (e == HG_NONE || hg_entry_dist(e) > thr0) break;
+                    u32 pos = atomicAdd(&st.count, 1u);
+                    if (pos < bcap) sh[kcap + pos] = e;
+                    else overflow = 1;
+                }
+            }
+            __syncthreads();
+            if (!overflow) {
+                if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+            } else {
+                __syncthreads();
+                if (threadIdx.x == 0) st.count = 0;
+                __syncthreads();
+            }
+        }
+    }
+    if (!(S == 1 && kcap_in == kcap) && (tau == HG_NONE || overflow)) {
+        // The general merge: stream every entry of every list.
         u32 total = S * kcap_in;
         u32 bcap = sortn - kcap;
         for (u32 base = 0; base < total; base += blockDim.x) {
@@ -243,10 +307,13 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 kca
     float band = hg_band(hg_entry_dist(sh[k - 1]), mul, add);
     if (threadIdx.x == 0) {
         band_count = 0;
-        if (st.evicted != HG_NONE && hg_entry_dist(st.evicted) <= band) flags[q] = 1;
+        if (st.evicted != HG_NONE && hg_entry_dist(st.evicted) <= band) {
+            flags[q] = 1;
+            lost = 1;
+        }
     }
     __syncthreads();
-    if (flags[q] != 0) return;
+    if (lost) return;
     for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) {
         if (sh[i] != HG_NONE && hg_entry_dist(sh[i]) <= band) atomicMax(&band_count, i + 1);
     }

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""hive-gpu (CUDA backend, through the `hive-gpu bench` CLI) against PyTorch's obvious exact k-NN
+(torch.mm in tiles + torch.topk, TF32 off) on the same random data, on the GPU machine.
+
+    . .gpu/env && python3 scripts/bench-gpu-peers.py [--quick] [--out DIR]
+
+PyTorch is timed with CUDA events around the search (data and queries already on the device:
+its best case); hive-gpu end to end from the host (queries up, results down). Each number is a
+median. The single-query floor is the bytes one scan must read over the device's read bandwidth,
+measured here by timing torch.sum over a 4 GiB tensor. Ground truth comes from an f64 brute force
+on the GPU, so recall is checked for every run.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+DEV = torch.device("cuda")
+
+
+def write_vecs(path, x):
+    """fvecs (float32) or ivecs (int32): each row prefixed by its dimension."""
+    n, d = x.shape
+    rows = np.empty((n, d + 1), dtype=np.int32)
+    rows[:, 0] = d
+    rows[:, 1:] = x.view(np.int32)
+    rows.tofile(path)
+
+
+def timed(fn, reps, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def read_bandwidth():
+    x = torch.rand(1 << 30, device=DEV)  # 4 GiB
+    ms = timed(lambda: x.sum(), 20)
+    del x
+    torch.cuda.empty_cache()
+    return (1 << 32) / (ms * 1e-3)
+
+
+def torch_knn(xb, norms, xq, k, tile_bytes=2 << 30):
+    """Exact L2 k-NN: distance tiles by torch.mm, torch.topk per tile, merged."""
+    nq, n = xq.shape[0], xb.shape[0]
+    tile = max(k, min(n, tile_bytes // (nq * xb.element_size())))
+    best_d = best_i = None
+    for s in range(0, n, tile):
+        e = min(n, s + tile)
+        d = norms[s:e].unsqueeze(0) - 2 * torch.mm(xq, xb[s:e].T)
+        dd, ii = torch.topk(d, min(k, e - s), dim=1, largest=False)
+        ii += s
+        if best_d is None:
+            best_d, best_i = dd, ii
+        else:
+            cd, ci = torch.cat([best_d, dd], 1), torch.cat([best_i, ii], 1)
+            best_d, pos = torch.topk(cd, k, dim=1, largest=False)
+            best_i = torch.gather(ci, 1, pos)
+    return best_d, best_i
+
+
+def ground_truth(xb, xq, k):
+    """f64 exact L2 neighbours of every query (nearest first)."""
+    out = []
+    step = 1 << 22
+    for q0 in range(0, xq.shape[0], 1024):
+        q = xq[q0:q0 + 1024].double()
+        best_d = best_i = None
+        for s in range(0, xb.shape[0], step):
+            b = xb[s:s + step].double()
+            d = ((q * q).sum(1, keepdim=True) + (b * b).sum(1).unsqueeze(0) - 2 * q @ b.T)
+            dd, ii = torch.topk(d, min(k, b.shape[0]), dim=1, largest=False)
+            ii += s
+            if best_d is None:
+                best_d, best_i = dd, ii
+            else:
+                cd, ci = torch.cat([best_d, dd], 1), torch.cat([best_i, ii], 1)
+                best_d, pos = torch.topk(cd, k, dim=1, largest=False)
+                best_i = torch.gather(ci, 1, pos)
+            del b, d
+        out.append(best_i.int().cpu())
+    return torch.cat(out).numpy()
+
+
+def hive(base, query, gt, precision, batch, ks, nq=None):
+    cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--groundtruth", gt, "--backend", "cuda",
+           "--precision", precision, "--batch", str(batch), "--ks", ",".join(map(str, ks)), "--json"]
+    if nq:
+        cmd += ["--nq", str(nq)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        print("FAILED:", " ".join(cmd), run.stderr, file=sys.stderr)
+        return []
+    return [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="1M x 128 only")
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/hive-bench"))
+    parser.add_argument("--work", default="/tmp/hive-bench-data")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | TF32 off", flush=True)
+    bw = read_bandwidth()
+    print(f"# read bandwidth (torch.sum over 4 GiB, median of 20): {bw / 1e9:.0f} GB/s", flush=True)
+    datasets = [("1M x 128", 1_000_000, 128, ["f32", "fast", "f16"])]
+    if not args.quick:
+        datasets += [("10M x 128", 10_000_000, 128, ["f32", "f16"]), ("1M x 768", 1_000_000, 768, ["f32", "fast"])]
+    ks = [10, 100]
+    rows = []
+    for name, n, d, precisions in datasets:
+        gen = torch.Generator(device=DEV).manual_seed(n + d)
+        xb = torch.rand(n, d, device=DEV, generator=gen)
+        xq = torch.rand(10_000, d, device=DEV, generator=gen)
+        tag = f"{n}x{d}"
+        base, query, gt = (f"{args.work}/{tag}.{e}" for e in ("base.fvecs", "query.fvecs", "gt.ivecs"))
+        write_vecs(base, xb.cpu().numpy())
+        write_vecs(query, xq.cpu().numpy())
+        write_vecs(gt, ground_truth(xb, xq, 100))
+        print(f"## {name}: data and f64 ground truth written", flush=True)
+        peers = {}
+        for dtype_name, dtype in (("f32", torch.float32), ("f16", torch.float16)):
+            if dtype_name == "f16" and "f16" not in precisions:
+                continue
+            b = xb.to(dtype)
+            norms = (b.float() ** 2).sum(1).to(dtype)
+            for nq in (1, 100, 10_000):
+                q = xq[:nq].to(dtype)
+                for k in ks:
+                    reps = 50 if nq == 1 else (20 if nq == 100 else 5)
+                    ms = timed(lambda: torch_knn(b, norms, q, k), reps)
+                    peers[(dtype_name, nq, k)] = ms
+                    print(f"torch {dtype_name} nq {nq} k {k}: {ms:.3f} ms", flush=True)
+            del b, norms
+            torch.cuda.empty_cache()
+        del xb, xq
+        torch.cuda.empty_cache()
+        for precision in precisions:
+            peer_dtype = "f16" if precision == "f16" else "f32"
+            element = 2 if precision == "f16" else 4
+            floor_ms = n * d * element / bw * 1e3
+            for nq in (1, 100, 10_000):
+                results = hive(base, query, gt, precision, nq, ks, nq=300 if nq == 1 else None)
+                for r in results:
+                    k = r["k"]
+                    torch_ms = peers[(peer_dtype, nq, k)]
+                    torch_qps = nq / (torch_ms * 1e-3)
+                    hive_ms = r["p50_ms"]
+                    row = {
+                        "data": name, "precision": precision, "nq": nq, "k": k,
+                        "hive_qps": r["qps"], "hive_p50_ms": hive_ms, "recall": r["recall"],
+                        "torch": peer_dtype, "torch_ms": torch_ms, "torch_qps": torch_qps,
+                        "speedup": r["qps"] / torch_qps, "build_s": r["build_s"],
+                        "floor_ms": floor_ms if nq == 1 else None,
+                    }
+                    rows.append(row)
+                    extra = f" | {hive_ms / floor_ms:.2f}x floor ({floor_ms:.3f} ms)" if nq == 1 else ""
+                    print(f"hive {precision} nq {nq} k {k}: {r['qps']:.0f} QPS, p50 {hive_ms:.3f} ms, "
+                          f"recall {r['recall']:.4f}, build {r['build_s']:.2f} s | torch {peer_dtype} "
+                          f"{torch_qps:.0f} QPS | {row['speedup']:.2f}x{extra}", flush=True)
+    with open(f"{args.out}/bench-gpu.json", "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "read_bw": bw, "rows": rows}, f, indent=1)
+    print("\n| data | hive precision | nq | k | hive QPS | hive p50 ms | recall@k | PyTorch | PyTorch QPS | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['speedup']:.2f}x"
+        if r["nq"] == 1:
+            ratio += f" ({r['hive_p50_ms'] / r['floor_ms']:.2f}x floor)"
+        print(f"| {r['data']} | {r['precision']} | {r['nq']} | {r['k']} | {r['hive_qps']:,.0f} | "
+              f"{r['hive_p50_ms']:.3f} | {r['recall']:.4f} | {r['torch']} | {r['torch_qps']:,.0f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
