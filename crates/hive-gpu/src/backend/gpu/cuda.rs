@@ -455,7 +455,12 @@ impl Driver for CudaDriver {
         use blas_sys::{cublasComputeType_t as C, cublasOperation_t as Op, cudaDataType_t as T};
         self.bind()?;
         let (data, compute, algo) = match g.inputs {
-            GemmInputs::F32 => (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_PEDANTIC, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT),
+            // NVIDIA_TF32_OVERRIDE=1 would quietly turn plain f32 GEMMs into TF32 and break the
+            // f32 error bound: then ask for pedantic f32 explicitly.
+            GemmInputs::F32 if tf32_override() => {
+                (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_PEDANTIC, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT)
+            }
+            GemmInputs::F32 => (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT),
             GemmInputs::Tf32 => (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT),
             GemmInputs::F16 => (T::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT),
         };
@@ -487,6 +492,11 @@ impl Driver for CudaDriver {
         }
         .map_err(|e| blas_error("cublasGemmEx", e))
     }
+}
+
+fn tf32_override() -> bool {
+    std::env::var("NVIDIA_TF32_OVERRIDE").is_ok_and(|v| v.trim() != "0")
+        || std::env::var("HIVE_GPU_GEMM_PEDANTIC").as_deref() == Ok("1")
 }
 
 /// A loaded CUDA kernel.

@@ -132,7 +132,7 @@ impl<D: Driver> GpuRows<D> {
             )));
         }
         let mut ws = self.checkout()?;
-        let outcome = self.search_in(&mut ws, queries, k, metric);
+        let outcome = self.search_in(&mut ws, queries, k, metric, None);
         // A workspace whose stream saw an error is dropped, not reused.
         if outcome.is_ok() {
             self.checkin(ws);
@@ -163,17 +163,29 @@ impl<D: Driver> GpuRows<D> {
         Self::scan_sort_size(k) * 8 + self.dim * 4
     }
 
+    /// The path that re-runs queries whose band overflowed on `path`: f32 arithmetic has
+    /// the narrowest band. None: go straight to the radix path.
+    fn narrower(&self, path: Approximation, k: usize) -> Option<Approximation> {
+        let scan_fits = list_size(k) <= MAX_LIST && self.scan_shared_bytes(k) <= self.shared_limit();
+        match (path, self.precision) {
+            (Approximation::GemmTf32, _) => Some(Approximation::GemmF32),
+            (Approximation::GemmF16 { .. }, StoragePrecision::F16) if scan_fits => Some(Approximation::Scan),
+            _ => None,
+        }
+    }
+
     fn search_in(
         &self,
         ws: &mut Workspace<D>,
         queries: &[f32],
         k: usize,
         metric: GpuDistanceMetric,
+        forced: Option<Approximation>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let driver = self.driver().clone();
         let dim = self.dim;
         let nq = queries.len() / dim;
-        let path = self.approximation(nq, k);
+        let path = forced.unwrap_or_else(|| self.approximation(nq, k));
         let mut profile = Profiler::new();
         let radix_only = list_size(k) > MAX_LIST;
 
@@ -281,7 +293,7 @@ impl<D: Driver> GpuRows<D> {
                 self.radix_one(ws, &inputs, q, k, metric, &outputs, (gate_mul[q], gate_add[q]), q_norms[q])?;
             }
         } else if path == Approximation::Scan {
-            self.scan_path(ws, &inputs, nq, k, metric, &outputs)?;
+            self.scan_path(ws, &inputs, nq, k, metric, &outputs, &mut profile)?;
         } else {
             self.tile_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile)?;
         }
@@ -292,7 +304,15 @@ impl<D: Driver> GpuRows<D> {
         // Queries whose band overflowed their list go through the radix path (rare: heavy
         // ties or huge error bands).
         let flagged: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(q, _)| q).collect();
-        if !flagged.is_empty() {
+        if !flagged.is_empty()
+            && let Some(narrower) = self.narrower(path, k)
+        {
+            let subset: Vec<f32> = flagged.iter().flat_map(|&q| queries[q * dim..(q + 1) * dim].iter().copied()).collect();
+            let again = self.search_in(ws, &subset, k, metric, Some(narrower))?;
+            for (q, found) in flagged.iter().zip(again) {
+                results[*q] = Some(found);
+            }
+        } else if !flagged.is_empty() {
             driver.fill(&ws.stream, outputs.flags, 0, nq * 4)?;
             let scan_inputs = Inputs { gate_mul: scan_mul_ptr, gate_add: scan_add_ptr, ..inputs };
             for &q in &flagged {
@@ -380,6 +400,11 @@ impl<D: Driver> GpuRows<D> {
         let (rows, _, _) = self.arrays_ptrs()?;
         let kernel = if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
         let q0 = first_query as u64;
+        // How many leading entries of each list bound the k-th best (see the kernel).
+        let mut head = if segments > 1 { (2 * k).div_ceil(segments).clamp(1, kcap) } else { 0 };
+        while head > 0 && (segments * head).next_power_of_two() > sortn {
+            head -= 1;
+        }
         driver.launch(
             &ws.stream,
             kernel,
@@ -390,6 +415,7 @@ impl<D: Driver> GpuRows<D> {
                 Arg::Ptr(lists),
                 Arg::Ptr(evicted),
                 Arg::U32(segments as u32),
+                Arg::U32(head as u32),
                 Arg::U32(kcap as u32),
                 Arg::U32(k as u32),
                 Arg::U32(kcap as u32),
@@ -408,6 +434,7 @@ impl<D: Driver> GpuRows<D> {
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn scan_path(
         &self,
         ws: &mut Workspace<D>,
@@ -416,12 +443,14 @@ impl<D: Driver> GpuRows<D> {
         k: usize,
         metric: GpuDistanceMetric,
         outputs: &Outputs,
+        profile: &mut Profiler,
     ) -> Result<()> {
         let driver = self.driver().clone();
         let n = self.len;
         let kcap = list_size(k);
         let sortn = Self::scan_sort_size(k);
-        let blocks_wanted = (driver.multiprocessors() as usize * 8 / nq).max(1);
+        let per_sm = env_usize("HIVE_GPU_SCAN_BLOCKS_PER_SM").unwrap_or(8);
+        let blocks_wanted = (driver.multiprocessors() as usize * per_sm / nq).max(1);
         let segments = blocks_wanted.min(n.div_ceil(BLOCK as usize)).max(1);
         let per = n.div_ceil(segments);
         let lists = ws.lists.get(&driver, nq * segments * kcap * 8)?;
@@ -452,7 +481,9 @@ impl<D: Driver> GpuRows<D> {
                 Arg::Ptr(evicted),
             ],
         )?;
-        self.finalize(ws, inputs, 0, nq, k, lists, evicted, segments, metric, outputs)
+        profile.mark(&*driver, &ws.stream, "scan")?;
+        self.finalize(ws, inputs, 0, nq, k, lists, evicted, segments, metric, outputs)?;
+        profile.mark(&*driver, &ws.stream, "finalize")
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -475,10 +506,15 @@ impl<D: Driver> GpuRows<D> {
         let tile_budget = env_usize("HIVE_GPU_TILE_BYTES").unwrap_or(TILE_BYTES);
         let tile_rows = (tile_budget / (chunk * 4)).clamp(256, n.max(256)).div_ceil(256) * 256;
         let tile_rows = env_usize("HIVE_GPU_TILE_ROWS").unwrap_or(tile_rows).min(n.div_ceil(256) * 256);
+        // Segments per query so that even a few queries fill the device.
+        let wanted = (driver.multiprocessors() as usize * 8).div_ceil(chunk);
+        let segments = wanted.min(tile_rows.div_ceil(1024)).max(1);
+        let seg = tile_rows.div_ceil(segments);
+        let states = chunk * segments;
         let tile = ws.tile.get(&driver, chunk * tile_rows * 4)?;
-        let lists = ws.lists.get(&driver, chunk * kcap * 8)?;
-        let evicted = ws.evicted.get(&driver, chunk * 8)?;
-        let thresholds = ws.thresholds.get(&driver, chunk * 4)?;
+        let lists = ws.lists.get(&driver, states * kcap * 8)?;
+        let evicted = ws.evicted.get(&driver, states * 8)?;
+        let thresholds = ws.thresholds.get(&driver, states * 4)?;
         let (rows, norms, dead) = self.arrays_ptrs()?;
         let (inputs_kind, queries, element) = match path {
             Approximation::GemmF16 { .. } => (GemmInputs::F16, inputs.half, 2u64),
@@ -488,10 +524,10 @@ impl<D: Driver> GpuRows<D> {
         let row_element = self.element_bytes() as u64;
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
-            driver.fill(&ws.stream, lists, 0xff, qc * kcap * 8)?;
-            driver.fill(&ws.stream, evicted, 0xff, qc * 8)?;
+            driver.fill(&ws.stream, lists, 0xff, qc * segments * kcap * 8)?;
+            driver.fill(&ws.stream, evicted, 0xff, qc * segments * 8)?;
             // 0x7f7f7f7f is 3.4e38: above every distance, so "no threshold yet".
-            driver.fill(&ws.stream, thresholds, 0x7f, qc * 4)?;
+            driver.fill(&ws.stream, thresholds, 0x7f, qc * segments * 4)?;
             for r0 in (0..n).step_by(tile_rows) {
                 let rt = tile_rows.min(n - r0);
                 driver.gemm_tn(
@@ -513,7 +549,7 @@ impl<D: Driver> GpuRows<D> {
                 driver.launch(
                     &ws.stream,
                     self.device.kernels.tile_topk,
-                    (qc as u32, 1),
+                    (segments as u32, qc as u32),
                     BLOCK,
                     (sortn * 8) as u32,
                     &[
@@ -521,6 +557,7 @@ impl<D: Driver> GpuRows<D> {
                         Arg::U32(tile_rows as u32),
                         Arg::U32(rt as u32),
                         Arg::U32(r0 as u32),
+                        Arg::U32(seg as u32),
                         Arg::Ptr(norms),
                         Arg::Ptr(dead),
                         Arg::I32(metric_code(metric)),
@@ -537,7 +574,7 @@ impl<D: Driver> GpuRows<D> {
                 )?;
                 profile.mark(&*driver, &ws.stream, "select")?;
             }
-            self.finalize(ws, inputs, q0, qc, k, lists, evicted, 1, metric, outputs)?;
+            self.finalize(ws, inputs, q0, qc, k, lists, evicted, segments, metric, outputs)?;
             profile.mark(&*driver, &ws.stream, "finalize")?;
         }
         Ok(())

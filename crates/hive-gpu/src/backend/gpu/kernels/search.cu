@@ -134,23 +134,30 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
 // Each query's state (list, smallest evicted entry, filter threshold) lives in global memory;
 // the list is only read and written when the tile has candidates below the threshold, which
 // after the first tiles is rare, so most blocks read their tile and one float.
+// grid (S, qc): block (s, q) takes columns [s * seg, (s + 1) * seg) of the tile and keeps its
+// own state (index q * S + s), so few queries still fill the device.
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float* dots, u32 ldc, u32 tile_rows,
-        u32 row0, const float* norms, const u32* dead, int metric, const float* inv_scale, const float* gate_mul,
-        const float* gate_add, u32 k, u32 kcap, u32 sortn, u64* lists, u64* evicted, float* thresholds) {
+        u32 row0, u32 seg, const float* norms, const u32* dead, int metric, const float* inv_scale,
+        const float* gate_mul, const float* gate_add, u32 k, u32 kcap, u32 sortn, u64* lists, u64* evicted,
+        float* thresholds) {
     extern __shared__ u64 hg_smem[];
     __shared__ HgTopK st;
     u64* sh = hg_smem;
-    u32 q = blockIdx.x;
+    u32 q = blockIdx.y, state = blockIdx.y * gridDim.x + blockIdx.x;
+    u32 col0 = blockIdx.x * seg;
+    u32 cols = col0 < tile_rows ? min(seg, tile_rows - col0) : 0;
     float mul = gate_mul[q], add = gate_add[q];
-    u64* list = lists + (u64)q * kcap;
+    u64* list = lists + (u64)state * kcap;
     if (threadIdx.x == 0) {
         st.count = 0;
-        st.thr = thresholds[q];
-        st.evicted = evicted[q];
+        st.thr = thresholds[state];
+        st.evicted = evicted[state];
     }
     bool loaded = false;
     __syncthreads();
-    const float* row = dots + (u64)q * ldc;
+    const float* row = dots + (u64)q * ldc + col0;
+    row0 += col0;
+    tile_rows = cols;
     float dot_scale = inv_scale ? inv_scale[q] : 1.0f;
     u32 round = blockDim.x * HG_TILE_PER_THREAD;
     u32 bcap = sortn - kcap;
@@ -194,8 +201,8 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
     if (loaded) {
         for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) list[i] = sh[i];
         if (threadIdx.x == 0) {
-            evicted[q] = st.evicted;
-            thresholds[q] = st.thr;
+            evicted[state] = st.evicted;
+            thresholds[state] = st.thr;
         }
     }
 }
@@ -228,7 +235,7 @@ __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, dou
 // inside the band was lost (else flags[q] = 1 and the host retries with more room), re-ranks
 // the band in f64 and writes the k best (slot, exact distance), ties by slot.
 template <typename T>
-__device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 kcap_in, u32 k, u32 kcap, u32 sortn,
+__device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 head, u32 kcap_in, u32 k, u32 kcap, u32 sortn,
                             const float* gate_mul, const float* gate_add, const T* rows, u32 dim,
                             const float* queries, const double* q_norms, int metric, u32* out_slots,
                             double* out_dist, u32* flags) {
@@ -258,9 +265,23 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 kca
             st.evicted = ev;
         }
         __syncthreads();
-        // Each list's k-th entry bounds the global k-th from above, so the smallest of them
-        // gives a band from the start; each sorted list then contributes only its prefix.
-        for (u32 s = threadIdx.x; s < S; s += blockDim.x) atomicMin(&tau, in[(u64)s * kcap_in + k - 1]);
+        // An upper bound on the global k-th best gives a band from the start, so each sorted
+        // list contributes only its prefix. The k-th smallest of any k real entries is such a
+        // bound: the first `head` entries of every list (sorted here), or else the smallest
+        // of the lists' k-th entries.
+        if (head > 0) {
+            u32 total = S * head, padded = 1;
+            while (padded < total) padded <<= 1;
+            for (u32 i = threadIdx.x; i < padded; i += blockDim.x)
+                sh[i] = i < total ? in[(u64)(i / head) * kcap_in + i % head] : HG_NONE;
+            __syncthreads();
+            hg_bitonic(sh, 0, padded);
+            if (threadIdx.x == 0 && padded >= k) tau = sh[k - 1];
+            __syncthreads();
+            for (u32 i = threadIdx.x; i < padded; i += blockDim.x) sh[i] = HG_NONE;
+        } else {
+            for (u32 s = threadIdx.x; s < S; s += blockDim.x) atomicMin(&tau, in[(u64)s * kcap_in + k - 1]);
+        }
         __syncthreads();
         if (tau != HG_NONE) {
             float thr0 = hg_band(hg_entry_dist(tau), mul, add);
@@ -342,17 +363,17 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 kca
 }
 
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f32(const u64* lists, const u64* evicted, u32 S,
-        u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const float* rows,
+        u32 head, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const float* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
         u32* flags) {
-    hg_finalize<float>(lists, evicted, S, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
+    hg_finalize<float>(lists, evicted, S, head, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
                        metric, out_slots, out_dist, flags);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f16(const u64* lists, const u64* evicted, u32 S,
-        u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u16* rows,
+        u32 head, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u16* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
         u32* flags) {
-    hg_finalize<u16>(lists, evicted, S, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
+    hg_finalize<u16>(lists, evicted, S, head, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
                      metric, out_slots, out_dist, flags);
 }
 
