@@ -115,6 +115,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="1M x 128 only")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/hive-bench"))
     parser.add_argument("--work", default="/tmp/hive-bench-data")
+    parser.add_argument("--no-peers", action="store_true", help="write the data, skip all timing")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
@@ -136,6 +137,10 @@ def main():
         write_vecs(query, xq.cpu().numpy())
         write_vecs(gt, ground_truth(xb, xq, 100))
         print(f"## {name}: data and f64 ground truth written", flush=True)
+        if args.no_peers:
+            del xb, xq
+            torch.cuda.empty_cache()
+            continue
         peers = {}
         for dtype_name, dtype in (("f32", torch.float32), ("f16", torch.float16)):
             if dtype_name == "f16" and "f16" not in precisions:
