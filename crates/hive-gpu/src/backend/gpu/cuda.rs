@@ -282,10 +282,44 @@ impl Drop for CudaPinned {
     }
 }
 
+/// A CUDA event (timing disabled: it only orders streams).
+#[derive(Debug)]
+pub struct CudaEvent(cu_sys::CUevent);
+// SAFETY: event handles may be used from any thread.
+unsafe impl Send for CudaEvent {}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        // SAFETY: created in `Driver::event`, destroyed once here.
+        let _ = unsafe { cu::event::destroy(self.0) };
+    }
+}
+
 impl Driver for CudaDriver {
     type Stream = CudaStream;
     type Function = CudaFunction;
     type Pinned = CudaPinned;
+    type Event = CudaEvent;
+
+    fn event(&self) -> Result<CudaEvent> {
+        self.bind()?;
+        cu::event::create(cu_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map(CudaEvent)
+            .map_err(|e| driver_error("cuEventCreate", e))
+    }
+
+    fn record(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: valid event and stream.
+        unsafe { cu::event::record(event.0, stream.stream) }.map_err(|e| driver_error("cuEventRecord", e))
+    }
+
+    fn wait(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: valid stream and event.
+        unsafe { cu::stream::wait_event(stream.stream, event.0, cu_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+            .map_err(|e| driver_error("cuStreamWaitEvent", e))
+    }
 
     fn device_info(&self) -> GpuDeviceInfo {
         let (free, total) = self.mem_info().unwrap_or((0, self.total));

@@ -71,6 +71,8 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     type Function: Send + Sync + Copy + std::fmt::Debug;
     /// Page-locked host memory for asynchronous copies.
     type Pinned: Send + std::fmt::Debug + std::ops::DerefMut<Target = [u8]>;
+    /// A marker in a stream that another stream can wait for.
+    type Event: Send + std::fmt::Debug;
 
     /// The device's description, with free memory read now.
     fn device_info(&self) -> GpuDeviceInfo;
@@ -103,6 +105,12 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     fn fill(&self, stream: &Self::Stream, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Waits for everything queued on the stream.
     fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
+    /// A new event.
+    fn event(&self) -> Result<Self::Event>;
+    /// Marks the point reached by `stream`'s queued work.
+    fn record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+    /// Makes `stream`'s later work wait until the event's last recorded point is reached.
+    fn wait(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
 
     /// Compiles `source` for this device and loads the named kernels, in order.
     fn compile(&self, source: &str, names: &[&str]) -> Result<Vec<Self::Function>>;

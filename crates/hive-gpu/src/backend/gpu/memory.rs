@@ -84,9 +84,13 @@ impl<D: Driver> Staging<D> {
 #[derive(Debug)]
 pub(super) struct Workspace<D: Driver> {
     pub(super) stream: D::Stream,
+    /// GEMMs run here while the main stream selects from the previous tile.
+    pub(super) gemm_stream: D::Stream,
+    /// `[gemm done, select done]` per tile buffer.
+    pub(super) events: [[D::Event; 2]; 2],
+    pub(super) tiles: [Scratch<D>; 2],
     pub(super) staging: Staging<D>,
     pub(super) inputs: Scratch<D>,
-    pub(super) tile: Scratch<D>,
     pub(super) lists: Scratch<D>,
     pub(super) evicted: Scratch<D>,
     pub(super) thresholds: Scratch<D>,
@@ -102,9 +106,11 @@ impl<D: Driver> Workspace<D> {
     pub(super) fn new(driver: &D) -> Result<Self> {
         Ok(Self {
             stream: driver.stream()?,
+            gemm_stream: driver.stream()?,
+            events: [[driver.event()?, driver.event()?], [driver.event()?, driver.event()?]],
+            tiles: [Scratch::new(), Scratch::new()],
             staging: Staging::new(),
             inputs: Scratch::new(),
-            tile: Scratch::new(),
             lists: Scratch::new(),
             evicted: Scratch::new(),
             thresholds: Scratch::new(),

@@ -47,6 +47,15 @@ fn list_size(k: usize) -> usize {
     (k + (k / 4).max(32)).next_power_of_two()
 }
 
+/// The list size on `path`: tensor-core passes have wider bands, so more room where it fits.
+fn path_list_size(k: usize, path: Approximation) -> usize {
+    let wide = (k + (2 * k).max(128)).next_power_of_two();
+    match path {
+        Approximation::GemmTf32 | Approximation::GemmF16 { .. } if wide <= MAX_LIST => wide,
+        _ => list_size(k),
+    }
+}
+
 /// Where each input lives in the workspace's input buffer.
 #[derive(Debug, Clone, Copy)]
 struct Inputs {
@@ -156,7 +165,7 @@ impl<D: Driver> GpuRows<D> {
     }
 
     fn scan_sort_size(k: usize) -> usize {
-        (2 * list_size(k)).max(512)
+        (2 * list_size(k)).max(1024)
     }
 
     fn scan_shared_bytes(&self, k: usize) -> usize {
@@ -389,22 +398,28 @@ impl<D: Driver> GpuRows<D> {
         lists: DevicePtr,
         evicted: DevicePtr,
         segments: usize,
+        kcap: usize,
         metric: GpuDistanceMetric,
         outputs: &Outputs,
     ) -> Result<()> {
         let driver = self.driver();
-        let kcap = list_size(k);
-        // Several lists per query: room for every list's prefix inside the first band.
-        let roomy = (4 * kcap).max(1024);
-        let sortn = if segments > 1 && roomy * 8 <= self.shared_limit() { roomy } else { (2 * kcap).max(1024) };
+        // Several lists per query: room for the lists' heads (which bound the k-th best) and
+        // for every list's prefix inside the first band.
+        let mut sortn = (2 * kcap).max(1024);
+        let mut head = 0;
+        if segments > 1 {
+            head = (2 * k).div_ceil(segments).clamp(1, kcap);
+            let roomy = (4 * kcap).max((segments * head).next_power_of_two()).max(1024);
+            if roomy * 8 <= self.shared_limit() {
+                sortn = roomy;
+            }
+            while head > 0 && (segments * head).next_power_of_two() > sortn {
+                head -= 1;
+            }
+        }
         let (rows, _, _) = self.arrays_ptrs()?;
         let kernel = if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
         let q0 = first_query as u64;
-        // How many leading entries of each list bound the k-th best (see the kernel).
-        let mut head = if segments > 1 { (2 * k).div_ceil(segments).clamp(1, kcap) } else { 0 };
-        while head > 0 && (segments * head).next_power_of_two() > sortn {
-            head -= 1;
-        }
         driver.launch(
             &ws.stream,
             kernel,
@@ -482,7 +497,7 @@ impl<D: Driver> GpuRows<D> {
             ],
         )?;
         profile.mark(&*driver, &ws.stream, "scan")?;
-        self.finalize(ws, inputs, 0, nq, k, lists, evicted, segments, metric, outputs)?;
+        self.finalize(ws, inputs, 0, nq, k, lists, evicted, segments, kcap, metric, outputs)?;
         profile.mark(&*driver, &ws.stream, "finalize")
     }
 
@@ -500,8 +515,8 @@ impl<D: Driver> GpuRows<D> {
     ) -> Result<()> {
         let driver = self.driver().clone();
         let (n, dim) = (self.len, self.dim);
-        let kcap = list_size(k);
-        let sortn = (2 * kcap).max(2048);
+        let kcap = path_list_size(k, path);
+        let sortn = (2 * kcap).max(4096);
         let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq);
         let tile_budget = env_usize("HIVE_GPU_TILE_BYTES").unwrap_or(TILE_BYTES);
         let tile_rows = (tile_budget / (chunk * 4)).clamp(256, n.max(256)).div_ceil(256) * 256;
@@ -511,7 +526,7 @@ impl<D: Driver> GpuRows<D> {
         let segments = wanted.min(tile_rows.div_ceil(1024)).max(1);
         let seg = tile_rows.div_ceil(segments);
         let states = chunk * segments;
-        let tile = ws.tile.get(&driver, chunk * tile_rows * 4)?;
+        let tiles = [ws.tiles[0].get(&driver, chunk * tile_rows * 4)?, ws.tiles[1].get(&driver, chunk * tile_rows * 4)?];
         let lists = ws.lists.get(&driver, states * kcap * 8)?;
         let evicted = ws.evicted.get(&driver, states * 8)?;
         let thresholds = ws.thresholds.get(&driver, states * 4)?;
@@ -528,10 +543,17 @@ impl<D: Driver> GpuRows<D> {
             driver.fill(&ws.stream, evicted, 0xff, qc * segments * 8)?;
             // 0x7f7f7f7f is 3.4e38: above every distance, so "no threshold yet".
             driver.fill(&ws.stream, thresholds, 0x7f, qc * segments * 4)?;
-            for r0 in (0..n).step_by(tile_rows) {
+            // The GEMM stream starts after the inputs and the reset lists are in place.
+            driver.record(&ws.events[0][1], &ws.stream)?;
+            driver.record(&ws.events[1][1], &ws.stream)?;
+            for (t, r0) in (0..n).step_by(tile_rows).enumerate() {
                 let rt = tile_rows.min(n - r0);
+                let (buffer, [gemm_done, select_done]) = (t % 2, &ws.events[t % 2]);
+                let tile = tiles[buffer];
+                // GEMM t+1 fills the other buffer while tile t is being selected.
+                driver.wait(&ws.gemm_stream, select_done)?;
                 driver.gemm_tn(
-                    &ws.stream,
+                    &ws.gemm_stream,
                     &GemmTn {
                         m: rt,
                         n: qc,
@@ -545,7 +567,9 @@ impl<D: Driver> GpuRows<D> {
                         inputs: inputs_kind,
                     },
                 )?;
-                profile.mark(&*driver, &ws.stream, "gemm")?;
+                driver.record(gemm_done, &ws.gemm_stream)?;
+                profile.mark(&*driver, &ws.gemm_stream, "gemm")?;
+                driver.wait(&ws.stream, gemm_done)?;
                 driver.launch(
                     &ws.stream,
                     self.device.kernels.tile_topk,
@@ -572,9 +596,10 @@ impl<D: Driver> GpuRows<D> {
                         Arg::Ptr(thresholds),
                     ],
                 )?;
+                driver.record(select_done, &ws.stream)?;
                 profile.mark(&*driver, &ws.stream, "select")?;
             }
-            self.finalize(ws, inputs, q0, qc, k, lists, evicted, segments, metric, outputs)?;
+            self.finalize(ws, inputs, q0, qc, k, lists, evicted, segments, kcap, metric, outputs)?;
             profile.mark(&*driver, &ws.stream, "finalize")?;
         }
         Ok(())

@@ -2,6 +2,7 @@
 // merge with the exact f64 re-rank, and the radix-select path for any k.
 
 #define HG_ROWS_PER_WARP 4
+#define HG_SCAN_SUBROUNDS 4
 
 // Approximate distance of `rows_n` consecutive rows starting at `first` (warp-cooperative;
 // every lane gets every result). The element type is a template so f32 and f16 share it.
@@ -59,21 +60,27 @@ __device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead,
     u32 start = s * per;
     u32 end = min(n, start + per);
     u32 warps = blockDim.x / HG_WARP, warp = threadIdx.x / HG_WARP, lane = threadIdx.x % HG_WARP;
-    u32 round = warps * HG_ROWS_PER_WARP;
+    // Rows between two merge checks: several warp rounds, so the block synchronizes rarely
+    // and keeps many loads in flight; the buffer has room for all of them.
+    u32 step = warps * HG_ROWS_PER_WARP;
     u32 bcap = sortn - kcap;
+    u32 sub = max(1u, min((u32)HG_SCAN_SUBROUNDS, bcap / step));
+    u32 round = step * sub;
     for (u32 base = start; base < end; base += round) {
         if (st.count + round > bcap) hg_merge(sh, &st, k, kcap, sortn, mul, add);
         float thr = st.thr;
-        u32 first = base + warp * HG_ROWS_PER_WARP;
-        u32 valid = first < end ? min((u32)HG_ROWS_PER_WARP, end - first) : 0;
-        float d[HG_ROWS_PER_WARP];
-        if (valid > 0) hg_warp_distances<T>(rows, dim, first, valid, qs, metric, d);
+        for (u32 u = 0; u < sub; u++) {
+            u32 first = base + u * step + warp * HG_ROWS_PER_WARP;
+            u32 valid = first < end ? min((u32)HG_ROWS_PER_WARP, end - first) : 0;
+            float d[HG_ROWS_PER_WARP];
+            if (valid > 0) hg_warp_distances<T>(rows, dim, first, valid, qs, metric, d);
 #pragma unroll
-        for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
-            if (lane == (u32)r && (u32)r < valid) {
-                u32 slot = first + r;
-                float a = hg_finish(d[r], metric, norms, slot);
-                if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, a, slot);
+            for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
+                if (lane == (u32)r && (u32)r < valid) {
+                    u32 slot = first + r;
+                    float a = hg_finish(d[r], metric, norms, slot);
+                    if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, a, slot);
+                }
             }
         }
         __syncthreads();
@@ -127,7 +134,7 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
     hg_scan_all<u16>(rows, norms, dead, n, dim, q, metric, dist);
 }
 
-#define HG_TILE_PER_THREAD 4
+#define HG_TILE_PER_THREAD 8
 
 // grid (qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
 // dimension ldc, covering slots [row0, row0 + tile_rows)) into each query's candidate list.
