@@ -165,7 +165,7 @@ impl<D: Driver> GpuRows<D> {
     }
 
     fn scan_sort_size(k: usize) -> usize {
-        (2 * list_size(k)).max(1024)
+        (2 * list_size(k)).max(512)
     }
 
     fn scan_shared_bytes(&self, k: usize) -> usize {
@@ -464,7 +464,7 @@ impl<D: Driver> GpuRows<D> {
         let n = self.len;
         let kcap = list_size(k);
         let sortn = Self::scan_sort_size(k);
-        let per_sm = env_usize("HIVE_GPU_SCAN_BLOCKS_PER_SM").unwrap_or(8);
+        let per_sm = env_usize("HIVE_GPU_SCAN_BLOCKS_PER_SM").unwrap_or(4);
         let blocks_wanted = (driver.multiprocessors() as usize * per_sm / nq).max(1);
         let segments = blocks_wanted.min(n.div_ceil(BLOCK as usize)).max(1);
         let per = n.div_ceil(segments);
@@ -516,7 +516,7 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let (n, dim) = (self.len, self.dim);
         let kcap = path_list_size(k, path);
-        let sortn = (2 * kcap).max(4096);
+        let sortn = (2 * kcap).max(2048);
         let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq);
         let tile_budget = env_usize("HIVE_GPU_TILE_BYTES").unwrap_or(TILE_BYTES);
         let tile_rows = (tile_budget / (chunk * 4)).clamp(256, n.max(256)).div_ceil(256) * 256;

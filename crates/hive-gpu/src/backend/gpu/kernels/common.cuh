@@ -96,11 +96,16 @@ struct HgTopK {
 
 __device__ void hg_merge(u64* sh, HgTopK* st, u32 k, u32 kcap, u32 sortn, float mul, float add) {
     __syncthreads();
-    for (u32 i = kcap + st->count + threadIdx.x; i < sortn; i += blockDim.x) sh[i] = HG_NONE;
+    // Sort only what holds entries (plus the first evicted position): later merges, with a
+    // few new candidates, cost a small sort instead of the whole buffer's.
+    u32 n = 1;
+    while (n < kcap + st->count + 1) n <<= 1;
+    if (n > sortn) n = sortn;
+    for (u32 i = kcap + st->count + threadIdx.x; i < n; i += blockDim.x) sh[i] = HG_NONE;
     __syncthreads();
-    hg_bitonic(sh, 0, sortn);
+    hg_bitonic(sh, 0, n);
     if (threadIdx.x == 0) {
-        if (sh[kcap] < st->evicted) st->evicted = sh[kcap];
+        if (kcap < n && sh[kcap] < st->evicted) st->evicted = sh[kcap];
         st->count = 0;
         u64 kth = sh[k - 1];
         st->thr = kth == HG_NONE ? __uint_as_float(0x7f800000u) : hg_band(hg_entry_dist(kth), mul, add);

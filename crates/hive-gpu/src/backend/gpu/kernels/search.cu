@@ -2,7 +2,7 @@
 // merge with the exact f64 re-rank, and the radix-select path for any k.
 
 #define HG_ROWS_PER_WARP 4
-#define HG_SCAN_SUBROUNDS 4
+#define HG_SCAN_SUBROUNDS 1
 
 // Approximate distance of `rows_n` consecutive rows starting at `first` (warp-cooperative;
 // every lane gets every result). The element type is a template so f32 and f16 share it.
@@ -134,7 +134,7 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
     hg_scan_all<u16>(rows, norms, dead, n, dim, q, metric, dist);
 }
 
-#define HG_TILE_PER_THREAD 8
+#define HG_TILE_PER_THREAD 4
 
 // grid (qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
 // dimension ldc, covering slots [row0, row0 + tile_rows)) into each query's candidate list.
