@@ -78,7 +78,7 @@ def torch_knn(xb, norms, xq, k, tile_bytes=2 << 30):
 def ground_truth(xb, xq, k):
     """f64 exact L2 neighbours of every query (nearest first)."""
     out = []
-    step = 1 << 22
+    step = 1 << 20
     for q0 in range(0, xq.shape[0], 1024):
         q = xq[q0:q0 + 1024].double()
         best_d = best_i = None

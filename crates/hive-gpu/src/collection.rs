@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
 use crate::backend::RowStore;
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, GpuVector, Metadata, StorageConfig, StoragePrecision};
@@ -46,18 +48,37 @@ pub(crate) enum Subject<'a> {
 
 /// Checks that `values` can be stored or searched: right dimension, finite, bounded, and
 /// non-zero under cosine.
+fn subject_text(subject: Subject<'_>) -> String {
+    match subject {
+        Subject::Vector(_) => String::new(),
+        Subject::Query(i) => format!("query {i}: "),
+    }
+}
+
 pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subject<'_>) -> Result<()> {
-    let id = match subject {
+    let subject_id = || match subject {
         Subject::Vector(id) => Some(id.to_string()),
         Subject::Query(_) => None,
     };
-    let what = match subject {
-        Subject::Vector(_) => String::new(),
-        Subject::Query(i) => format!("query {i}: "),
-    };
     if values.len() != config.dimension {
-        return Err(HiveGpuError::DimensionMismatch { expected: config.dimension, actual: values.len(), id });
+        return Err(HiveGpuError::DimensionMismatch {
+            expected: config.dimension,
+            actual: values.len(),
+            id: subject_id(),
+        });
     }
+    // The common case (valid input) allocates nothing: ids and texts are built on error only.
+    let (id, what) = if values.iter().all(|x| x.is_finite()) && !matches!(config.metric, GpuDistanceMetric::Cosine)
+        && config.precision == StoragePrecision::F32
+    {
+        let squared_norm: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+        if squared_norm <= MAX_SQUARED_NORM {
+            return Ok(());
+        }
+        (subject_id(), subject_text(subject))
+    } else {
+        (subject_id(), subject_text(subject))
+    };
     if let Some((i, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
         return Err(HiveGpuError::InvalidVector { id, reason: format!("{what}{x} at component {i}") });
     }
@@ -137,14 +158,20 @@ impl Collection {
     /// Inserts new ids and replaces existing ones. Validates the whole batch first: a batch
     /// with any bad vector changes nothing.
     pub(crate) fn upsert(&mut self, vectors: &[GpuVector]) -> Result<()> {
+        // Contents are checked in parallel (the first bad vector of the batch is reported),
+        // ids in order.
+        let config = self.config;
+        let invalid = vectors.par_iter().enumerate().find_map_first(|(i, v)| {
+            if v.id.is_empty() {
+                return Some(HiveGpuError::InvalidArgument(format!("vector {i} of the batch has an empty id")));
+            }
+            check_values(&v.data, &config, Subject::Vector(&v.id)).err()
+        });
+        if let Some(error) = invalid {
+            return Err(error);
+        }
         let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(vectors.len());
         for (i, v) in vectors.iter().enumerate() {
-            if v.id.is_empty() {
-                return Err(HiveGpuError::InvalidArgument(format!(
-                    "vector {i} of the batch has an empty id"
-                )));
-            }
-            check_values(&v.data, &self.config, Subject::Vector(&v.id))?;
             if let Some(first) = first_seen.insert(v.id.as_str(), i) {
                 return Err(HiveGpuError::DuplicateId { id: v.id.clone(), first, second: i });
             }

@@ -98,9 +98,7 @@ __device__ void hg_merge(u64* sh, HgTopK* st, u32 k, u32 kcap, u32 sortn, float 
     __syncthreads();
     // Sort only what holds entries (plus the first evicted position): later merges, with a
     // few new candidates, cost a small sort instead of the whole buffer's.
-    u32 n = 1;
-    while (n < kcap + st->count + 1) n <<= 1;
-    if (n > sortn) n = sortn;
+    u32 n = sortn;
     for (u32 i = kcap + st->count + threadIdx.x; i < n; i += blockDim.x) sh[i] = HG_NONE;
     __syncthreads();
     hg_bitonic(sh, 0, n);
