@@ -6,6 +6,19 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# NVRTC without a GPU: every CUDA kernel is compiled for sm_70/80/90 by the kernel test, so a
+# kernel that does not compile cannot land. The wheel holds only libnvrtc (no toolkit).
+step "NVRTC (pip: nvidia-cuda-nvrtc-cu12) for the kernel compile check"
+if [ ! -x .venv-nvrtc/bin/pip ]; then
+    python3 -m venv .venv-nvrtc 2>/dev/null || {
+        apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && python3 -m venv .venv-nvrtc
+    }
+    .venv-nvrtc/bin/pip install -q "nvidia-cuda-nvrtc-cu12==12.9.86"
+fi
+nvrtc_lib=$(ls -d "$PWD"/.venv-nvrtc/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib)
+export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export HIVE_GPU_REQUIRE_NVRTC=1
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

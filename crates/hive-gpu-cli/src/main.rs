@@ -21,7 +21,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use hive_gpu::{
-    GpuBackendType, GpuContext, GpuDistanceMetric, HiveGpuError, SearchPrecision, StorageConfig, StoragePrecision,
+    GpuBackendType, GpuContext, GpuDistanceMetric, HiveGpuError, SearchPrecision, StorageConfig,
+    StoragePrecision,
 };
 
 #[derive(Parser)]

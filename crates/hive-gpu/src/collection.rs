@@ -68,7 +68,8 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
         });
     }
     // The common case (valid input) allocates nothing: ids and texts are built on error only.
-    let (id, what) = if values.iter().all(|x| x.is_finite()) && !matches!(config.metric, GpuDistanceMetric::Cosine)
+    let (id, what) = if values.iter().all(|x| x.is_finite())
+        && !matches!(config.metric, GpuDistanceMetric::Cosine)
         && config.precision == StoragePrecision::F32
     {
         let squared_norm: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
@@ -163,7 +164,9 @@ impl Collection {
         let config = self.config;
         let invalid = vectors.par_iter().enumerate().find_map_first(|(i, v)| {
             if v.id.is_empty() {
-                return Some(HiveGpuError::InvalidArgument(format!("vector {i} of the batch has an empty id")));
+                return Some(HiveGpuError::InvalidArgument(format!(
+                    "vector {i} of the batch has an empty id"
+                )));
             }
             check_values(&v.data, &config, Subject::Vector(&v.id)).err()
         });

@@ -187,7 +187,8 @@ fn cosine_rejects_vectors_too_small_for_f32() {
 #[test]
 fn row_store_rejects_bad_arguments() {
     for context in contexts() {
-        let mut rows = context.backend().new_rows(2, StoragePrecision::F32, SearchPrecision::Exact).expect("rows");
+        let mut rows =
+            context.backend().new_rows(2, StoragePrecision::F32, SearchPrecision::Exact).expect("rows");
         rows.append(&[1.0, 2.0, 3.0, 4.0]).expect("append");
         assert!(rows.knn(&[1.0, 2.0], 0, GpuDistanceMetric::Euclidean).is_err(), "k = 0");
         assert!(rows.knn(&[1.0, 2.0], 3, GpuDistanceMetric::Euclidean).is_err(), "k > live rows");
@@ -213,7 +214,8 @@ fn zero_dimension_is_rejected() {
 #[test]
 fn too_little_memory_is_vram_limit_exceeded() {
     for context in contexts() {
-        let mut rows = context.backend().new_rows(1024, StoragePrecision::F32, SearchPrecision::Exact).expect("rows");
+        let mut rows =
+            context.backend().new_rows(1024, StoragePrecision::F32, SearchPrecision::Exact).expect("rows");
         // 2^31 rows of 1024 f32: about 8.8 TB, far beyond any machine's free memory.
         let err = rows.reserve(1 << 31).unwrap_err();
         match err {

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use common::{Rng, assert_exact, contexts, reference};
 use hive_gpu::{
-    GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, GpuVector, GpuVectorStorage, HiveGpuError,
-    SearchPrecision, StorageConfig, StoragePrecision,
+    GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, GpuVector, GpuVectorStorage,
+    HiveGpuError, SearchPrecision, StorageConfig, StoragePrecision,
 };
 
 const METRICS: [GpuDistanceMetric; 3] =
@@ -25,7 +25,8 @@ const MODES: [(StoragePrecision, SearchPrecision); 3] = [
 ];
 
 fn gpu_contexts() -> Vec<GpuContext> {
-    let gpus: Vec<GpuContext> = contexts().into_iter().filter(|c| c.backend_type() != GpuBackendType::Cpu).collect();
+    let gpus: Vec<GpuContext> =
+        contexts().into_iter().filter(|c| c.backend_type() != GpuBackendType::Cpu).collect();
     if gpus.is_empty() {
         eprintln!("no GPU backend available: nothing checked (HIVE_GPU_REQUIRE=cuda makes this a failure)");
     }
@@ -39,11 +40,18 @@ fn stored(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {
     }
 }
 
-fn filled(context: &GpuContext, config: StorageConfig, base: &[f32]) -> (GpuVectorStorage, Vec<(String, Vec<f32>)>) {
+fn filled(
+    context: &GpuContext,
+    config: StorageConfig,
+    base: &[f32],
+) -> (GpuVectorStorage, Vec<(String, Vec<f32>)>) {
     let dim = config.dimension;
     let storage = context.create_storage_with(config).expect("storage");
-    let vectors: Vec<GpuVector> =
-        base.chunks_exact(dim).enumerate().map(|(i, v)| GpuVector::new(format!("v{i}"), v.to_vec())).collect();
+    let vectors: Vec<GpuVector> = base
+        .chunks_exact(dim)
+        .enumerate()
+        .map(|(i, v)| GpuVector::new(format!("v{i}"), v.to_vec()))
+        .collect();
     storage.add_vectors(&vectors).expect("add");
     let stored_rows = base
         .chunks_exact(dim)
@@ -59,7 +67,12 @@ fn assert_agree(what: &str, gpu: &[GpuSearchResult], cpu: &[GpuSearchResult]) {
     for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
         assert_eq!(g.id, c.id, "{what}: rank {i}");
         let tolerance = 1e-4 * c.score.abs().max(1e-6);
-        assert!((g.score - c.score).abs() <= tolerance, "{what}: rank {i} score {} vs CPU {}", g.score, c.score);
+        assert!(
+            (g.score - c.score).abs() <= tolerance,
+            "{what}: rank {i} score {} vs CPU {}",
+            g.score,
+            c.score
+        );
     }
 }
 
@@ -77,7 +90,8 @@ fn every_mode_matches_the_cpu_backend_and_the_f64_reference() {
                     StorageConfig::new(dim, metric).with_precision(precision).with_search_precision(search);
                 let (storage, vectors) = filled(&context, config, &base);
                 let (cpu_storage, _) = filled(&cpu, config, &base);
-                let by_id: HashMap<&str, &[f32]> = vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+                let by_id: HashMap<&str, &[f32]> =
+                    vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
                 for k in [1, 10, 100, 2048, 4096] {
                     let what = format!("{metric} {precision} {search:?} k {k}");
                     let batch = storage.search_batch(&queries, k).expect("gpu batch");
@@ -86,9 +100,23 @@ fn every_mode_matches_the_cpu_backend_and_the_f64_reference() {
                         assert_agree(&format!("{what} batch query {qi}"), &batch[qi], &cpu_batch[qi]);
                         if qi < 3 {
                             let want = reference(metric, &vectors, q, k);
-                            assert_exact(&format!("{what} batch query {qi}"), metric, &batch[qi], &want, &by_id, q);
+                            assert_exact(
+                                &format!("{what} batch query {qi}"),
+                                metric,
+                                &batch[qi],
+                                &want,
+                                &by_id,
+                                q,
+                            );
                             let single = storage.search(q, k).expect("gpu single");
-                            assert_exact(&format!("{what} single query {qi}"), metric, &single, &want, &by_id, q);
+                            assert_exact(
+                                &format!("{what} single query {qi}"),
+                                metric,
+                                &single,
+                                &want,
+                                &by_id,
+                                q,
+                            );
                         }
                     }
                 }
@@ -117,15 +145,30 @@ fn removed_rows_and_compaction_on_the_device() {
                 entry.1 = v.data.clone();
             }
         }
-        let by_id: HashMap<&str, &[f32]> = vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+        let by_id: HashMap<&str, &[f32]> =
+            vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
         let queries = rng.normals(20 * dim);
         for k in [1, 50, 3000] {
             let batch = storage.search_batch(&queries, k).expect("batch");
             for (qi, q) in queries.chunks_exact(dim).enumerate().take(4) {
                 let want = reference(GpuDistanceMetric::Euclidean, &vectors, q, k);
-                assert_exact(&format!("after removals k {k} query {qi}"), GpuDistanceMetric::Euclidean, &batch[qi], &want, &by_id, q);
+                assert_exact(
+                    &format!("after removals k {k} query {qi}"),
+                    GpuDistanceMetric::Euclidean,
+                    &batch[qi],
+                    &want,
+                    &by_id,
+                    q,
+                );
                 let single = storage.search(q, k).expect("single");
-                assert_exact(&format!("after removals single k {k}"), GpuDistanceMetric::Euclidean, &single, &want, &by_id, q);
+                assert_exact(
+                    &format!("after removals single k {k}"),
+                    GpuDistanceMetric::Euclidean,
+                    &single,
+                    &want,
+                    &by_id,
+                    q,
+                );
             }
         }
     }
@@ -185,7 +228,8 @@ fn ten_million_rows() {
                 for (qi, q) in queries.chunks_exact(dim).enumerate().take(2) {
                     let want = truth[qi][..k].to_vec();
                     let got: Vec<usize> = batch[qi].iter().map(|r| r.index).collect();
-                    let single: Vec<usize> = storage.search(q, k).expect("single").iter().map(|r| r.index).collect();
+                    let single: Vec<usize> =
+                        storage.search(q, k).expect("single").iter().map(|r| r.index).collect();
                     assert_eq!(got, want, "{precision} k {k} batch query {qi}");
                     assert_eq!(single, want, "{precision} k {k} single query {qi}");
                 }
@@ -206,7 +250,8 @@ fn brute_force(base: &[f32], dim: usize, q: &[f32], k: usize) -> Vec<usize> {
                     let mut best: Vec<(f64, usize)> = Vec::new();
                     for i in t * per..((t + 1) * per).min(rows) {
                         let row = &base[i * dim..(i + 1) * dim];
-                        let d: f64 = row.iter().zip(q).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
+                        let d: f64 =
+                            row.iter().zip(q).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
                         best.push((d, i));
                         if best.len() > 4 * k {
                             best.sort_by(|a, b| a.partial_cmp(b).expect("finite"));

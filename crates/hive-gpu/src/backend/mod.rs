@@ -33,8 +33,12 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     /// The device's description, read now (free memory changes).
     fn device_info(&self) -> GpuDeviceInfo;
     /// Empty row storage for vectors of `dim` components.
-    fn new_rows(&self, dim: usize, precision: StoragePrecision, search: SearchPrecision)
-        -> Result<Box<dyn RowStore>>;
+    fn new_rows(
+        &self,
+        dim: usize,
+        precision: StoragePrecision,
+        search: SearchPrecision,
+    ) -> Result<Box<dyn RowStore>>;
 }
 
 /// The rows of one collection, held where the backend computes, with a tombstone per slot.
@@ -103,7 +107,8 @@ fn probe(backend: GpuBackendType) -> BackendStatus {
 #[cfg(feature = "cuda")]
 fn probe_cuda() -> BackendStatus {
     let backend = GpuBackendType::Cuda;
-    let unavailable = |reason: String| BackendStatus { backend, available: false, reason, devices: Vec::new() };
+    let unavailable =
+        |reason: String| BackendStatus { backend, available: false, reason, devices: Vec::new() };
     let count = match gpu::cuda::CudaDriver::device_count() {
         Ok(0) => return unavailable("the NVIDIA driver loads but reports no CUDA device".into()),
         Ok(n) => n,

@@ -62,7 +62,12 @@ impl GpuBackend for CpuBackend {
         }
     }
 
-    fn new_rows(&self, dim: usize, precision: StoragePrecision, _search: SearchPrecision) -> Result<Box<dyn RowStore>> {
+    fn new_rows(
+        &self,
+        dim: usize,
+        precision: StoragePrecision,
+        _search: SearchPrecision,
+    ) -> Result<Box<dyn RowStore>> {
         if dim == 0 {
             return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
         }

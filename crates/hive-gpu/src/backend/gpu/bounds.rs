@@ -35,7 +35,8 @@ pub(super) fn gate(
     // Subnormal inputs or products flushed to zero lose at most 2^-126 times the other
     // operand's size each; cosine then scales by 1/|x| <= 1e18 (stored cosine rows have
     // |x| >= 1e-18).
-    let tiny = d * 1.2e-38 * (1.0 + q_norm + r) + if metric == GpuDistanceMetric::Cosine { d * 2e-20 } else { 0.0 };
+    let tiny =
+        d * 1.2e-38 * (1.0 + q_norm + r) + if metric == GpuDistanceMetric::Cosine { d * 2e-20 } else { 0.0 };
     // Relative error of one dot product's inputs and accumulation, per path.
     let product = match path {
         Approximation::Scan | Approximation::GemmF32 => gamma,

@@ -27,7 +27,10 @@ fn blas_error(call: &str, e: blas::CublasError) -> HiveGpuError {
 
 /// Runs a probe that may reach a missing shared library or symbol: cudarc panics there, we
 /// turn it into a reason.
-fn guarded<T>(what: &str, f: impl FnOnce() -> std::result::Result<T, String>) -> std::result::Result<T, String> {
+fn guarded<T>(
+    what: &str,
+    f: impl FnOnce() -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
@@ -84,7 +87,8 @@ pub(crate) fn nvrtc_version() -> std::result::Result<String, String> {
 /// Compiles `source` with NVRTC for `arch` ("compute_90" gives PTX, "sm_90" a cubin) and
 /// returns the image. Needs only libnvrtc: CI uses it to check every kernel compiles.
 pub(crate) fn nvrtc_compile(source: &str, arch: &str) -> Result<Vec<u8>> {
-    let src = CString::new(source).map_err(|_| HiveGpuError::Internal("kernel source contains NUL".into()))?;
+    let src =
+        CString::new(source).map_err(|_| HiveGpuError::Internal("kernel source contains NUL".into()))?;
     let nvrtc_err = |call: &str, e: rtc::NvrtcError| HiveGpuError::CudaError {
         call: call.to_string(),
         message: format!("{:?}", e.0),
@@ -162,7 +166,9 @@ impl CudaDriver {
         if ordinal >= count {
             return Err(HiveGpuError::DeviceNotFound { backend: GpuBackendType::Cuda, ordinal, count });
         }
-        guarded("CUDA", || Self::open_inner(ordinal).map_err(|e| e.to_string())).map(Arc::new).map_err(unavailable)
+        guarded("CUDA", || Self::open_inner(ordinal).map_err(|e| e.to_string()))
+            .map(Arc::new)
+            .map_err(unavailable)
     }
 
     /// Number of CUDA devices, or why there are none.
@@ -180,14 +186,16 @@ impl CudaDriver {
         cu::init().map_err(|e| driver_error("cuInit", e))?;
         let device = cu::device::get(ordinal as i32).map_err(|e| driver_error("cuDeviceGet", e))?;
         // SAFETY: valid device; the context is released in Drop.
-        let context = unsafe { cu::primary_ctx::retain(device) }.map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
+        let context = unsafe { cu::primary_ctx::retain(device) }
+            .map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: context retained above.
         unsafe { cu::ctx::set_current(context) }.map_err(|e| driver_error("cuCtxSetCurrent", e))?;
         // SAFETY: valid device; attributes are plain integers.
         let attr = |a: A| unsafe { cu::device::get_attribute(device, a) }.unwrap_or(0);
         let name = cu::device::get_name(device).map_err(|e| driver_error("cuDeviceGetName", e))?;
         // SAFETY: valid device.
-        let total = unsafe { cu::device::total_mem(device) }.map_err(|e| driver_error("cuDeviceTotalMem", e))?;
+        let total =
+            unsafe { cu::device::total_mem(device) }.map_err(|e| driver_error("cuDeviceTotalMem", e))?;
         let mut version = 0;
         // SAFETY: valid out-pointer.
         unsafe { cu_sys::cuDriverGetVersion(&mut version) };
@@ -207,7 +215,8 @@ impl CudaDriver {
             sms: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).max(1) as u32,
             warp: attr(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE).max(1) as u32,
             max_threads: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK).max(1) as u32,
-            max_shared_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).max(48 * 1024) as usize,
+            max_shared_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).max(48 * 1024)
+                as usize,
             l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE).max(0) as u64,
             pci,
             driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
@@ -317,8 +326,10 @@ impl Driver for CudaDriver {
     fn wait(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
         self.bind()?;
         // SAFETY: valid stream and event.
-        unsafe { cu::stream::wait_event(stream.stream, event.0, cu_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
-            .map_err(|e| driver_error("cuStreamWaitEvent", e))
+        unsafe {
+            cu::stream::wait_event(stream.stream, event.0, cu_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        }
+        .map_err(|e| driver_error("cuStreamWaitEvent", e))
     }
 
     fn device_info(&self) -> GpuDeviceInfo {
@@ -330,7 +341,11 @@ impl Driver for CudaDriver {
             total_vram_bytes: total as u64,
             available_vram_bytes: free as u64,
             used_vram_bytes: total.saturating_sub(free) as u64,
-            driver_version: Some(format!("CUDA {} (NVRTC {})", self.driver_version, nvrtc_version().unwrap_or_default())),
+            driver_version: Some(format!(
+                "CUDA {} (NVRTC {})",
+                self.driver_version,
+                nvrtc_version().unwrap_or_default()
+            )),
             compute_capability: format!("{}.{}", self.major, self.minor),
             max_threads_per_block: self.max_threads,
             max_shared_memory_per_block: self.max_shared_optin as u64,
@@ -363,11 +378,13 @@ impl Driver for CudaDriver {
         // SAFETY: plain allocation; freed by `free`.
         match unsafe { cu::malloc_sync(bytes.max(1)) } {
             Ok(ptr) => Ok(ptr),
-            Err(e) if e.0 == cu_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(HiveGpuError::VramLimitExceeded {
-                backend: GpuBackendType::Cuda,
-                requested: bytes as u64,
-                available: self.mem_info().map(|(free, _)| free as u64).unwrap_or(0),
-            }),
+            Err(e) if e.0 == cu_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(HiveGpuError::VramLimitExceeded {
+                    backend: GpuBackendType::Cuda,
+                    requested: bytes as u64,
+                    available: self.mem_info().map(|(free, _)| free as u64).unwrap_or(0),
+                })
+            }
             Err(e) => Err(driver_error("cuMemAlloc", e)),
         }
     }
@@ -382,14 +399,15 @@ impl Driver for CudaDriver {
     fn pinned(&self, bytes: usize) -> Result<CudaPinned> {
         self.bind()?;
         // SAFETY: plain page-locked allocation owned by the returned value.
-        let ptr = unsafe { cu::malloc_host(bytes.max(1), 0) }.map_err(|e| driver_error("cuMemHostAlloc", e))?;
+        let ptr =
+            unsafe { cu::malloc_host(bytes.max(1), 0) }.map_err(|e| driver_error("cuMemHostAlloc", e))?;
         Ok(CudaPinned { ptr: ptr.cast(), len: bytes })
     }
 
     fn stream(&self) -> Result<CudaStream> {
         self.bind()?;
-        let stream =
-            cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| driver_error("cuStreamCreate", e))?;
+        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_error("cuStreamCreate", e))?;
         let handle = blas::create_handle().map_err(|e| blas_error("cublasCreate", e))?;
         // SAFETY: both handles were just created.
         unsafe { blas::set_stream(handle, stream.cast()) }.map_err(|e| blas_error("cublasSetStream", e))?;
@@ -404,7 +422,13 @@ impl Driver for CudaDriver {
             .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
     }
 
-    fn download(&self, stream: &CudaStream, host: &mut CudaPinned, src: DevicePtr, bytes: usize) -> Result<()> {
+    fn download(
+        &self,
+        stream: &CudaStream,
+        host: &mut CudaPinned,
+        src: DevicePtr,
+        bytes: usize,
+    ) -> Result<()> {
         self.bind()?;
         // SAFETY: as in `upload`, in the other direction.
         unsafe { cu::memcpy_dtoh_async(&mut host[..bytes], src, stream.stream) }
@@ -414,13 +438,15 @@ impl Driver for CudaDriver {
     fn copy(&self, stream: &CudaStream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: both ranges lie inside live allocations (engine invariant).
-        unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream.stream) }.map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+        unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream.stream) }
+            .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
     }
 
     fn fill(&self, stream: &CudaStream, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: the range lies inside a live allocation (engine invariant).
-        unsafe { cu::memset_d8_async(dst, value, bytes, stream.stream) }.map_err(|e| driver_error("cuMemsetD8Async", e))
+        unsafe { cu::memset_d8_async(dst, value, bytes, stream.stream) }
+            .map_err(|e| driver_error("cuMemsetD8Async", e))
     }
 
     fn synchronize(&self, stream: &CudaStream) -> Result<()> {
@@ -478,11 +504,21 @@ impl Driver for CudaDriver {
             })
             .collect();
         // Each argument lives in its own 8-byte slot; little-endian puts 4-byte values first.
-        let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast::<c_void>()).collect();
+        let mut params: Vec<*mut c_void> =
+            values.iter_mut().map(|v| (v as *mut u64).cast::<c_void>()).collect();
         // SAFETY: `params` matches the kernel's signature (checked by the engine's launch
         // helpers and the conformance tests); `values` outlives the call.
-        unsafe { cu::launch_kernel(function.0, (grid.0, grid.1, 1), (block, 1, 1), shared_bytes, stream.stream, &mut params) }
-            .map_err(|e| driver_error("cuLaunchKernel", e))
+        unsafe {
+            cu::launch_kernel(
+                function.0,
+                (grid.0, grid.1, 1),
+                (block, 1, 1),
+                shared_bytes,
+                stream.stream,
+                &mut params,
+            )
+        }
+        .map_err(|e| driver_error("cuLaunchKernel", e))
     }
 
     fn gemm_tn(&self, stream: &CudaStream, g: &GemmTn) -> Result<()> {
@@ -491,12 +527,22 @@ impl Driver for CudaDriver {
         let (data, compute, algo) = match g.inputs {
             // NVIDIA_TF32_OVERRIDE=1 would quietly turn plain f32 GEMMs into TF32 and break the
             // f32 error bound: then ask for pedantic f32 explicitly.
-            GemmInputs::F32 if tf32_override() => {
-                (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_PEDANTIC, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT)
+            GemmInputs::F32 if tf32_override() => (
+                T::CUDA_R_32F,
+                C::CUBLAS_COMPUTE_32F_PEDANTIC,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            ),
+            GemmInputs::F32 => {
+                (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT)
             }
-            GemmInputs::F32 => (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT),
-            GemmInputs::Tf32 => (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT),
-            GemmInputs::F16 => (T::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT),
+            GemmInputs::Tf32 => (
+                T::CUDA_R_32F,
+                C::CUBLAS_COMPUTE_32F_FAST_TF32,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            ),
+            GemmInputs::F16 => {
+                (T::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT)
+            }
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the pointers and leading dimensions describe live device buffers of the
@@ -546,17 +592,18 @@ mod tests {
     use super::*;
     use crate::backend::gpu::kernels::source;
 
-    /// Every kernel compiles with NVRTC for Volta, Ampere and Hopper. Needs libnvrtc only (no
-    /// GPU); CI installs it and sets `HIVE_GPU_REQUIRE=nvrtc`, which makes its absence a failure.
+    /// Every kernel compiles with NVRTC for Volta (Turing with NVRTC 13), Ampere and Hopper.
+    /// Needs libnvrtc only (no GPU); CI installs it and sets `HIVE_GPU_REQUIRE_NVRTC=1`, which
+    /// makes its absence a failure.
     #[test]
     fn kernels_compile_with_nvrtc_for_every_target() {
-        let required = std::env::var("HIVE_GPU_REQUIRE").unwrap_or_default().split(',').any(|s| s.trim() == "nvrtc");
+        let required = std::env::var("HIVE_GPU_REQUIRE_NVRTC").as_deref() == Ok("1");
         match nvrtc_version() {
             Err(reason) if !required => {
-                eprintln!("NVRTC not found ({reason}); set HIVE_GPU_REQUIRE=nvrtc to make this a failure");
+                eprintln!("NVRTC not found ({reason}); set HIVE_GPU_REQUIRE_NVRTC=1 to make this a failure");
                 return;
             }
-            Err(reason) => panic!("HIVE_GPU_REQUIRE=nvrtc but NVRTC is unavailable: {reason}"),
+            Err(reason) => panic!("HIVE_GPU_REQUIRE_NVRTC=1 but NVRTC is unavailable: {reason}"),
             Ok(version) => eprintln!("NVRTC {version}"),
         }
         // CUDA 13 dropped Volta: its NVRTC starts at Turing.

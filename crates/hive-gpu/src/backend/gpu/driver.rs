@@ -98,7 +98,13 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     /// the stream is synchronized.
     fn upload(&self, stream: &Self::Stream, dst: DevicePtr, host: &Self::Pinned, bytes: usize) -> Result<()>;
     /// Queues a copy of `bytes` from `src` into `host`; valid after the stream is synchronized.
-    fn download(&self, stream: &Self::Stream, host: &mut Self::Pinned, src: DevicePtr, bytes: usize) -> Result<()>;
+    fn download(
+        &self,
+        stream: &Self::Stream,
+        host: &mut Self::Pinned,
+        src: DevicePtr,
+        bytes: usize,
+    ) -> Result<()>;
     /// Queues a device-to-device copy.
     fn copy(&self, stream: &Self::Stream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
     /// Queues setting `bytes` bytes at `dst` to `value`.

@@ -51,7 +51,12 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
         self.device.driver.device_info()
     }
 
-    fn new_rows(&self, dim: usize, precision: StoragePrecision, search: SearchPrecision) -> Result<Box<dyn RowStore>> {
+    fn new_rows(
+        &self,
+        dim: usize,
+        precision: StoragePrecision,
+        search: SearchPrecision,
+    ) -> Result<Box<dyn RowStore>> {
         Ok(Box::new(rows::GpuRows::new(self.device.clone(), dim, precision, search)?))
     }
 }
@@ -74,7 +79,8 @@ pub(crate) mod cuda_backend {
     /// The engine of CUDA device `ordinal`, compiled on first use.
     pub(crate) fn open(ordinal: usize) -> Result<Arc<dyn GpuBackend>> {
         let engines = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut engines = engines.lock().map_err(|_| HiveGpuError::Internal("CUDA engine cache poisoned".into()))?;
+        let mut engines =
+            engines.lock().map_err(|_| HiveGpuError::Internal("CUDA engine cache poisoned".into()))?;
         if let Some(engine) = engines.get(&ordinal) {
             return Ok(engine.clone());
         }

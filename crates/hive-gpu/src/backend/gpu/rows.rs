@@ -193,7 +193,13 @@ impl<D: Driver> GpuRows<D> {
             (grid, 1),
             BLOCK,
             0,
-            &[Arg::Ptr(rows_ptr), Arg::U32(dim as u32), Arg::U32(first as u32), Arg::U32(count as u32), Arg::Ptr(norms_ptr)],
+            &[
+                Arg::Ptr(rows_ptr),
+                Arg::U32(dim as u32),
+                Arg::U32(first as u32),
+                Arg::U32(count as u32),
+                Arg::Ptr(norms_ptr),
+            ],
         )?;
         let host = staging[0].get(&driver, count * 4)?;
         driver.synchronize(stream)?;
@@ -387,9 +393,10 @@ impl<D: Driver> RowStore for GpuRows<D> {
         driver.download(stream, buffer, arrays.rows.ptr() + (slot * row_bytes) as u64, row_bytes)?;
         driver.synchronize(stream)?;
         Ok(match self.precision {
-            StoragePrecision::F32 => {
-                buffer[..row_bytes].chunks_exact(4).map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]])).collect()
-            }
+            StoragePrecision::F32 => buffer[..row_bytes]
+                .chunks_exact(4)
+                .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
             StoragePrecision::F16 => buffer[..row_bytes]
                 .chunks_exact(2)
                 .map(|b| f16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f32())

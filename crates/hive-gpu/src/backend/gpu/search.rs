@@ -117,7 +117,8 @@ impl Profiler {
 
 impl<D: Driver> GpuRows<D> {
     fn checkout(&self) -> Result<Workspace<D>> {
-        let reused = self.pool.lock().map_err(|_| HiveGpuError::Internal("workspace pool poisoned".into()))?.pop();
+        let reused =
+            self.pool.lock().map_err(|_| HiveGpuError::Internal("workspace pool poisoned".into()))?.pop();
         match reused {
             Some(ws) => Ok(ws),
             None => Workspace::new(&**self.driver()),
@@ -131,7 +132,12 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// Exact k nearest live rows of each query (see the module docs).
-    pub(super) fn search(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+    pub(super) fn search(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         let live = self.live();
         if k == 0 || k > live || !queries.len().is_multiple_of(self.dim) || queries.is_empty() {
             return Err(HiveGpuError::InvalidArgument(format!(
@@ -150,7 +156,10 @@ impl<D: Driver> GpuRows<D> {
     }
 
     fn approximation(&self, nq: usize, k: usize) -> Approximation {
-        if nq < GEMM_MIN_QUERIES && list_size(k) <= MAX_LIST && self.scan_shared_bytes(k) <= self.shared_limit() {
+        if nq < GEMM_MIN_QUERIES
+            && list_size(k) <= MAX_LIST
+            && self.scan_shared_bytes(k) <= self.shared_limit()
+        {
             return Approximation::Scan;
         }
         match (self.precision, self.search) {
@@ -199,11 +208,17 @@ impl<D: Driver> GpuRows<D> {
         let radix_only = list_size(k) > MAX_LIST;
 
         // Host-side preparation: norms, unit queries for cosine, f16 copies, gates.
-        let q_norms: Vec<f64> =
-            queries.chunks_exact(dim).map(|q| q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()).collect();
+        let q_norms: Vec<f64> = queries
+            .chunks_exact(dim)
+            .map(|q| q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt())
+            .collect();
         let cosine = metric == GpuDistanceMetric::Cosine;
         let approx: Vec<f32> = if cosine {
-            queries.chunks_exact(dim).zip(&q_norms).flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32)).collect()
+            queries
+                .chunks_exact(dim)
+                .zip(&q_norms)
+                .flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32))
+                .collect()
         } else {
             Vec::new()
         };
@@ -267,7 +282,11 @@ impl<D: Driver> GpuRows<D> {
         let to_bytes_f32 = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
         let exact = put(&to_bytes_f32(queries), sizes[0]);
         let approx_ptr = if cosine { put(&to_bytes_f32(&approx), sizes[1]) } else { exact };
-        let half_ptr = if half { put(&halves.iter().flat_map(|h| h.to_ne_bytes()).collect::<Vec<u8>>(), sizes[2]) } else { 0 };
+        let half_ptr = if half {
+            put(&halves.iter().flat_map(|h| h.to_ne_bytes()).collect::<Vec<u8>>(), sizes[2])
+        } else {
+            0
+        };
         let inv_scale: Vec<f32> = scales.iter().map(|&s| (1.0 / s) as f32).collect();
         let inv_scale_ptr = put(&to_bytes_f32(&inv_scale), sizes[3]);
         let q_norms_ptr = put(&q_norms.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(), sizes[4]);
@@ -312,11 +331,13 @@ impl<D: Driver> GpuRows<D> {
         profile.mark(&*driver, &ws.stream, "download")?;
         // Queries whose band overflowed their list go through the radix path (rare: heavy
         // ties or huge error bands).
-        let flagged: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(q, _)| q).collect();
+        let flagged: Vec<usize> =
+            results.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(q, _)| q).collect();
         if !flagged.is_empty()
             && let Some(narrower) = self.narrower(path, k)
         {
-            let subset: Vec<f32> = flagged.iter().flat_map(|&q| queries[q * dim..(q + 1) * dim].iter().copied()).collect();
+            let subset: Vec<f32> =
+                flagged.iter().flat_map(|&q| queries[q * dim..(q + 1) * dim].iter().copied()).collect();
             let again = self.search_in(ws, &subset, k, metric, Some(narrower))?;
             for (q, found) in flagged.iter().zip(again) {
                 results[*q] = Some(found);
@@ -325,7 +346,16 @@ impl<D: Driver> GpuRows<D> {
             driver.fill(&ws.stream, outputs.flags, 0, nq * 4)?;
             let scan_inputs = Inputs { gate_mul: scan_mul_ptr, gate_add: scan_add_ptr, ..inputs };
             for &q in &flagged {
-                self.radix_one(ws, &scan_inputs, q, k, metric, &outputs, (scan_mul[q], scan_add[q]), q_norms[q])?;
+                self.radix_one(
+                    ws,
+                    &scan_inputs,
+                    q,
+                    k,
+                    metric,
+                    &outputs,
+                    (scan_mul[q], scan_add[q]),
+                    q_norms[q],
+                )?;
             }
             let again = self.download_results(ws, &outputs, nq, k)?;
             for q in flagged {
@@ -366,7 +396,10 @@ impl<D: Driver> GpuRows<D> {
                 bytes.copy_from_slice(&host[at..at + 8]);
                 let distance = f64::from_ne_bytes(bytes);
                 if slot >= self.len {
-                    return Err(HiveGpuError::Internal(format!("the device returned slot {slot} of {}", self.len)));
+                    return Err(HiveGpuError::Internal(format!(
+                        "the device returned slot {slot} of {}",
+                        self.len
+                    )));
                 }
                 row.push(Neighbor { slot, distance });
             }
@@ -376,7 +409,7 @@ impl<D: Driver> GpuRows<D> {
     }
 
     fn arrays_ptrs(&self) -> Result<(DevicePtr, DevicePtr, DevicePtr)> {
-        let arrays = self.arrays.as_ref().ok_or_else(|| HiveGpuError::EmptyCollection)?;
+        let arrays = self.arrays.as_ref().ok_or(HiveGpuError::EmptyCollection)?;
         // Without removed rows the kernels skip the bitmap entirely (null pointer).
         let dead = if self.dead_count > 0 { arrays.dead.ptr() } else { 0 };
         Ok((arrays.rows.ptr(), arrays.norms.ptr(), dead))
@@ -418,7 +451,8 @@ impl<D: Driver> GpuRows<D> {
             }
         }
         let (rows, _, _) = self.arrays_ptrs()?;
-        let kernel = if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
+        let kernel =
+            if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
         let q0 = first_query as u64;
         driver.launch(
             &ws.stream,
@@ -471,7 +505,8 @@ impl<D: Driver> GpuRows<D> {
         let lists = ws.lists.get(&driver, nq * segments * kcap * 8)?;
         let evicted = ws.evicted.get(&driver, nq * segments * 8)?;
         let (rows, norms, dead) = self.arrays_ptrs()?;
-        let kernel = if self.is_f16() { self.device.kernels.scan_topk_f16 } else { self.device.kernels.scan_topk_f32 };
+        let kernel =
+            if self.is_f16() { self.device.kernels.scan_topk_f16 } else { self.device.kernels.scan_topk_f32 };
         driver.launch(
             &ws.stream,
             kernel,
@@ -526,7 +561,10 @@ impl<D: Driver> GpuRows<D> {
         let segments = wanted.min(tile_rows.div_ceil(1024)).max(1);
         let seg = tile_rows.div_ceil(segments);
         let states = chunk * segments;
-        let tiles = [ws.tiles[0].get(&driver, chunk * tile_rows * 4)?, ws.tiles[1].get(&driver, chunk * tile_rows * 4)?];
+        let tiles = [
+            ws.tiles[0].get(&driver, chunk * tile_rows * 4)?,
+            ws.tiles[1].get(&driver, chunk * tile_rows * 4)?,
+        ];
         let lists = ws.lists.get(&driver, states * kcap * 8)?;
         let evicted = ws.evicted.get(&driver, states * 8)?;
         let thresholds = ws.thresholds.get(&driver, states * 4)?;
@@ -627,7 +665,7 @@ impl<D: Driver> GpuRows<D> {
         let (hist, state) = (radix, radix + 1024);
         let f16_rows = self.is_f16();
         let kernels = &self.device.kernels;
-        let grid = (driver.multiprocessors() * 8) as u32;
+        let grid = driver.multiprocessors() * 8;
         let query = inputs.approx + (q * dim * 4) as u64;
         driver.launch(
             &ws.stream,
@@ -663,7 +701,14 @@ impl<D: Driver> GpuRows<D> {
                 0,
                 &[Arg::Ptr(dist), Arg::U32(n as u32), Arg::Ptr(state), Arg::U32(shift), Arg::Ptr(hist)],
             )?;
-            driver.launch(&ws.stream, kernels.radix_pick, (1, 1), 1, 0, &[Arg::Ptr(hist), Arg::Ptr(state), Arg::U32(shift)])?;
+            driver.launch(
+                &ws.stream,
+                kernels.radix_pick,
+                (1, 1),
+                1,
+                0,
+                &[Arg::Ptr(hist), Arg::Ptr(state), Arg::U32(shift)],
+            )?;
         }
         driver.launch(
             &ws.stream,
@@ -671,14 +716,23 @@ impl<D: Driver> GpuRows<D> {
             (grid, 1),
             BLOCK,
             0,
-            &[Arg::Ptr(dist), Arg::U32(n as u32), Arg::Ptr(state), Arg::F32(gate.0), Arg::F32(gate.1), Arg::Ptr(cand)],
+            &[
+                Arg::Ptr(dist),
+                Arg::U32(n as u32),
+                Arg::Ptr(state),
+                Arg::F32(gate.0),
+                Arg::F32(gate.1),
+                Arg::Ptr(cand),
+            ],
         )?;
         let host = ws.staging.get(&*driver, outputs.bytes.max(16))?;
         driver.download(&ws.stream, host, state, 16)?;
         driver.synchronize(&ws.stream)?;
         let count = u32::from_ne_bytes([host[12], host[13], host[14], host[15]]) as usize;
         if count < k || count > n {
-            return Err(HiveGpuError::Internal(format!("radix select found {count} candidates for k = {k} of {n}")));
+            return Err(HiveGpuError::Internal(format!(
+                "radix select found {count} candidates for k = {k} of {n}"
+            )));
         }
         let padded = count.next_power_of_two();
         let keys = ws.keys.get(&driver, padded * 8)?;
@@ -715,7 +769,13 @@ impl<D: Driver> GpuRows<D> {
                     (sort_grid, 1),
                     BLOCK,
                     0,
-                    &[Arg::Ptr(keys), Arg::Ptr(slots), Arg::U32(padded as u32), Arg::U32(size as u32), Arg::U32(stride as u32)],
+                    &[
+                        Arg::Ptr(keys),
+                        Arg::Ptr(slots),
+                        Arg::U32(padded as u32),
+                        Arg::U32(size as u32),
+                        Arg::U32(stride as u32),
+                    ],
                 )?;
                 stride /= 2;
             }
@@ -736,5 +796,4 @@ impl<D: Driver> GpuRows<D> {
             ],
         )
     }
-
 }
