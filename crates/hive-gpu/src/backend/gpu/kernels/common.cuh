@@ -96,8 +96,6 @@ struct HgTopK {
 
 __device__ void hg_merge(u64* sh, HgTopK* st, u32 k, u32 kcap, u32 sortn, float mul, float add) {
     __syncthreads();
-    // Sort only what holds entries (plus the first evicted position): later merges, with a
-    // few new candidates, cost a small sort instead of the whole buffer's.
     u32 n = sortn;
     for (u32 i = kcap + st->count + threadIdx.x; i < n; i += blockDim.x) sh[i] = HG_NONE;
     __syncthreads();
@@ -111,9 +109,26 @@ __device__ void hg_merge(u64* sh, HgTopK* st, u32 k, u32 kcap, u32 sortn, float 
     __syncthreads();
 }
 
-__device__ __forceinline__ void hg_push(u64* sh, HgTopK* st, u32 kcap, float a, u32 slot) {
+// Whether the buffer must be merged before a round of up to `round` pushes. Every thread reads
+// the count, then all meet at a barrier before any of them pushes: without the barrier a late
+// warp could read a count that early warps of the same round already raised, take the merge
+// alone and leave the block's barriers out of step.
+__device__ __forceinline__ bool hg_must_merge(const HgTopK* st, u32 round, u32 bcap) {
+    u32 count = st->count;
+    __syncthreads();
+    return count + round > bcap;
+}
+
+// Appends a candidate. A push that finds the buffer full (a sizing mistake, never expected)
+// counts as an eviction, so the final band check flags the query instead of losing the row.
+__device__ __forceinline__ void hg_push(u64* sh, HgTopK* st, u32 kcap, u32 sortn, float a, u32 slot) {
     u32 pos = atomicAdd(&st->count, 1u);
-    sh[kcap + pos] = hg_entry(a, slot);
+    u64 e = hg_entry(a, slot);
+    if (kcap + pos < sortn) {
+        sh[kcap + pos] = e;
+    } else {
+        atomicMin(&st->evicted, e);
+    }
 }
 
 __device__ void hg_init(u64* sh, HgTopK* st, u32 kcap, const u64* list, u64 evicted, u32 k, float mul, float add) {

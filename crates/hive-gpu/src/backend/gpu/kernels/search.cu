@@ -67,7 +67,7 @@ __device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead,
     u32 sub = max(1u, min((u32)HG_SCAN_SUBROUNDS, bcap / step));
     u32 round = step * sub;
     for (u32 base = start; base < end; base += round) {
-        if (st.count + round > bcap) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+        if (hg_must_merge(&st, round, bcap)) hg_merge(sh, &st, k, kcap, sortn, mul, add);
         float thr = st.thr;
         for (u32 u = 0; u < sub; u++) {
             u32 first = base + u * step + warp * HG_ROWS_PER_WARP;
@@ -79,7 +79,7 @@ __device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead,
                 if (lane == (u32)r && (u32)r < valid) {
                     u32 slot = first + r;
                     float a = hg_finish(d[r], metric, norms, slot);
-                    if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, a, slot);
+                    if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, sortn, a, slot);
                 }
             }
         }
@@ -169,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
     u32 round = blockDim.x * HG_TILE_PER_THREAD;
     u32 bcap = sortn - kcap;
     for (u32 base = 0; base < tile_rows; base += round) {
-        if (st.count + round > bcap) {
+        if (hg_must_merge(&st, round, bcap)) {
             if (!loaded) {
                 for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) sh[i] = list[i];
                 loaded = true;
@@ -193,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
                 if (metric == HG_L2) a = fmaf(-2.0f, dot, norms[slot]);
                 else if (metric == HG_DOT) a = -dot;
                 else a = -dot / sqrtf(norms[slot]);
-                if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, a, slot);
+                if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, sortn, a, slot);
             }
         }
         __syncthreads();
@@ -317,7 +317,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
         u32 total = S * kcap_in;
         u32 bcap = sortn - kcap;
         for (u32 base = 0; base < total; base += blockDim.x) {
-            if (st.count + blockDim.x > bcap) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+            if (hg_must_merge(&st, blockDim.x, bcap)) hg_merge(sh, &st, k, kcap, sortn, mul, add);
             float thr = st.thr;
             u32 i = base + threadIdx.x;
             if (i < total) {
