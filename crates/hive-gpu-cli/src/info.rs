@@ -35,6 +35,12 @@ fn print_device(d: &GpuDeviceInfo) -> Result<(), HiveGpuError> {
         ("max threads per block", d.max_threads_per_block.to_string()),
         ("shared memory per block", format!("{} KiB", d.max_shared_memory_per_block / 1024)),
         ("PCI bus id", d.pci_bus_id.clone().unwrap_or_else(|| "none (not a PCI device)".into())),
+        (
+            "L2 cache",
+            d.l2_cache_bytes
+                .map_or_else(|| "unknown".into(), |b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))),
+        ),
+        ("warp / wavefront size", d.warp_size.to_string()),
     ];
     for (key, value) in rows {
         out!("  {key:<26} {value}");
