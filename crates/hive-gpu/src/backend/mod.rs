@@ -7,6 +7,8 @@
 
 pub mod cpu;
 pub(crate) mod gpu;
+#[cfg(feature = "vulkan")]
+pub(crate) mod wgpu;
 
 use crate::error::{HiveGpuError, Result};
 use crate::types::{
@@ -94,6 +96,16 @@ fn probe(backend: GpuBackendType) -> BackendStatus {
         }
         #[cfg(feature = "cuda")]
         GpuBackendType::Cuda => probe_cuda(),
+        #[cfg(feature = "vulkan")]
+        GpuBackendType::Vulkan => match wgpu::probe() {
+            Ok(devices) => BackendStatus {
+                backend,
+                available: true,
+                reason: devices.iter().map(|d| d.name.clone()).collect::<Vec<_>>().join(", "),
+                devices,
+            },
+            Err(reason) => BackendStatus { backend, available: false, reason, devices: Vec::new() },
+        },
         other => BackendStatus {
             backend: other,
             available: false,
@@ -130,7 +142,7 @@ fn not_built_reason(backend: GpuBackendType) -> &'static str {
     match backend {
         GpuBackendType::Cuda => "not in this build: compiled without the `cuda` feature",
         GpuBackendType::Rocm => "not in this build yet: the ROCm backend is planned, not written",
-        GpuBackendType::Vulkan => "not in this build yet: the wgpu/Vulkan backend is planned, not written",
+        GpuBackendType::Vulkan => "not in this build: compiled without the `vulkan` feature",
         GpuBackendType::Metal => "not in this build yet: Metal will come through the wgpu backend",
         GpuBackendType::Cpu => "always available",
     }
@@ -175,6 +187,8 @@ pub(crate) fn open(backend: GpuBackendType, ordinal: usize) -> Result<std::sync:
         }
         #[cfg(feature = "cuda")]
         GpuBackendType::Cuda => gpu::cuda_backend::open(ordinal),
+        #[cfg(feature = "vulkan")]
+        GpuBackendType::Vulkan => Ok(std::sync::Arc::new(wgpu::WgpuBackend::open(ordinal)?)),
         other => Err(HiveGpuError::BackendUnavailable {
             backend: other,
             reason: not_built_reason(other).to_string(),

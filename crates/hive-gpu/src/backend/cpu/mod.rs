@@ -3,7 +3,7 @@
 mod bf16;
 mod filter;
 mod int8;
-mod rows;
+pub(crate) mod rows;
 pub mod simd;
 pub(crate) mod topk;
 

@@ -8,7 +8,7 @@ use crate::types::GpuDistanceMetric;
 
 /// How the approximate distances of a path are computed.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Approximation {
+pub(crate) enum Approximation {
     /// The scan kernel: f32 sums (L2 as a sum of squared differences).
     Scan,
     /// GEMM dot products in f32 without tensor-core shortcuts.
@@ -21,7 +21,7 @@ pub(super) enum Approximation {
 
 /// `(mul, add)` of the gate for one query, given the query's norm (of the vector the kernels
 /// see: unit for cosine), the largest stored squared norm and the dimension.
-pub(super) fn gate(
+pub(crate) fn gate(
     metric: GpuDistanceMetric,
     path: Approximation,
     q_norm: f64,

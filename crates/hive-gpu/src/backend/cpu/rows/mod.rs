@@ -44,7 +44,7 @@ pub struct CpuRows {
 }
 
 impl CpuRows {
-    pub(super) fn new(dim: usize, precision: StoragePrecision, simd: SimdLevel) -> Self {
+    pub(crate) fn new(dim: usize, precision: StoragePrecision, simd: SimdLevel) -> Self {
         let elements = match precision {
             StoragePrecision::F32 => Elements::F32(Vec::new()),
             StoragePrecision::F16 => Elements::F16(Vec::new()),
@@ -154,6 +154,45 @@ impl CpuRows {
                 (*s, *o) = (0.0, f32::INFINITY);
             }
         }
+    }
+
+    /// The exact k best of `slots` for query `q` (f64 distances, ties by slot): the re-rank
+    /// that a backend computing its candidates elsewhere (wgpu) shares with this one.
+    pub(crate) fn rerank(&self, q: &[f32], slots: &[usize], k: usize, metric: GpuDistanceMetric) -> Vec<Neighbor> {
+        let q_norm = simd::squared_norm_f64(q).sqrt();
+        let mut scratch = Vec::new();
+        let scored =
+            slots.iter().map(|&slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch))).collect();
+        topk::best_k(scored, k).into_iter().map(|(slot, distance)| Neighbor { slot, distance }).collect()
+    }
+
+    /// Drops every slot from `len` on (a rollback of an append the caller could not finish).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        for slot in len..self.len_slots() {
+            if self.is_dead(slot) {
+                self.set_dead(slot, false);
+            }
+        }
+        match &mut self.elements {
+            Elements::F32(v) => v.truncate(len * self.dim),
+            Elements::F16(v) => v.truncate(len * self.dim),
+        }
+        self.sq_norms.truncate(len);
+    }
+
+    /// Whether `slot` is removed.
+    pub(crate) fn is_removed(&self, slot: usize) -> bool {
+        self.is_dead(slot)
+    }
+
+    /// At least the largest squared norm of any slot.
+    pub(crate) fn max_squared_norm(&self) -> f32 {
+        self.max_sq_norm
+    }
+
+    /// Live rows.
+    pub(crate) fn live(&self) -> usize {
+        self.len_slots() - self.dead_count
     }
 
     /// Exact canonical distance of one stored row to `q`, in f64.

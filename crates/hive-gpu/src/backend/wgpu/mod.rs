@@ -1,0 +1,271 @@
+//! The universal GPU backend through wgpu (Vulkan; Metal on Apple, DX12 on Windows): every GPU
+//! without a vendor backend, and Mesa's software Vulkan (lavapipe) in CI.
+//!
+//! The device computes every approximate distance (a tiled kernel for batches, a scan for
+//! single queries) and selects each query's candidates (a radix select of the k-th distance,
+//! then every row inside the proven error band). Only the candidates come back; the exact f64
+//! re-rank runs on the host copy of the rows, with the CPU backend's code.
+
+mod rows;
+
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{GpuBackend, RowStore};
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuBackendType, GpuDeviceInfo, SearchPrecision, StoragePrecision};
+
+const SEARCH_WGSL: &str = include_str!("kernels/search.wgsl");
+const SELECT_WGSL: &str = include_str!("kernels/select.wgsl");
+
+fn backends() -> wgpu::Backends {
+    let mut b = wgpu::Backends::VULKAN;
+    if cfg!(target_vendor = "apple") {
+        b |= wgpu::Backends::METAL;
+    }
+    if cfg!(windows) {
+        b |= wgpu::Backends::DX12;
+    }
+    b
+}
+
+fn rank(device_type: wgpu::DeviceType) -> u8 {
+    match device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+/// Adapters in preference order (discrete, integrated, virtual, other, software), filtered by
+/// `HIVE_GPU_ADAPTER=<substring of the name>` when set.
+fn adapters() -> std::result::Result<Vec<wgpu::Adapter>, String> {
+    let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle();
+    descriptor.backends = backends();
+    descriptor.flags = wgpu::InstanceFlags::empty();
+    let instance = wgpu::Instance::new(descriptor);
+    let mut found = pollster::block_on(instance.enumerate_adapters(backends()));
+    if found.is_empty() {
+        return Err("no Vulkan adapter: no Vulkan loader or driver found (install the GPU's Vulkan driver, \
+                    or mesa-vulkan-drivers for the software one)"
+            .into());
+    }
+    if let Ok(wanted) = std::env::var("HIVE_GPU_ADAPTER")
+        && !wanted.trim().is_empty()
+    {
+        let names: Vec<String> = found.iter().map(|a| a.get_info().name).collect();
+        found.retain(|a| a.get_info().name.to_lowercase().contains(&wanted.trim().to_lowercase()));
+        if found.is_empty() {
+            return Err(format!("HIVE_GPU_ADAPTER={wanted:?} matches none of the adapters {names:?}"));
+        }
+    }
+    found.sort_by_key(|a| rank(a.get_info().device_type));
+    Ok(found)
+}
+
+/// Why the wgpu backend is unavailable, or the adapters it would use.
+pub(crate) fn probe() -> std::result::Result<Vec<GpuDeviceInfo>, String> {
+    let found = adapters()?;
+    Ok(found.iter().enumerate().map(|(i, a)| adapter_info(a, i, None)).collect())
+}
+
+fn adapter_info(adapter: &wgpu::Adapter, ordinal: usize, note: Option<&str>) -> GpuDeviceInfo {
+    let info = adapter.get_info();
+    let limits = adapter.limits();
+    let device_type = format!("{:?}", info.device_type);
+    let mut driver = format!("{} {} ({:?}, {device_type})", info.driver, info.driver_info, info.backend);
+    if let Some(note) = note {
+        driver.push_str("; ");
+        driver.push_str(note);
+    }
+    GpuDeviceInfo {
+        name: info.name.clone(),
+        backend: GpuBackendType::Vulkan,
+        device_id: ordinal,
+        // wgpu does not report device memory; 0 means unknown, never a guess.
+        total_vram_bytes: 0,
+        available_vram_bytes: 0,
+        used_vram_bytes: 0,
+        driver_version: Some(driver),
+        compute_capability: format!("vendor {:#06x} device {:#06x}", info.vendor, info.device),
+        max_threads_per_block: limits.max_compute_invocations_per_workgroup,
+        max_shared_memory_per_block: u64::from(limits.max_compute_workgroup_storage_size),
+        compute_units: 0,
+        pci_bus_id: (!info.device_pci_bus_id.is_empty()).then(|| info.device_pci_bus_id.clone()),
+        l2_cache_bytes: None,
+        warp_size: adapter.get_info().subgroup_min_size.max(1),
+    }
+}
+
+/// Pipelines and layouts, created once per device.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    search_layout: wgpu::BindGroupLayout,
+    select_layout: wgpu::BindGroupLayout,
+    distances: [wgpu::ComputePipeline; 2],
+    scan: [wgpu::ComputePipeline; 2],
+    radix_hist: wgpu::ComputePipeline,
+    radix_pick: wgpu::ComputePipeline,
+    collect: wgpu::ComputePipeline,
+}
+
+/// The device a wgpu collection lives on.
+#[derive(Debug)]
+pub(crate) struct WgpuDevice {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: GpuDeviceInfo,
+    limits: wgpu::Limits,
+    kernels: Kernels,
+    /// Errors wgpu reports outside an error scope (kept, never a panic).
+    uncaptured: Arc<Mutex<Option<String>>>,
+}
+
+/// The wgpu backend.
+#[derive(Debug)]
+pub(crate) struct WgpuBackend {
+    device: Arc<WgpuDevice>,
+}
+
+fn layout_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry { binding, visibility: wgpu::ShaderStages::COMPUTE, ty, count: None }
+}
+
+fn storage(read_only: bool) -> wgpu::BindingType {
+    wgpu::BindingType::Buffer {
+        ty: wgpu::BufferBindingType::Storage { read_only },
+        has_dynamic_offset: false,
+        min_binding_size: None,
+    }
+}
+
+fn params_binding() -> wgpu::BindingType {
+    wgpu::BindingType::Buffer {
+        ty: wgpu::BufferBindingType::Uniform,
+        has_dynamic_offset: true,
+        min_binding_size: std::num::NonZeroU64::new(rows::PARAMS_BYTES),
+    }
+}
+
+impl WgpuBackend {
+    /// Opens adapter `ordinal` (in preference order).
+    pub(crate) fn open(ordinal: usize) -> Result<Self> {
+        let unavailable = |reason: String| HiveGpuError::BackendUnavailable { backend: GpuBackendType::Vulkan, reason };
+        let found = adapters().map_err(unavailable)?;
+        let count = found.len();
+        let adapter = found
+            .into_iter()
+            .nth(ordinal)
+            .ok_or(HiveGpuError::DeviceNotFound { backend: GpuBackendType::Vulkan, ordinal, count })?;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("hive-gpu"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| unavailable(format!("the adapter refused a device: {e}")))?;
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut slot) = sink.lock() {
+                slot.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        let kernels = Self::kernels(&device);
+        let info = adapter_info(
+            &adapter,
+            ordinal,
+            Some("f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16"),
+        );
+        Ok(Self { device: Arc::new(WgpuDevice { device, queue, info, limits, kernels, uncaptured }) })
+    }
+
+    fn kernels(device: &wgpu::Device) -> Kernels {
+        let search_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("search"),
+            entries: &[
+                layout_entry(0, params_binding()),
+                layout_entry(1, storage(true)),
+                layout_entry(2, storage(true)),
+                layout_entry(3, storage(true)),
+                layout_entry(4, storage(true)),
+                layout_entry(5, storage(false)),
+            ],
+        });
+        let select_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("select"),
+            entries: &[
+                layout_entry(0, params_binding()),
+                layout_entry(1, storage(true)),
+                layout_entry(2, storage(false)),
+                layout_entry(3, storage(false)),
+                layout_entry(4, storage(false)),
+                layout_entry(5, storage(true)),
+            ],
+        });
+        let pipeline = |layout: &wgpu::BindGroupLayout, source: &str, entry: &str| {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(entry),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(entry),
+                bind_group_layouts: &[Some(layout)],
+                ..Default::default()
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        };
+        let f32_source = SEARCH_WGSL.replace("ROW_TYPE", "f32").replace("ROW(i)", "rows[i]");
+        let f16_source =
+            SEARCH_WGSL.replace("ROW_TYPE", "u32").replace("ROW(i)", "unpack2x16float(rows[i >> 1u])[i & 1u]");
+        Kernels {
+            distances: [
+                pipeline(&search_layout, &f32_source, "distances"),
+                pipeline(&search_layout, &f16_source, "distances"),
+            ],
+            scan: [pipeline(&search_layout, &f32_source, "scan"), pipeline(&search_layout, &f16_source, "scan")],
+            radix_hist: pipeline(&select_layout, SELECT_WGSL, "radix_hist"),
+            radix_pick: pipeline(&select_layout, SELECT_WGSL, "radix_pick"),
+            collect: pipeline(&select_layout, SELECT_WGSL, "collect"),
+            search_layout,
+            select_layout,
+        }
+    }
+}
+
+impl WgpuDevice {
+    /// The first error wgpu reported outside a scope since the last call, as a `VulkanError`.
+    fn take_error(&self, call: &str) -> Result<()> {
+        let error = self.uncaptured.lock().ok().and_then(|mut slot| slot.take());
+        match error {
+            Some(message) => Err(HiveGpuError::VulkanError(format!("{call}: {message}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl GpuBackend for WgpuBackend {
+    fn backend_type(&self) -> GpuBackendType {
+        GpuBackendType::Vulkan
+    }
+
+    fn device_info(&self) -> GpuDeviceInfo {
+        self.device.info.clone()
+    }
+
+    fn new_rows(&self, dim: usize, precision: StoragePrecision, _search: SearchPrecision) -> Result<Box<dyn RowStore>> {
+        if dim == 0 {
+            return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
+        }
+        Ok(Box::new(rows::WgpuRows::new(self.device.clone(), dim, precision)))
+    }
+}

@@ -1,0 +1,559 @@
+//! Rows of one wgpu collection: device buffers split into chunks no larger than the adapter's
+//! storage-binding limit (128 MiB on lavapipe), a tombstone bitmap on the device, and an exact
+//! host copy (the CPU backend's storage) for the f64 re-rank and reads.
+
+use std::sync::{Arc, Mutex};
+
+use half::f16;
+
+use super::WgpuDevice;
+use crate::backend::cpu::SimdLevel;
+use crate::backend::cpu::rows::CpuRows;
+use crate::backend::gpu::bounds::{self, Approximation};
+use crate::backend::{Neighbor, RowStore};
+use crate::error::{HiveGpuError, Result};
+use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
+
+/// Bytes of one kernel parameter block (8 u32).
+pub(super) const PARAMS_BYTES: u64 = 32;
+/// Parameter blocks sit at this alignment (the largest `min_uniform_buffer_offset_alignment`).
+const PARAMS_STRIDE: u64 = 256;
+/// Workgroups per dispatch dimension allowed by every adapter.
+const MAX_GROUPS: usize = 65_535;
+
+#[derive(Debug)]
+struct Chunk {
+    rows: wgpu::Buffer,
+    scale: wgpu::Buffer,
+    first: usize,
+    capacity: usize,
+}
+
+/// Per-search buffers, grown on demand and reused; the bind groups over them are rebuilt only
+/// when a buffer or the row chunks change.
+#[derive(Debug, Default)]
+struct Work {
+    params: Option<wgpu::Buffer>,
+    queries: Option<wgpu::Buffer>,
+    dist: Option<wgpu::Buffer>,
+    state: Option<wgpu::Buffer>,
+    hist: Option<wgpu::Buffer>,
+    cand: Option<wgpu::Buffer>,
+    gate: Option<wgpu::Buffer>,
+    readback: Option<wgpu::Buffer>,
+    groups: Option<(u64, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
+    generation: u64,
+}
+
+/// A collection's rows on a wgpu device.
+#[derive(Debug)]
+pub(crate) struct WgpuRows {
+    device: Arc<WgpuDevice>,
+    host: CpuRows,
+    dim: usize,
+    precision: StoragePrecision,
+    rows_per_chunk: usize,
+    chunks: Vec<Chunk>,
+    dead: Option<wgpu::Buffer>,
+    /// Bumped whenever a device buffer of the rows is replaced.
+    chunks_generation: u64,
+    /// At least the largest `1 / |x|` of any stored row (bounds cosine with f16 flushing).
+    max_inv_norm: f32,
+    work: Mutex<Work>,
+}
+
+fn buffer_len(buffer: &Option<wgpu::Buffer>) -> u64 {
+    buffer.as_ref().map_or(0, |b| b.size())
+}
+
+impl WgpuRows {
+    pub(super) fn new(device: Arc<WgpuDevice>, dim: usize, precision: StoragePrecision) -> Self {
+        let element = match precision {
+            StoragePrecision::F32 => 4,
+            StoragePrecision::F16 => 2,
+        };
+        let binding = device.limits.max_storage_buffer_binding_size.min(device.limits.max_buffer_size) as usize;
+        // Whole u32 words per chunk for packed f16, and few enough rows for one dispatch.
+        let rows_per_chunk = ((binding - 4) / (dim * element)).clamp(1, MAX_GROUPS * 16);
+        Self {
+            device,
+            host: CpuRows::new(dim, precision, SimdLevel::detect()),
+            dim,
+            precision,
+            rows_per_chunk,
+            chunks: Vec::new(),
+            dead: None,
+            chunks_generation: 0,
+            max_inv_norm: 0.0,
+            work: Mutex::new(Work::default()),
+        }
+    }
+
+    fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        let device = &self.device.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(16).div_ceil(4) * 4,
+            usage,
+            mapped_at_creation: false,
+        });
+        if pollster::block_on(scope.pop()).is_some() {
+            return Err(HiveGpuError::VramLimitExceeded { backend: GpuBackendType::Vulkan, requested: size, available: 0 });
+        }
+        Ok(buffer)
+    }
+
+    fn encode_rows(&self, from: usize, to: usize) -> Result<Vec<u8>> {
+        let mut bytes = Vec::with_capacity((to - from) * self.dim * 4);
+        for slot in from..to {
+            let row = self.host.read_row(slot)?;
+            match self.precision {
+                StoragePrecision::F32 => bytes.extend(row.iter().flat_map(|x| x.to_ne_bytes())),
+                StoragePrecision::F16 => bytes.extend(row.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_ne_bytes())),
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Per-row factor of the cosine kernel: `1 / |x|`, computed in f64 and rounded once.
+    fn scales(&mut self, from: usize, to: usize) -> Result<Vec<u8>> {
+        let mut bytes = Vec::with_capacity((to - from) * 4);
+        for slot in from..to {
+            let row = self.host.read_row(slot)?;
+            let norm = row.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+            let inv = if norm > 0.0 { (1.0 / norm) as f32 } else { 0.0 };
+            self.max_inv_norm = self.max_inv_norm.max(inv * (1.0 + 1e-6));
+            bytes.extend(inv.to_ne_bytes());
+        }
+        Ok(bytes)
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.dim
+            * match self.precision {
+                StoragePrecision::F32 => 4,
+                StoragePrecision::F16 => 2,
+            }
+    }
+
+    /// Device room for `total` rows: chunks grow by doubling; a regrown chunk gets the rows
+    /// the host already holds for it. Fails (changing nothing the host sees) when the device
+    /// lacks the memory.
+    fn grow_device(&mut self, total: usize) -> Result<()> {
+        let row_bytes = self.row_bytes();
+        let present = self.host.len();
+        for c in 0..total.div_ceil(self.rows_per_chunk) {
+            let first = c * self.rows_per_chunk;
+            let needed = (total - first).min(self.rows_per_chunk);
+            if self.chunks.get(c).is_some_and(|chunk| chunk.capacity >= needed) {
+                continue;
+            }
+            let capacity = needed.next_power_of_two().clamp(256, self.rows_per_chunk);
+            let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+            let rows = self.create_buffer("rows", (capacity * row_bytes) as u64, usage)?;
+            let scale = self.create_buffer("scale", (capacity * 4) as u64, usage)?;
+            let chunk = Chunk { rows, scale, first, capacity };
+            if c < self.chunks.len() {
+                self.chunks[c] = chunk;
+            } else {
+                self.chunks.push(chunk);
+            }
+            self.chunks_generation += 1;
+            let held = present.saturating_sub(first).min(self.rows_per_chunk);
+            self.upload(first, first + held)?;
+        }
+        Ok(())
+    }
+
+    /// Copies host slots `[from, to)` (and their cosine scales) to the device.
+    fn upload(&mut self, from: usize, to: usize) -> Result<()> {
+        let row_bytes = self.row_bytes();
+        let mut slot = from;
+        while slot < to {
+            let c = slot / self.rows_per_chunk;
+            let first = c * self.rows_per_chunk;
+            let end = to.min(first + self.rows_per_chunk);
+            let mut bytes = self.encode_rows(slot, end)?;
+            let scales = self.scales(slot, end)?;
+            let Some(chunk) = self.chunks.get(c) else {
+                return Err(HiveGpuError::Internal(format!("no device chunk for slot {slot}")));
+            };
+            let offset = ((slot - first) * row_bytes) as u64;
+            // write_buffer needs 4-byte multiples: packed f16 rows may end mid-word; the
+            // padding half is either the next row's (rewritten when it is uploaded) or unused.
+            if offset % 4 != 0 || bytes.len() % 4 != 0 {
+                let start = (offset / 4) * 4;
+                let mut padded = Vec::with_capacity(bytes.len() + 4);
+                if start != offset {
+                    // The half before this row belongs to the previous row: re-encode it.
+                    let previous = self.encode_rows(slot - 1, slot)?;
+                    padded.extend_from_slice(&previous[previous.len() - 2..]);
+                }
+                padded.extend_from_slice(&bytes);
+                if padded.len() % 4 != 0 {
+                    if end < self.host.len() && end < first + self.rows_per_chunk {
+                        let next = self.encode_rows(end, end + 1)?;
+                        padded.extend_from_slice(&next[..2]);
+                    } else {
+                        padded.extend_from_slice(&[0, 0]);
+                    }
+                }
+                bytes = padded;
+                self.device.queue.write_buffer(&chunk.rows, start, &bytes);
+            } else {
+                self.device.queue.write_buffer(&chunk.rows, offset, &bytes);
+            }
+            self.device.queue.write_buffer(&chunk.scale, ((slot - first) * 4) as u64, &scales);
+            slot = end;
+        }
+        Ok(())
+    }
+
+    /// Uploads the tombstone bitmap (one bit per slot).
+    fn sync_dead(&mut self) -> Result<()> {
+        let len = self.host.len();
+        let words = len.div_ceil(32).max(1);
+        let mut bitmap = vec![0u32; words];
+        for slot in 0..len {
+            if self.host.is_removed(slot) {
+                bitmap[slot / 32] |= 1 << (slot % 32);
+            }
+        }
+        if buffer_len(&self.dead) < (words * 4) as u64 {
+            let size = (words * 4).next_power_of_two() as u64;
+            self.dead =
+                Some(self.create_buffer("dead", size, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST)?);
+            self.chunks_generation += 1;
+        }
+        if let Some(dead) = &self.dead {
+            let bytes: Vec<u8> = bitmap.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            self.device.queue.write_buffer(dead, 0, &bytes);
+        }
+        Ok(())
+    }
+
+    fn ensure(
+        &self,
+        slot: &mut Option<wgpu::Buffer>,
+        generation: &mut u64,
+        label: &str,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<()> {
+        if buffer_len(slot) < bytes {
+            *slot = Some(self.create_buffer(label, bytes.next_power_of_two(), usage)?);
+            *generation += 1;
+        }
+        Ok(())
+    }
+
+    /// The error-band gate of one query (the kernels' f32 sums, see `gpu::bounds`), widened for
+    /// adapters that flush f16 subnormals to zero when unpacking.
+    fn gate(&self, metric: GpuDistanceMetric, q: &[f32]) -> [f32; 2] {
+        let q_norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+        let (mul, add) =
+            bounds::gate(metric, Approximation::Scan, q_norm, f64::from(self.host.max_squared_norm()), self.dim);
+        let mut add = f64::from(add);
+        if self.precision == StoragePrecision::F16 {
+            let flush = 2f64.powi(-14);
+            let d = self.dim as f64;
+            let extra = match metric {
+                GpuDistanceMetric::Euclidean => flush * (2.0 * d.sqrt() * q_norm + d * flush),
+                GpuDistanceMetric::DotProduct => flush * d.sqrt() * q_norm,
+                GpuDistanceMetric::Cosine => flush * d.sqrt() * q_norm * f64::from(self.max_inv_norm),
+            };
+            add += 2.0 * extra * 1.01;
+        }
+        [mul, (add * (1.0 + 1e-6)) as f32]
+    }
+
+    fn search(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        let (dim, len) = (self.dim, self.host.len());
+        let live = self.host.live();
+        if k == 0 || k > live || queries.is_empty() || !queries.len().is_multiple_of(dim) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
+                queries.len()
+            )));
+        }
+        let nq = queries.len() / dim;
+        let cap = (k + (k / 4).max(64)).next_power_of_two().min(len);
+        let binding = self.device.limits.max_storage_buffer_binding_size.min(self.device.limits.max_buffer_size);
+        let tile = ((binding as usize) / (len * 4)).clamp(1, 256).min(nq).min(MAX_GROUPS);
+        let mut results = Vec::with_capacity(nq);
+        for q0 in (0..nq).step_by(tile) {
+            let t = tile.min(nq - q0);
+            let block = &queries[q0 * dim..(q0 + t) * dim];
+            let candidates = self.candidates(block, t, k, cap, metric)?;
+            for (i, found) in candidates.into_iter().enumerate() {
+                let q = &block[i * dim..(i + 1) * dim];
+                results.push(match found {
+                    Some(slots) => self.host.rerank(q, &slots, k, metric),
+                    // The band held more rows than the buffer: the exact host search.
+                    None => self.host.knn(q, k, metric)?.pop().unwrap_or_default(),
+                });
+            }
+        }
+        Ok(results)
+    }
+
+    /// Candidate slots of each query of a tile (None where the band overflowed `cap`).
+    fn candidates(
+        &self,
+        block: &[f32],
+        t: usize,
+        k: usize,
+        cap: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Option<Vec<usize>>>> {
+        let (dim, len) = (self.dim, self.host.len());
+        let device = &self.device;
+        let mut guard = self.work.lock().map_err(|_| HiveGpuError::Internal("wgpu workspace poisoned".into()))?;
+        let work = &mut *guard;
+        let storage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let dispatches = self.chunks.len() + 9;
+        let mut generation = work.generation;
+        self.ensure(
+            &mut work.params,
+            &mut generation,
+            "params",
+            dispatches as u64 * PARAMS_STRIDE,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )?;
+        self.ensure(&mut work.queries, &mut generation, "queries", (t * dim * 4) as u64, storage)?;
+        self.ensure(&mut work.dist, &mut generation, "dist", (t * len * 4) as u64, storage)?;
+        self.ensure(&mut work.state, &mut generation, "state", (t * 16) as u64, storage)?;
+        self.ensure(&mut work.hist, &mut generation, "hist", (t * 256 * 4) as u64, storage)?;
+        self.ensure(&mut work.cand, &mut generation, "cand", (t * cap * 4) as u64, storage)?;
+        self.ensure(&mut work.gate, &mut generation, "gate", (t * 8) as u64, storage)?;
+        self.ensure(
+            &mut work.readback,
+            &mut generation,
+            "readback",
+            (t * 16 + t * cap * 4) as u64,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        work.generation = generation;
+        let key = generation ^ (self.chunks_generation << 32);
+        let missing = |name: &str| HiveGpuError::Internal(format!("wgpu buffer {name} missing"));
+        let (Some(params), Some(queries), Some(dist), Some(state), Some(hist), Some(cand), Some(gate), Some(readback)) = (
+            &work.params,
+            &work.queries,
+            &work.dist,
+            &work.state,
+            &work.hist,
+            &work.cand,
+            &work.gate,
+            &work.readback,
+        ) else {
+            return Err(missing("workspace"));
+        };
+        let dead = self.dead.as_ref().ok_or_else(|| missing("dead"))?;
+        if work.groups.as_ref().is_none_or(|(k0, _, _)| *k0 != key) {
+            let params_binding = |_: ()| wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: params,
+                offset: 0,
+                size: std::num::NonZeroU64::new(PARAMS_BYTES),
+            });
+            let search_groups = self
+                .chunks
+                .iter()
+                .map(|chunk| {
+                    device.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some("search"),
+                        layout: &device.kernels.search_layout,
+                        entries: &[
+                            wgpu::BindGroupEntry { binding: 0, resource: params_binding(()) },
+                            wgpu::BindGroupEntry { binding: 1, resource: chunk.rows.as_entire_binding() },
+                            wgpu::BindGroupEntry { binding: 2, resource: chunk.scale.as_entire_binding() },
+                            wgpu::BindGroupEntry { binding: 3, resource: dead.as_entire_binding() },
+                            wgpu::BindGroupEntry { binding: 4, resource: queries.as_entire_binding() },
+                            wgpu::BindGroupEntry { binding: 5, resource: dist.as_entire_binding() },
+                        ],
+                    })
+                })
+                .collect();
+            let select_group = device.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("select"),
+                layout: &device.kernels.select_layout,
+                entries: &[
+                    wgpu::BindGroupEntry { binding: 0, resource: params_binding(()) },
+                    wgpu::BindGroupEntry { binding: 1, resource: dist.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 2, resource: state.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 3, resource: hist.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 4, resource: cand.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 5, resource: gate.as_entire_binding() },
+                ],
+            });
+            work.groups = Some((key, search_groups, select_group));
+        }
+        let Some((_, search_groups, select_group)) = &work.groups else {
+            return Err(missing("bind groups"));
+        };
+
+        // Inputs: kernel queries (unit for cosine), gates, state {0, 0, k, 0}, parameters.
+        let mut kernel_queries = Vec::with_capacity(t * dim * 4);
+        let mut gates = Vec::with_capacity(t * 8);
+        for q in block.chunks_exact(dim) {
+            let unit: Vec<f32>;
+            let q_kernel: &[f32] = if metric == GpuDistanceMetric::Cosine {
+                let norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+                unit = q.iter().map(|&x| (f64::from(x) / norm) as f32).collect();
+                &unit
+            } else {
+                q
+            };
+            kernel_queries.extend(q_kernel.iter().flat_map(|x| x.to_ne_bytes()));
+            gates.extend(self.gate(metric, q_kernel).iter().flat_map(|x| x.to_ne_bytes()));
+        }
+        let states: Vec<u8> = (0..t).flat_map(|_| [0u32, 0, k as u32, 0]).flat_map(|x| x.to_ne_bytes()).collect();
+        let metric_code = match metric {
+            GpuDistanceMetric::Euclidean => 0u32,
+            GpuDistanceMetric::DotProduct => 1,
+            GpuDistanceMetric::Cosine => 2,
+        };
+        let mut params_bytes = Vec::new();
+        let mut push_params = |values: [u32; 8]| -> u32 {
+            let offset = params_bytes.len() as u32;
+            params_bytes.extend(values.iter().flat_map(|x| x.to_ne_bytes()));
+            params_bytes.resize(params_bytes.len().div_ceil(PARAMS_STRIDE as usize) * PARAMS_STRIDE as usize, 0);
+            offset
+        };
+        let (d, tq, st, cp) = (dim as u32, t as u32, len as u32, cap as u32);
+        let chunk_offsets: Vec<u32> = self
+            .chunks
+            .iter()
+            .map(|c| push_params([(len - c.first).min(self.rows_per_chunk) as u32, c.first as u32, d, tq, metric_code, st, 0, cp]))
+            .collect();
+        let radix_offsets: Vec<u32> =
+            [24u32, 16, 8, 0].iter().map(|&shift| push_params([st, 0, d, tq, metric_code, st, shift, cp])).collect();
+        let collect_offset = push_params([st, 0, d, tq, metric_code, st, 0, cp]);
+        let queue = &device.queue;
+        queue.write_buffer(params, 0, &params_bytes);
+        queue.write_buffer(queries, 0, &kernel_queries);
+        queue.write_buffer(gate, 0, &gates);
+        queue.write_buffer(state, 0, &states);
+
+        let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("knn") });
+        encoder.clear_buffer(hist, 0, Some((t * 256 * 4) as u64));
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("knn"), timestamp_writes: None });
+            let variant = usize::from(self.precision == StoragePrecision::F16);
+            for ((chunk, group), &offset) in self.chunks.iter().zip(search_groups).zip(&chunk_offsets) {
+                let rows_here = (len - chunk.first).min(self.rows_per_chunk);
+                pass.set_bind_group(0, group, &[offset]);
+                if t == 1 {
+                    pass.set_pipeline(&device.kernels.scan[variant]);
+                    pass.dispatch_workgroups(rows_here.div_ceil(256) as u32, 1, 1);
+                } else {
+                    pass.set_pipeline(&device.kernels.distances[variant]);
+                    pass.dispatch_workgroups(rows_here.div_ceil(16) as u32, t.div_ceil(16) as u32, 1);
+                }
+            }
+            let groups_x = len.div_ceil(256) as u32;
+            for &offset in &radix_offsets {
+                pass.set_bind_group(0, select_group, &[offset]);
+                pass.set_pipeline(&device.kernels.radix_hist);
+                pass.dispatch_workgroups(groups_x, tq, 1);
+                pass.set_pipeline(&device.kernels.radix_pick);
+                pass.dispatch_workgroups(tq, 1, 1);
+            }
+            pass.set_bind_group(0, select_group, &[collect_offset]);
+            pass.set_pipeline(&device.kernels.collect);
+            pass.dispatch_workgroups(groups_x, tq, 1);
+        }
+        let state_bytes = (t * 16) as u64;
+        let cand_bytes = (t * cap * 4) as u64;
+        encoder.copy_buffer_to_buffer(state, 0, readback, 0, state_bytes);
+        encoder.copy_buffer_to_buffer(cand, 0, readback, state_bytes, cand_bytes);
+        let scope = device.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        queue.submit([encoder.finish()]);
+        let slice = readback.slice(0..state_bytes + cand_bytes);
+        slice.map_async(wgpu::MapMode::Read, |_| {});
+        device
+            .device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map_err(|e| HiveGpuError::VulkanError(format!("waiting for the search: {e}")))?;
+        if let Some(error) = pollster::block_on(scope.pop()) {
+            return Err(HiveGpuError::VulkanError(format!("search: {error}")));
+        }
+        device.take_error("search")?;
+        let view = slice.get_mapped_range().map_err(|e| HiveGpuError::VulkanError(format!("reading results: {e}")))?;
+        let word = |i: usize| u32::from_ne_bytes([view[4 * i], view[4 * i + 1], view[4 * i + 2], view[4 * i + 3]]);
+        let mut out = Vec::with_capacity(t);
+        for q in 0..t {
+            let count = word(q * 4 + 3) as usize;
+            if count > cap || count < k {
+                out.push(None);
+            } else {
+                let base = t * 4 + q * cap;
+                out.push(Some((0..count).map(|i| word(base + i) as usize).collect()));
+            }
+        }
+        drop(view);
+        readback.unmap();
+        Ok(out)
+    }
+}
+
+impl RowStore for WgpuRows {
+    fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    fn reserve(&mut self, additional: usize) -> Result<()> {
+        self.host.reserve(additional)?;
+        self.grow_device(self.host.len().saturating_add(additional))
+    }
+
+    fn append(&mut self, rows: &[f32]) -> Result<()> {
+        let from = self.host.len();
+        self.grow_device(from + rows.len() / self.dim)?;
+        self.host.append(rows)?;
+        let outcome = self.upload(from, self.host.len()).and_then(|()| self.sync_dead());
+        if outcome.is_err() {
+            // Host and device stay in step: the rows the device did not take are dropped.
+            self.host.truncate(from);
+        }
+        outcome.and_then(|()| self.device.take_error("uploading rows"))
+    }
+
+    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
+        self.host.overwrite(slot, row)?;
+        self.upload(slot, slot + 1)?;
+        self.sync_dead()
+    }
+
+    fn tombstone(&mut self, slots: &[usize]) {
+        self.host.tombstone(slots);
+        // A failed upload surfaces at the next search (take_error), never as a panic.
+        let _ = self.sync_dead();
+    }
+
+    fn compact(&mut self, keep: &[usize]) -> Result<()> {
+        self.host.compact(keep)?;
+        self.chunks.truncate(self.host.len().div_ceil(self.rows_per_chunk));
+        self.upload(0, self.host.len())?;
+        self.sync_dead()
+    }
+
+    fn clear(&mut self) {
+        self.host.clear();
+        self.chunks.clear();
+        self.chunks_generation += 1;
+    }
+
+    fn read_row(&self, slot: usize) -> Result<Vec<f32>> {
+        self.host.read_row(slot)
+    }
+
+    fn memory_bytes(&self) -> usize {
+        let device: u64 = self.chunks.iter().map(|c| c.rows.size() + c.scale.size()).sum::<u64>() + buffer_len(&self.dead);
+        device as usize
+    }
+
+    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        self.search(queries, k, metric)
+    }
+}
