@@ -19,6 +19,14 @@ nvrtc_lib=$(ls -d "$PWD"/.venv-nvrtc/lib/python3*/site-packages/nvidia/cuda_nvrt
 export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export HIVE_GPU_REQUIRE_NVRTC=1
 
+# Mesa's software Vulkan (lavapipe): the wgpu backend runs the whole suite for real.
+step "Vulkan: mesa-vulkan-drivers (lavapipe) and libvulkan1"
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+export HIVE_GPU_REQUIRE=vulkan
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -32,5 +40,6 @@ cargo test --workspace --locked
 # kernels, and the f32 GEMM path that serves CPUs without AVX512-BF16, are proven too.
 for level in avx2 scalar; do
     step "conformance with HIVE_GPU_CPU_SIMD=$level"
-    HIVE_GPU_CPU_SIMD=$level cargo test --workspace --locked --test conformance --test model --test bad_input
+    HIVE_GPU_CPU_SIMD=$level HIVE_GPU_REQUIRE= HIVE_GPU_TEST_BACKENDS=cpu \
+        cargo test --workspace --locked --test conformance --test model --test bad_input
 done

@@ -26,10 +26,25 @@ fn print_device(d: &GpuDeviceInfo) -> Result<(), HiveGpuError> {
         ("device", format!("{} #{} ({})", d.backend, d.device_id, d.name)),
         ("compute capability / SIMD", d.compute_capability.clone()),
         ("compute units", d.compute_units.to_string()),
-        ("memory total", format!("{:.1} GiB", d.total_vram_bytes as f64 / GIB)),
+        (
+            "memory total",
+            if d.total_vram_bytes == 0 {
+                "unknown (the platform does not report it)".into()
+            } else {
+                format!("{:.1} GiB", d.total_vram_bytes as f64 / GIB)
+            },
+        ),
         (
             "memory available",
-            format!("{:.1} GiB ({:.1}% in use)", d.available_vram_bytes as f64 / GIB, d.vram_usage_percent()),
+            if d.total_vram_bytes == 0 {
+                "unknown".into()
+            } else {
+                format!(
+                    "{:.1} GiB ({:.1}% in use)",
+                    d.available_vram_bytes as f64 / GIB,
+                    d.vram_usage_percent()
+                )
+            },
         ),
         ("driver", d.driver_version.clone().unwrap_or_else(|| "unknown".into())),
         ("max threads per block", d.max_threads_per_block.to_string()),

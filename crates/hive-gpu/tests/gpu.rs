@@ -182,8 +182,9 @@ fn out_of_device_memory_is_an_error_and_the_collection_stays_usable() {
         let base = rng.normals(100 * dim);
         let (storage, _) = filled(&context, StorageConfig::new(dim, GpuDistanceMetric::DotProduct), &base);
         let before = storage.search(&base[..dim], 5).expect("search");
+        // Twice the device memory, and at least 1 TiB where the backend cannot tell its size.
         let total = context.device_info().total_vram_bytes as usize;
-        let too_many = 2 * total / (dim * 4);
+        let too_many = (2 * total).max(1 << 40) / (dim * 4);
         match storage.reserve(too_many) {
             Err(HiveGpuError::VramLimitExceeded { requested, available, .. }) => {
                 assert!(requested > available, "requested {requested} of {available}");

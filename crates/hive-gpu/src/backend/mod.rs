@@ -160,7 +160,20 @@ pub fn select_best_backend() -> Result<GpuBackendType> {
             Err(HiveGpuError::BackendUnavailable { backend: wanted, reason: status.reason })
         };
     }
-    Ok(GpuBackendType::ALL.into_iter().find(|b| probe(*b).available).unwrap_or(GpuBackendType::Cpu))
+    // A software Vulkan adapter (lavapipe) is slower than the CPU backend: never chosen by
+    // default, only when named.
+    Ok(GpuBackendType::ALL
+        .into_iter()
+        .find(|b| {
+            let status = probe(*b);
+            status.available && !(*b == GpuBackendType::Vulkan && status.devices.iter().all(is_software))
+        })
+        .unwrap_or(GpuBackendType::Cpu))
+}
+
+/// Whether a device is a software rasterizer (its driver description says "Cpu").
+fn is_software(device: &GpuDeviceInfo) -> bool {
+    device.driver_version.as_deref().is_some_and(|d| d.contains(", Cpu)"))
 }
 
 /// The backend named by `HIVE_GPU_BACKEND`, None when unset, empty or "auto".

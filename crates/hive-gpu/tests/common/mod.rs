@@ -21,9 +21,18 @@ pub fn contexts() -> Vec<GpuContext> {
             status.reason
         );
     }
+    // HIVE_GPU_TEST_BACKENDS=cpu,... limits a run to those backends (CI reruns the suites for
+    // the forced CPU kernel levels only).
+    let only: Vec<GpuBackendType> = std::env::var("HIVE_GPU_TEST_BACKENDS")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap_or_else(|e| panic!("HIVE_GPU_TEST_BACKENDS: {e}")))
+        .collect();
     let contexts: Vec<GpuContext> = statuses
         .iter()
-        .filter(|s| s.available)
+        .filter(|s| s.available && (only.is_empty() || only.contains(&s.backend)))
         .map(|s| GpuContext::with_backend(s.backend, 0).expect("an available backend opens"))
         .collect();
     assert!(!contexts.is_empty(), "the CPU backend is always available");

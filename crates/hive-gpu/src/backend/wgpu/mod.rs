@@ -151,13 +151,15 @@ fn params_binding() -> wgpu::BindingType {
 impl WgpuBackend {
     /// Opens adapter `ordinal` (in preference order).
     pub(crate) fn open(ordinal: usize) -> Result<Self> {
-        let unavailable = |reason: String| HiveGpuError::BackendUnavailable { backend: GpuBackendType::Vulkan, reason };
+        let unavailable =
+            |reason: String| HiveGpuError::BackendUnavailable { backend: GpuBackendType::Vulkan, reason };
         let found = adapters().map_err(unavailable)?;
         let count = found.len();
-        let adapter = found
-            .into_iter()
-            .nth(ordinal)
-            .ok_or(HiveGpuError::DeviceNotFound { backend: GpuBackendType::Vulkan, ordinal, count })?;
+        let adapter = found.into_iter().nth(ordinal).ok_or(HiveGpuError::DeviceNotFound {
+            backend: GpuBackendType::Vulkan,
+            ordinal,
+            count,
+        })?;
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("hive-gpu"),
@@ -225,14 +227,18 @@ impl WgpuBackend {
             })
         };
         let f32_source = SEARCH_WGSL.replace("ROW_TYPE", "f32").replace("ROW(i)", "rows[i]");
-        let f16_source =
-            SEARCH_WGSL.replace("ROW_TYPE", "u32").replace("ROW(i)", "unpack2x16float(rows[i >> 1u])[i & 1u]");
+        let f16_source = SEARCH_WGSL
+            .replace("ROW_TYPE", "u32")
+            .replace("ROW(i)", "unpack2x16float(rows[i >> 1u])[i & 1u]");
         Kernels {
             distances: [
                 pipeline(&search_layout, &f32_source, "distances"),
                 pipeline(&search_layout, &f16_source, "distances"),
             ],
-            scan: [pipeline(&search_layout, &f32_source, "scan"), pipeline(&search_layout, &f16_source, "scan")],
+            scan: [
+                pipeline(&search_layout, &f32_source, "scan"),
+                pipeline(&search_layout, &f16_source, "scan"),
+            ],
             radix_hist: pipeline(&select_layout, SELECT_WGSL, "radix_hist"),
             radix_pick: pipeline(&select_layout, SELECT_WGSL, "radix_pick"),
             collect: pipeline(&select_layout, SELECT_WGSL, "collect"),
@@ -262,7 +268,12 @@ impl GpuBackend for WgpuBackend {
         self.device.info.clone()
     }
 
-    fn new_rows(&self, dim: usize, precision: StoragePrecision, _search: SearchPrecision) -> Result<Box<dyn RowStore>> {
+    fn new_rows(
+        &self,
+        dim: usize,
+        precision: StoragePrecision,
+        _search: SearchPrecision,
+    ) -> Result<Box<dyn RowStore>> {
         if dim == 0 {
             return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
         }

@@ -72,7 +72,8 @@ impl WgpuRows {
             StoragePrecision::F32 => 4,
             StoragePrecision::F16 => 2,
         };
-        let binding = device.limits.max_storage_buffer_binding_size.min(device.limits.max_buffer_size) as usize;
+        let binding =
+            device.limits.max_storage_buffer_binding_size.min(device.limits.max_buffer_size) as usize;
         // Whole u32 words per chunk for packed f16, and few enough rows for one dispatch.
         let rows_per_chunk = ((binding - 4) / (dim * element)).clamp(1, MAX_GROUPS * 16);
         Self {
@@ -99,7 +100,11 @@ impl WgpuRows {
             mapped_at_creation: false,
         });
         if pollster::block_on(scope.pop()).is_some() {
-            return Err(HiveGpuError::VramLimitExceeded { backend: GpuBackendType::Vulkan, requested: size, available: 0 });
+            return Err(HiveGpuError::VramLimitExceeded {
+                backend: GpuBackendType::Vulkan,
+                requested: size,
+                available: 0,
+            });
         }
         Ok(buffer)
     }
@@ -110,7 +115,9 @@ impl WgpuRows {
             let row = self.host.read_row(slot)?;
             match self.precision {
                 StoragePrecision::F32 => bytes.extend(row.iter().flat_map(|x| x.to_ne_bytes())),
-                StoragePrecision::F16 => bytes.extend(row.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_ne_bytes())),
+                StoragePrecision::F16 => {
+                    bytes.extend(row.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_ne_bytes()))
+                }
             }
         }
         Ok(bytes)
@@ -182,7 +189,7 @@ impl WgpuRows {
             let offset = ((slot - first) * row_bytes) as u64;
             // write_buffer needs 4-byte multiples: packed f16 rows may end mid-word; the
             // padding half is either the next row's (rewritten when it is uploaded) or unused.
-            if offset % 4 != 0 || bytes.len() % 4 != 0 {
+            if !offset.is_multiple_of(4) || !bytes.len().is_multiple_of(4) {
                 let start = (offset / 4) * 4;
                 let mut padded = Vec::with_capacity(bytes.len() + 4);
                 if start != offset {
@@ -191,7 +198,7 @@ impl WgpuRows {
                     padded.extend_from_slice(&previous[previous.len() - 2..]);
                 }
                 padded.extend_from_slice(&bytes);
-                if padded.len() % 4 != 0 {
+                if !padded.len().is_multiple_of(4) {
                     if end < self.host.len() && end < first + self.rows_per_chunk {
                         let next = self.encode_rows(end, end + 1)?;
                         padded.extend_from_slice(&next[..2]);
@@ -222,8 +229,11 @@ impl WgpuRows {
         }
         if buffer_len(&self.dead) < (words * 4) as u64 {
             let size = (words * 4).next_power_of_two() as u64;
-            self.dead =
-                Some(self.create_buffer("dead", size, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST)?);
+            self.dead = Some(self.create_buffer(
+                "dead",
+                size,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            )?);
             self.chunks_generation += 1;
         }
         if let Some(dead) = &self.dead {
@@ -252,8 +262,13 @@ impl WgpuRows {
     /// adapters that flush f16 subnormals to zero when unpacking.
     fn gate(&self, metric: GpuDistanceMetric, q: &[f32]) -> [f32; 2] {
         let q_norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
-        let (mul, add) =
-            bounds::gate(metric, Approximation::Scan, q_norm, f64::from(self.host.max_squared_norm()), self.dim);
+        let (mul, add) = bounds::gate(
+            metric,
+            Approximation::Scan,
+            q_norm,
+            f64::from(self.host.max_squared_norm()),
+            self.dim,
+        );
         let mut add = f64::from(add);
         if self.precision == StoragePrecision::F16 {
             let flush = 2f64.powi(-14);
@@ -279,7 +294,8 @@ impl WgpuRows {
         }
         let nq = queries.len() / dim;
         let cap = (k + (k / 4).max(64)).next_power_of_two().min(len);
-        let binding = self.device.limits.max_storage_buffer_binding_size.min(self.device.limits.max_buffer_size);
+        let binding =
+            self.device.limits.max_storage_buffer_binding_size.min(self.device.limits.max_buffer_size);
         let tile = ((binding as usize) / (len * 4)).clamp(1, 256).min(nq).min(MAX_GROUPS);
         let mut results = Vec::with_capacity(nq);
         for q0 in (0..nq).step_by(tile) {
@@ -309,9 +325,11 @@ impl WgpuRows {
     ) -> Result<Vec<Option<Vec<usize>>>> {
         let (dim, len) = (self.dim, self.host.len());
         let device = &self.device;
-        let mut guard = self.work.lock().map_err(|_| HiveGpuError::Internal("wgpu workspace poisoned".into()))?;
+        let mut guard =
+            self.work.lock().map_err(|_| HiveGpuError::Internal("wgpu workspace poisoned".into()))?;
         let work = &mut *guard;
-        let storage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let storage =
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let dispatches = self.chunks.len() + 9;
         let mut generation = work.generation;
         self.ensure(
@@ -337,7 +355,16 @@ impl WgpuRows {
         work.generation = generation;
         let key = generation ^ (self.chunks_generation << 32);
         let missing = |name: &str| HiveGpuError::Internal(format!("wgpu buffer {name} missing"));
-        let (Some(params), Some(queries), Some(dist), Some(state), Some(hist), Some(cand), Some(gate), Some(readback)) = (
+        let (
+            Some(params),
+            Some(queries),
+            Some(dist),
+            Some(state),
+            Some(hist),
+            Some(cand),
+            Some(gate),
+            Some(readback),
+        ) = (
             &work.params,
             &work.queries,
             &work.dist,
@@ -346,16 +373,19 @@ impl WgpuRows {
             &work.cand,
             &work.gate,
             &work.readback,
-        ) else {
+        )
+        else {
             return Err(missing("workspace"));
         };
         let dead = self.dead.as_ref().ok_or_else(|| missing("dead"))?;
         if work.groups.as_ref().is_none_or(|(k0, _, _)| *k0 != key) {
-            let params_binding = |_: ()| wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: params,
-                offset: 0,
-                size: std::num::NonZeroU64::new(PARAMS_BYTES),
-            });
+            let params_binding = |_: ()| {
+                wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: params,
+                    offset: 0,
+                    size: std::num::NonZeroU64::new(PARAMS_BYTES),
+                })
+            };
             let search_groups = self
                 .chunks
                 .iter()
@@ -407,7 +437,8 @@ impl WgpuRows {
             kernel_queries.extend(q_kernel.iter().flat_map(|x| x.to_ne_bytes()));
             gates.extend(self.gate(metric, q_kernel).iter().flat_map(|x| x.to_ne_bytes()));
         }
-        let states: Vec<u8> = (0..t).flat_map(|_| [0u32, 0, k as u32, 0]).flat_map(|x| x.to_ne_bytes()).collect();
+        let states: Vec<u8> =
+            (0..t).flat_map(|_| [0u32, 0, k as u32, 0]).flat_map(|x| x.to_ne_bytes()).collect();
         let metric_code = match metric {
             GpuDistanceMetric::Euclidean => 0u32,
             GpuDistanceMetric::DotProduct => 1,
@@ -417,17 +448,31 @@ impl WgpuRows {
         let mut push_params = |values: [u32; 8]| -> u32 {
             let offset = params_bytes.len() as u32;
             params_bytes.extend(values.iter().flat_map(|x| x.to_ne_bytes()));
-            params_bytes.resize(params_bytes.len().div_ceil(PARAMS_STRIDE as usize) * PARAMS_STRIDE as usize, 0);
+            params_bytes
+                .resize(params_bytes.len().div_ceil(PARAMS_STRIDE as usize) * PARAMS_STRIDE as usize, 0);
             offset
         };
         let (d, tq, st, cp) = (dim as u32, t as u32, len as u32, cap as u32);
         let chunk_offsets: Vec<u32> = self
             .chunks
             .iter()
-            .map(|c| push_params([(len - c.first).min(self.rows_per_chunk) as u32, c.first as u32, d, tq, metric_code, st, 0, cp]))
+            .map(|c| {
+                push_params([
+                    (len - c.first).min(self.rows_per_chunk) as u32,
+                    c.first as u32,
+                    d,
+                    tq,
+                    metric_code,
+                    st,
+                    0,
+                    cp,
+                ])
+            })
             .collect();
-        let radix_offsets: Vec<u32> =
-            [24u32, 16, 8, 0].iter().map(|&shift| push_params([st, 0, d, tq, metric_code, st, shift, cp])).collect();
+        let radix_offsets: Vec<u32> = [24u32, 16, 8, 0]
+            .iter()
+            .map(|&shift| push_params([st, 0, d, tq, metric_code, st, shift, cp]))
+            .collect();
         let collect_offset = push_params([st, 0, d, tq, metric_code, st, 0, cp]);
         let queue = &device.queue;
         queue.write_buffer(params, 0, &params_bytes);
@@ -435,10 +480,14 @@ impl WgpuRows {
         queue.write_buffer(gate, 0, &gates);
         queue.write_buffer(state, 0, &states);
 
-        let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("knn") });
+        let mut encoder =
+            device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("knn") });
         encoder.clear_buffer(hist, 0, Some((t * 256 * 4) as u64));
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("knn"), timestamp_writes: None });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("knn"),
+                timestamp_writes: None,
+            });
             let variant = usize::from(self.precision == StoragePrecision::F16);
             for ((chunk, group), &offset) in self.chunks.iter().zip(search_groups).zip(&chunk_offsets) {
                 let rows_here = (len - chunk.first).min(self.rows_per_chunk);
@@ -479,8 +528,11 @@ impl WgpuRows {
             return Err(HiveGpuError::VulkanError(format!("search: {error}")));
         }
         device.take_error("search")?;
-        let view = slice.get_mapped_range().map_err(|e| HiveGpuError::VulkanError(format!("reading results: {e}")))?;
-        let word = |i: usize| u32::from_ne_bytes([view[4 * i], view[4 * i + 1], view[4 * i + 2], view[4 * i + 3]]);
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| HiveGpuError::VulkanError(format!("reading results: {e}")))?;
+        let word =
+            |i: usize| u32::from_ne_bytes([view[4 * i], view[4 * i + 1], view[4 * i + 2], view[4 * i + 3]]);
         let mut out = Vec::with_capacity(t);
         for q in 0..t {
             let count = word(q * 4 + 3) as usize;
@@ -549,7 +601,8 @@ impl RowStore for WgpuRows {
     }
 
     fn memory_bytes(&self) -> usize {
-        let device: u64 = self.chunks.iter().map(|c| c.rows.size() + c.scale.size()).sum::<u64>() + buffer_len(&self.dead);
+        let device: u64 =
+            self.chunks.iter().map(|c| c.rows.size() + c.scale.size()).sum::<u64>() + buffer_len(&self.dead);
         device as usize
     }
 

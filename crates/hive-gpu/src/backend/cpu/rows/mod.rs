@@ -158,11 +158,19 @@ impl CpuRows {
 
     /// The exact k best of `slots` for query `q` (f64 distances, ties by slot): the re-rank
     /// that a backend computing its candidates elsewhere (wgpu) shares with this one.
-    pub(crate) fn rerank(&self, q: &[f32], slots: &[usize], k: usize, metric: GpuDistanceMetric) -> Vec<Neighbor> {
+    pub(crate) fn rerank(
+        &self,
+        q: &[f32],
+        slots: &[usize],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Vec<Neighbor> {
         let q_norm = simd::squared_norm_f64(q).sqrt();
         let mut scratch = Vec::new();
-        let scored =
-            slots.iter().map(|&slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch))).collect();
+        let scored = slots
+            .iter()
+            .map(|&slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
+            .collect();
         topk::best_k(scored, k).into_iter().map(|(slot, distance)| Neighbor { slot, distance }).collect()
     }
 
