@@ -1,4 +1,5 @@
-//! Fuzz-style exactness test of the CPU backend: many small adversarial instances from seeds,
+//! Fuzz-style exactness test of the CPU backend (and, with fewer seeds, of every available GPU
+//! backend): many small adversarial instances from seeds,
 //! every search path (SIMD scan for 1-3 queries, f32 GEMM tiles for 4-15, bf16 / byte tiles
 //! for 16+) checked id by id against an f64 brute force, with upserts and removals between
 //! searches.
@@ -1036,10 +1037,26 @@ fn run_instance(ctx: &GpuContext, seed: u64, skip: &[String], totals: &mut Total
 
 #[test]
 fn fuzz_exactness() {
+    campaign(&cpu(), 1500);
+}
+
+/// The same instances on every available GPU backend (fewer by default: each search there is a
+/// device round trip). `FUZZ_GPU_SEEDS` sets the count; `HIVE_GPU_REQUIRE` makes a missing
+/// backend a failure, as everywhere.
+#[test]
+fn fuzz_exactness_gpu_backends() {
+    let seeds = std::env::var("FUZZ_GPU_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    for ctx in common::contexts().into_iter().filter(|c| c.backend_type() != GpuBackendType::Cpu) {
+        eprintln!("fuzzing {}", ctx.backend_type());
+        campaign(&ctx, seeds);
+    }
+}
+
+fn campaign(ctx: &GpuContext, default_seeds: u64) {
     let env = |k: &str| std::env::var(k).ok();
     let seconds: f64 = env("FUZZ_SECONDS").and_then(|s| s.parse().ok()).unwrap_or(f64::INFINITY);
     let start: u64 = env("FUZZ_SEED_START").and_then(|s| s.parse().ok()).unwrap_or(0);
-    let max_seeds: u64 = env("FUZZ_SEEDS").and_then(|s| s.parse().ok()).unwrap_or(1500);
+    let max_seeds: u64 = env("FUZZ_SEEDS").and_then(|s| s.parse().ok()).unwrap_or(default_seeds);
     let max_failures: usize = env("FUZZ_MAX_FAILURES").and_then(|s| s.parse().ok()).unwrap_or(30);
     let skip: Vec<String> = env("FUZZ_SKIP")
         .unwrap_or_default()
@@ -1048,7 +1065,6 @@ fn fuzz_exactness() {
         .filter(|s| !s.is_empty())
         .collect();
     std::panic::set_hook(Box::new(|info| eprintln!("panic: {info}")));
-    let ctx = cpu();
     let mut totals = Totals {
         instances: 0,
         by_path: BTreeMap::new(),
@@ -1062,19 +1078,20 @@ fn fuzz_exactness() {
     let budget = Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX);
     let mut seeds = 0u64;
     if let Some(one) = env("FUZZ_SEED").and_then(|s| s.parse::<u64>().ok()) {
-        run_instance(&ctx, one, &skip, &mut totals, true);
+        run_instance(ctx, one, &skip, &mut totals, true);
         seeds = 1;
     } else {
         let mut seed = start;
         while began.elapsed() < budget && seeds < max_seeds && totals.failures.len() < max_failures {
-            run_instance(&ctx, seed, &skip, &mut totals, false);
+            run_instance(ctx, seed, &skip, &mut totals, false);
             seed += 1;
             seeds += 1;
         }
         eprintln!("seeds {start}..{seed}");
     }
     eprintln!(
-        "fuzz_exactness: {} seeds, {} instances in {:.1}s (HIVE_GPU_CPU_SIMD={:?})",
+        "fuzz_exactness on {}: {} seeds, {} instances in {:.1}s (HIVE_GPU_CPU_SIMD={:?})",
+        ctx.backend_type(),
         seeds,
         totals.instances,
         began.elapsed().as_secs_f64(),
