@@ -98,8 +98,8 @@ def ground_truth(xb, xq, k):
     return torch.cat(out).numpy()
 
 
-def hive(base, query, gt, precision, batches, ks, nq=None):
-    cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--groundtruth", gt, "--backend", "cuda",
+def hive(base, query, gt, precision, batches, ks, nq=None, backend="cuda"):
+    cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--groundtruth", gt, "--backend", backend,
            "--precision", precision, "--batch", ",".join(map(str, batches)), "--ks", ",".join(map(str, ks)), "--json"]
     if nq:
         cmd += ["--nq", str(nq)]
@@ -116,6 +116,7 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/hive-bench"))
     parser.add_argument("--work", default="/tmp/hive-bench-data")
     parser.add_argument("--no-peers", action="store_true", help="write the data, skip all timing")
+    parser.add_argument("--backends", default="cuda", help="comma list of hive-gpu backends (cuda,vulkan)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
@@ -158,20 +159,22 @@ def main():
             torch.cuda.empty_cache()
         del xb, xq
         torch.cuda.empty_cache()
-        for precision in precisions:
+        for backend, precision in [(b, p) for b in args.backends.split(",") for p in precisions]:
+            if backend != "cuda" and precision == "fast":
+                continue  # fast (TF32) exists on CUDA only
             peer_dtype = "f16" if precision == "f16" else "f32"
             element = 2 if precision == "f16" else 4
             floor_ms = n * d * element / bw * 1e3
             # One process per query-set size: the data is loaded and added once for each.
             for batches, limit in (([1], 300), ([100, 10_000], None)):
-                results = hive(base, query, gt, precision, batches, ks, nq=limit)
+                results = hive(base, query, gt, precision, batches, ks, nq=limit, backend=backend)
                 for r in results:
                     k, nq = r["k"], r["batch"]
                     torch_ms = peers[(peer_dtype, nq, k)]
                     torch_qps = nq / (torch_ms * 1e-3)
                     hive_ms = r["p50_ms"]
                     row = {
-                        "data": name, "precision": precision, "nq": nq, "k": k,
+                        "data": name, "backend": backend, "precision": precision, "nq": nq, "k": k,
                         "hive_qps": r["qps"], "hive_p50_ms": hive_ms, "recall": r["recall"],
                         "torch": peer_dtype, "torch_ms": torch_ms, "torch_qps": torch_qps,
                         "speedup": r["qps"] / torch_qps, "build_s": r["build_s"],
@@ -179,18 +182,18 @@ def main():
                     }
                     rows.append(row)
                     extra = f" | {hive_ms / floor_ms:.2f}x floor ({floor_ms:.3f} ms)" if nq == 1 else ""
-                    print(f"hive {precision} nq {nq} k {k}: {r['qps']:.0f} QPS, p50 {hive_ms:.3f} ms, "
+                    print(f"hive {backend} {precision} nq {nq} k {k}: {r['qps']:.0f} QPS, p50 {hive_ms:.3f} ms, "
                           f"recall {r['recall']:.4f}, build {r['build_s']:.2f} s | torch {peer_dtype} "
                           f"{torch_qps:.0f} QPS | {row['speedup']:.2f}x{extra}", flush=True)
     with open(f"{args.out}/bench-gpu.json", "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "read_bw": bw, "rows": rows}, f, indent=1)
-    print("\n| data | hive precision | nq | k | hive QPS | hive p50 ms | recall@k | PyTorch | PyTorch QPS | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| data | backend | hive precision | nq | k | hive QPS | hive p50 ms | recall@k | PyTorch | PyTorch QPS | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = f"{r['speedup']:.2f}x"
         if r["nq"] == 1:
             ratio += f" ({r['hive_p50_ms'] / r['floor_ms']:.2f}x floor)"
-        print(f"| {r['data']} | {r['precision']} | {r['nq']} | {r['k']} | {r['hive_qps']:,.0f} | "
+        print(f"| {r['data']} | {r['backend']} | {r['precision']} | {r['nq']} | {r['k']} | {r['hive_qps']:,.0f} | "
               f"{r['hive_p50_ms']:.3f} | {r['recall']:.4f} | {r['torch']} | {r['torch_qps']:,.0f} | {ratio} |")
 
 

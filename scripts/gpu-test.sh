@@ -2,7 +2,8 @@
 # The whole GPU run, on a machine with an NVIDIA GPU and no Rust toolchain:
 #   here:   ../shared/tools/gpu-bundle --workspace        (packs release + test binaries into .gpu/)
 #   there:  bash scripts/gpu-test.sh [test filter...]     (from the repository root)
-# Runs every test binary with HIVE_GPU_REQUIRE=cuda (a missing GPU fails, never skips) and
+# Runs every test binary with HIVE_GPU_REQUIRE=cuda,vulkan (CUDA and NVIDIA's Vulkan driver; a
+# missing backend fails, never skips) and
 # HIVE_GPU_LARGE=1 (the ten-million-row case), after `hive-gpu info`. Logs go to $OUT when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,6 @@ out=${OUT:-/tmp/hive-gpu-test}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 hive-gpu info | tee -a "$out/gpu.txt"
-export HIVE_GPU_REQUIRE=${HIVE_GPU_REQUIRE:-cuda} HIVE_GPU_LARGE=${HIVE_GPU_LARGE:-1}
+export HIVE_GPU_REQUIRE=${HIVE_GPU_REQUIRE:-cuda,vulkan} HIVE_GPU_LARGE=${HIVE_GPU_LARGE:-1}
 set -o pipefail
 .gpu/run-tests "$@" 2>&1 | tee "$out/tests.log"
