@@ -1,6 +1,7 @@
 //! Rows of one wgpu collection: device buffers split into chunks no larger than the adapter's
-//! storage-binding limit (128 MiB on lavapipe), a tombstone bitmap on the device, and an exact
-//! host copy (the CPU backend's storage) for the f64 re-rank and reads.
+//! storage-binding limit (128 MiB on lavapipe), filled through one reusable staging buffer, a
+//! tombstone bitmap on the device, and an exact host copy (the CPU backend's storage) for the
+//! f64 re-rank and reads.
 
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +19,8 @@ use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
 pub(super) const PARAMS_BYTES: u64 = 32;
 /// Parameter blocks sit at this alignment (the largest `min_uniform_buffer_offset_alignment`).
 const PARAMS_STRIDE: u64 = 256;
+/// Bytes moved per trip through the staging buffer.
+const STAGING_BYTES: usize = 8 << 20;
 /// Workgroups per dispatch dimension allowed by every adapter.
 const MAX_GROUPS: usize = 65_535;
 
@@ -59,6 +62,8 @@ pub(crate) struct WgpuRows {
     chunks_generation: u64,
     /// At least the largest `1 / |x|` of any stored row (bounds cosine with f16 flushing).
     max_inv_norm: f32,
+    /// Host-visible buffer every upload goes through, created once.
+    staging: Option<wgpu::Buffer>,
     work: Mutex<Work>,
 }
 
@@ -86,6 +91,7 @@ impl WgpuRows {
             dead: None,
             chunks_generation: 0,
             max_inv_norm: 0.0,
+            staging: None,
             work: Mutex::new(Work::default()),
         }
     }
@@ -134,6 +140,42 @@ impl WgpuRows {
             bytes.extend(inv.to_ne_bytes());
         }
         Ok(bytes)
+    }
+
+    /// Copies `bytes` (a multiple of 4) to `dst` at `offset` through the reusable staging
+    /// buffer: map, fill, copy on the device, wait (so the next trip may map it again).
+    fn write(&mut self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
+        if self.staging.is_none() {
+            let staging = self.create_buffer(
+                "staging",
+                STAGING_BYTES as u64,
+                wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            )?;
+            self.staging = Some(staging);
+        }
+        let Some(staging) = &self.staging else {
+            return Err(HiveGpuError::Internal("staging buffer missing".into()));
+        };
+        let device = &self.device;
+        for (i, piece) in bytes.chunks(STAGING_BYTES).enumerate() {
+            let len = piece.len() as u64;
+            let slice = staging.slice(0..len);
+            slice.map_async(wgpu::MapMode::Write, |_| {});
+            device
+                .device
+                .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+                .map_err(|e| HiveGpuError::VulkanError(format!("mapping the staging buffer: {e}")))?;
+            slice
+                .get_mapped_range_mut()
+                .map_err(|e| HiveGpuError::VulkanError(format!("mapping the staging buffer: {e}")))?
+                .copy_from_slice(piece);
+            staging.unmap();
+            let mut encoder =
+                device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("upload") });
+            encoder.copy_buffer_to_buffer(staging, 0, dst, offset + (i * STAGING_BYTES) as u64, len);
+            device.queue.submit([encoder.finish()]);
+        }
+        Ok(())
     }
 
     fn row_bytes(&self) -> usize {
@@ -207,11 +249,16 @@ impl WgpuRows {
                     }
                 }
                 bytes = padded;
-                self.device.queue.write_buffer(&chunk.rows, start, &bytes);
+                let rows = chunk.rows.clone();
+                let scale = chunk.scale.clone();
+                self.write(&rows, start, &bytes)?;
+                self.write(&scale, ((slot - first) * 4) as u64, &scales)?;
             } else {
-                self.device.queue.write_buffer(&chunk.rows, offset, &bytes);
+                let rows = chunk.rows.clone();
+                let scale = chunk.scale.clone();
+                self.write(&rows, offset, &bytes)?;
+                self.write(&scale, ((slot - first) * 4) as u64, &scales)?;
             }
-            self.device.queue.write_buffer(&chunk.scale, ((slot - first) * 4) as u64, &scales);
             slot = end;
         }
         Ok(())
@@ -236,9 +283,9 @@ impl WgpuRows {
             )?);
             self.chunks_generation += 1;
         }
-        if let Some(dead) = &self.dead {
+        if let Some(dead) = self.dead.clone() {
             let bytes: Vec<u8> = bitmap.iter().flat_map(|w| w.to_ne_bytes()).collect();
-            self.device.queue.write_buffer(dead, 0, &bytes);
+            self.write(&dead, 0, &bytes)?;
         }
         Ok(())
     }
