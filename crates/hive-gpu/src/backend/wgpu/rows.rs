@@ -170,8 +170,9 @@ impl WgpuRows {
                 .map_err(|e| HiveGpuError::VulkanError(format!("mapping the staging buffer: {e}")))?
                 .copy_from_slice(piece);
             staging.unmap();
-            let mut encoder =
-                device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("upload") });
+            let mut encoder = device
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("upload") });
             encoder.copy_buffer_to_buffer(staging, 0, dst, offset + (i * STAGING_BYTES) as u64, len);
             device.queue.submit([encoder.finish()]);
         }
