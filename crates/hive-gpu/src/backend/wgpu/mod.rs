@@ -120,6 +120,8 @@ pub(crate) struct WgpuDevice {
     kernels: Kernels,
     /// Errors wgpu reports outside an error scope (kept, never a panic).
     uncaptured: Arc<Mutex<Option<String>>>,
+    /// The host-visible buffer every upload goes through, shared by the device's collections.
+    staging: Mutex<Option<wgpu::Buffer>>,
 }
 
 /// The wgpu backend.
@@ -181,7 +183,17 @@ impl WgpuBackend {
             ordinal,
             Some("f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16"),
         );
-        Ok(Self { device: Arc::new(WgpuDevice { device, queue, info, limits, kernels, uncaptured }) })
+        Ok(Self {
+            device: Arc::new(WgpuDevice {
+                device,
+                queue,
+                info,
+                limits,
+                kernels,
+                uncaptured,
+                staging: Mutex::new(None),
+            }),
+        })
     }
 
     fn kernels(device: &wgpu::Device) -> Kernels {
@@ -248,7 +260,82 @@ impl WgpuBackend {
     }
 }
 
+/// Bytes moved per trip through the staging buffer.
+const STAGING_BYTES: usize = 8 << 20;
+
 impl WgpuDevice {
+    /// Copies `bytes` (a multiple of 4) to `dst` at `offset` through the reusable staging
+    /// buffer: map, fill, copy on the device, wait (so the next trip may map it again).
+    fn write(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
+        let mut slot =
+            self.staging.lock().map_err(|_| HiveGpuError::Internal("staging lock poisoned".into()))?;
+        if slot.is_none() {
+            *slot = Some(self.create_buffer(
+                "staging",
+                STAGING_BYTES as u64,
+                wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            )?);
+        }
+        let Some(staging) = slot.as_ref() else {
+            return Err(HiveGpuError::Internal("staging buffer missing".into()));
+        };
+        for (i, piece) in bytes.chunks(STAGING_BYTES).enumerate() {
+            let len = piece.len() as u64;
+            let slice = staging.slice(0..len);
+            slice.map_async(wgpu::MapMode::Write, |_| {});
+            let filled =
+                self.device
+                    .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+                    .map_err(|e| HiveGpuError::VulkanError(format!("mapping the staging buffer: {e}")))
+                    .and_then(|_| {
+                        slice.get_mapped_range_mut().map(|mut view| view.copy_from_slice(piece)).map_err(
+                            |e| HiveGpuError::VulkanError(format!("mapping the staging buffer: {e}")),
+                        )
+                    });
+            // Unmapped on every path, so a failed trip leaves the buffer usable.
+            staging.unmap();
+            filled?;
+            let mut encoder =
+                self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("upload") });
+            encoder.copy_buffer_to_buffer(staging, 0, dst, offset + (i * STAGING_BYTES) as u64, len);
+            self.queue.submit([encoder.finish()]);
+        }
+        Ok(())
+    }
+
+    /// A buffer, or `VramLimitExceeded` when the device cannot hold it (out of memory or over
+    /// its buffer limits), never an invalid buffer.
+    fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        let size = size.max(16).div_ceil(4) * 4;
+        let too_big = HiveGpuError::VramLimitExceeded {
+            backend: GpuBackendType::Vulkan,
+            requested: size,
+            available: 0,
+        };
+        if size > self.limits.max_buffer_size {
+            return Err(too_big);
+        }
+        let out_of_memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        });
+        let validation = pollster::block_on(invalid.pop());
+        let memory = pollster::block_on(out_of_memory.pop());
+        if memory.is_some() {
+            return Err(too_big);
+        }
+        if let Some(error) = validation {
+            return Err(HiveGpuError::VulkanError(format!(
+                "creating buffer {label} of {size} bytes: {error}"
+            )));
+        }
+        Ok(buffer)
+    }
+
     /// The first error wgpu reported outside a scope since the last call, as a `VulkanError`.
     fn take_error(&self, call: &str) -> Result<()> {
         let error = self.uncaptured.lock().ok().and_then(|mut slot| slot.take());
@@ -277,6 +364,6 @@ impl GpuBackend for WgpuBackend {
         if dim == 0 {
             return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
         }
-        Ok(Box::new(rows::WgpuRows::new(self.device.clone(), dim, precision)))
+        Ok(Box::new(rows::WgpuRows::new(self.device.clone(), dim, precision)?))
     }
 }

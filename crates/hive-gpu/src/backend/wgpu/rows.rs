@@ -13,14 +13,12 @@ use crate::backend::cpu::rows::CpuRows;
 use crate::backend::gpu::bounds::{self, Approximation};
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
-use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
+use crate::types::{GpuDistanceMetric, StoragePrecision};
 
 /// Bytes of one kernel parameter block (8 u32).
 pub(super) const PARAMS_BYTES: u64 = 32;
 /// Parameter blocks sit at this alignment (the largest `min_uniform_buffer_offset_alignment`).
 const PARAMS_STRIDE: u64 = 256;
-/// Bytes moved per trip through the staging buffer.
-const STAGING_BYTES: usize = 8 << 20;
 /// Workgroups per dispatch dimension allowed by every adapter.
 const MAX_GROUPS: usize = 65_535;
 
@@ -62,8 +60,11 @@ pub(crate) struct WgpuRows {
     chunks_generation: u64,
     /// At least the largest `1 / |x|` of any stored row (bounds cosine with f16 flushing).
     max_inv_norm: f32,
-    /// Host-visible buffer every upload goes through, created once.
-    staging: Option<wgpu::Buffer>,
+    /// Set when the device copy may lag the host (a failed upload): the next search re-uploads
+    /// everything first.
+    stale: bool,
+    /// Host copy of the device's tombstone words, so a removal uploads only what changed.
+    dead_words: Vec<u32>,
     work: Mutex<Work>,
 }
 
@@ -72,16 +73,22 @@ fn buffer_len(buffer: &Option<wgpu::Buffer>) -> u64 {
 }
 
 impl WgpuRows {
-    pub(super) fn new(device: Arc<WgpuDevice>, dim: usize, precision: StoragePrecision) -> Self {
+    pub(super) fn new(device: Arc<WgpuDevice>, dim: usize, precision: StoragePrecision) -> Result<Self> {
         let element = match precision {
             StoragePrecision::F32 => 4,
             StoragePrecision::F16 => 2,
         };
         let binding =
             device.limits.max_storage_buffer_binding_size.min(device.limits.max_buffer_size) as usize;
+        if dim.saturating_mul(element).saturating_add(4) > binding {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "dimension {dim} is too large for this adapter: one row needs {} bytes, one binding holds {binding}",
+                dim * element
+            )));
+        }
         // Whole u32 words per chunk for packed f16, and few enough rows for one dispatch.
         let rows_per_chunk = ((binding - 4) / (dim * element)).clamp(1, MAX_GROUPS * 16);
-        Self {
+        Ok(Self {
             device,
             host: CpuRows::new(dim, precision, SimdLevel::detect()),
             dim,
@@ -91,28 +98,14 @@ impl WgpuRows {
             dead: None,
             chunks_generation: 0,
             max_inv_norm: 0.0,
-            staging: None,
+            stale: false,
+            dead_words: Vec::new(),
             work: Mutex::new(Work::default()),
-        }
+        })
     }
 
     fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
-        let device = &self.device.device;
-        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: size.max(16).div_ceil(4) * 4,
-            usage,
-            mapped_at_creation: false,
-        });
-        if pollster::block_on(scope.pop()).is_some() {
-            return Err(HiveGpuError::VramLimitExceeded {
-                backend: GpuBackendType::Vulkan,
-                requested: size,
-                available: 0,
-            });
-        }
-        Ok(buffer)
+        self.device.create_buffer(label, size, usage)
     }
 
     fn encode_rows(&self, from: usize, to: usize) -> Result<Vec<u8>> {
@@ -142,41 +135,8 @@ impl WgpuRows {
         Ok(bytes)
     }
 
-    /// Copies `bytes` (a multiple of 4) to `dst` at `offset` through the reusable staging
-    /// buffer: map, fill, copy on the device, wait (so the next trip may map it again).
-    fn write(&mut self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
-        if self.staging.is_none() {
-            let staging = self.create_buffer(
-                "staging",
-                STAGING_BYTES as u64,
-                wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-            )?;
-            self.staging = Some(staging);
-        }
-        let Some(staging) = &self.staging else {
-            return Err(HiveGpuError::Internal("staging buffer missing".into()));
-        };
-        let device = &self.device;
-        for (i, piece) in bytes.chunks(STAGING_BYTES).enumerate() {
-            let len = piece.len() as u64;
-            let slice = staging.slice(0..len);
-            slice.map_async(wgpu::MapMode::Write, |_| {});
-            device
-                .device
-                .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-                .map_err(|e| HiveGpuError::VulkanError(format!("mapping the staging buffer: {e}")))?;
-            slice
-                .get_mapped_range_mut()
-                .map_err(|e| HiveGpuError::VulkanError(format!("mapping the staging buffer: {e}")))?
-                .copy_from_slice(piece);
-            staging.unmap();
-            let mut encoder = device
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("upload") });
-            encoder.copy_buffer_to_buffer(staging, 0, dst, offset + (i * STAGING_BYTES) as u64, len);
-            device.queue.submit([encoder.finish()]);
-        }
-        Ok(())
+    fn write(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.device.write(dst, offset, bytes)
     }
 
     fn row_bytes(&self) -> usize {
@@ -265,7 +225,8 @@ impl WgpuRows {
         Ok(())
     }
 
-    /// Uploads the tombstone bitmap (one bit per slot).
+    /// Brings the device's tombstone bitmap (one bit per slot) in line with the host, uploading
+    /// only the words that changed (all of them when the buffer is new).
     fn sync_dead(&mut self) -> Result<()> {
         let len = self.host.len();
         let words = len.div_ceil(32).max(1);
@@ -275,6 +236,7 @@ impl WgpuRows {
                 bitmap[slot / 32] |= 1 << (slot % 32);
             }
         }
+        let mut fresh = false;
         if buffer_len(&self.dead) < (words * 4) as u64 {
             let size = (words * 4).next_power_of_two() as u64;
             self.dead = Some(self.create_buffer(
@@ -283,10 +245,30 @@ impl WgpuRows {
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             )?);
             self.chunks_generation += 1;
+            fresh = true;
         }
-        if let Some(dead) = self.dead.clone() {
+        let Some(dead) = self.dead.clone() else { return Ok(()) };
+        if fresh || self.dead_words.len() != words {
             let bytes: Vec<u8> = bitmap.iter().flat_map(|w| w.to_ne_bytes()).collect();
             self.write(&dead, 0, &bytes)?;
+        } else {
+            let changed = |i: &usize| bitmap[*i] != self.dead_words[*i];
+            if let (Some(lo), Some(hi)) = ((0..words).find(changed), (0..words).rev().find(changed)) {
+                let bytes: Vec<u8> = bitmap[lo..=hi].iter().flat_map(|w| w.to_ne_bytes()).collect();
+                self.write(&dead, (lo * 4) as u64, &bytes)?;
+            }
+        }
+        self.dead_words = bitmap;
+        Ok(())
+    }
+
+    /// Re-uploads every row and the bitmap after a failed upload.
+    fn resync(&mut self) -> Result<()> {
+        if self.stale {
+            self.dead_words.clear();
+            self.upload(0, self.host.len())?;
+            self.sync_dead()?;
+            self.stale = false;
         }
         Ok(())
     }
@@ -300,7 +282,12 @@ impl WgpuRows {
         usage: wgpu::BufferUsages,
     ) -> Result<()> {
         if buffer_len(slot) < bytes {
-            *slot = Some(self.create_buffer(label, bytes.next_power_of_two(), usage)?);
+            // Grown by doubling, but never past what one binding may cover.
+            let limit =
+                self.device.limits.max_storage_buffer_binding_size.min(self.device.limits.max_buffer_size);
+            let size = bytes.next_power_of_two().min(limit).max(bytes);
+            *slot = None;
+            *slot = Some(self.create_buffer(label, size, usage)?);
             *generation += 1;
         }
         Ok(())
@@ -426,6 +413,8 @@ impl WgpuRows {
             return Err(missing("workspace"));
         };
         let dead = self.dead.as_ref().ok_or_else(|| missing("dead"))?;
+        // Everything the search creates or submits reports its validation errors here.
+        let scope = device.device.push_error_scope(wgpu::ErrorFilter::Validation);
         if work.groups.as_ref().is_none_or(|(k0, _, _)| *k0 != key) {
             let params_binding = |_: ()| {
                 wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -506,7 +495,7 @@ impl WgpuRows {
             .iter()
             .map(|c| {
                 push_params([
-                    (len - c.first).min(self.rows_per_chunk) as u32,
+                    len.saturating_sub(c.first).min(self.rows_per_chunk) as u32,
                     c.first as u32,
                     d,
                     tq,
@@ -538,7 +527,11 @@ impl WgpuRows {
             });
             let variant = usize::from(self.precision == StoragePrecision::F16);
             for ((chunk, group), &offset) in self.chunks.iter().zip(search_groups).zip(&chunk_offsets) {
-                let rows_here = (len - chunk.first).min(self.rows_per_chunk);
+                // Reserved chunks beyond the stored rows hold nothing yet.
+                let rows_here = len.saturating_sub(chunk.first).min(self.rows_per_chunk);
+                if rows_here == 0 {
+                    continue;
+                }
                 pass.set_bind_group(0, group, &[offset]);
                 if t == 1 {
                     pass.set_pipeline(&device.kernels.scan[variant]);
@@ -548,7 +541,7 @@ impl WgpuRows {
                     pass.dispatch_workgroups(rows_here.div_ceil(16) as u32, t.div_ceil(16) as u32, 1);
                 }
             }
-            let groups_x = len.div_ceil(256) as u32;
+            let groups_x = len.div_ceil(256).min(MAX_GROUPS) as u32;
             for &offset in &radix_offsets {
                 pass.set_bind_group(0, select_group, &[offset]);
                 pass.set_pipeline(&device.kernels.radix_hist);
@@ -564,36 +557,40 @@ impl WgpuRows {
         let cand_bytes = (t * cap * 4) as u64;
         encoder.copy_buffer_to_buffer(state, 0, readback, 0, state_bytes);
         encoder.copy_buffer_to_buffer(cand, 0, readback, state_bytes, cand_bytes);
-        let scope = device.device.push_error_scope(wgpu::ErrorFilter::Validation);
         queue.submit([encoder.finish()]);
         let slice = readback.slice(0..state_bytes + cand_bytes);
         slice.map_async(wgpu::MapMode::Read, |_| {});
-        device
-            .device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-            .map_err(|e| HiveGpuError::VulkanError(format!("waiting for the search: {e}")))?;
+        let read = || -> Result<Vec<Option<Vec<usize>>>> {
+            device
+                .device
+                .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+                .map_err(|e| HiveGpuError::VulkanError(format!("waiting for the search: {e}")))?;
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| HiveGpuError::VulkanError(format!("reading results: {e}")))?;
+            let word = |i: usize| {
+                u32::from_ne_bytes([view[4 * i], view[4 * i + 1], view[4 * i + 2], view[4 * i + 3]])
+            };
+            let mut out = Vec::with_capacity(t);
+            for q in 0..t {
+                let count = word(q * 4 + 3) as usize;
+                if count > cap || count < k {
+                    out.push(None);
+                } else {
+                    let base = t * 4 + q * cap;
+                    out.push(Some((0..count).map(|i| word(base + i) as usize).collect()));
+                }
+            }
+            Ok(out)
+        };
+        let outcome = read();
+        // Unmapped on every path, so a failed search leaves the buffer usable.
+        readback.unmap();
         if let Some(error) = pollster::block_on(scope.pop()) {
             return Err(HiveGpuError::VulkanError(format!("search: {error}")));
         }
         device.take_error("search")?;
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| HiveGpuError::VulkanError(format!("reading results: {e}")))?;
-        let word =
-            |i: usize| u32::from_ne_bytes([view[4 * i], view[4 * i + 1], view[4 * i + 2], view[4 * i + 3]]);
-        let mut out = Vec::with_capacity(t);
-        for q in 0..t {
-            let count = word(q * 4 + 3) as usize;
-            if count > cap || count < k {
-                out.push(None);
-            } else {
-                let base = t * 4 + q * cap;
-                out.push(Some((0..count).map(|i| word(base + i) as usize).collect()));
-            }
-        }
-        drop(view);
-        readback.unmap();
-        Ok(out)
+        outcome
     }
 }
 
@@ -608,40 +605,59 @@ impl RowStore for WgpuRows {
     }
 
     fn append(&mut self, rows: &[f32]) -> Result<()> {
+        self.resync()?;
         let from = self.host.len();
         self.grow_device(from + rows.len() / self.dim)?;
         self.host.append(rows)?;
-        let outcome = self.upload(from, self.host.len()).and_then(|()| self.sync_dead());
+        let outcome = self
+            .upload(from, self.host.len())
+            .and_then(|()| self.sync_dead())
+            .and_then(|()| self.device.take_error("uploading rows"));
         if outcome.is_err() {
             // Host and device stay in step: the rows the device did not take are dropped.
             self.host.truncate(from);
+            self.stale = true;
         }
-        outcome.and_then(|()| self.device.take_error("uploading rows"))
+        outcome
     }
 
     fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
+        self.resync()?;
         self.host.overwrite(slot, row)?;
-        self.upload(slot, slot + 1)?;
-        self.sync_dead()
+        let outcome = self.upload(slot, slot + 1).and_then(|()| self.sync_dead());
+        if outcome.is_err() {
+            self.stale = true;
+        }
+        outcome
     }
 
     fn tombstone(&mut self, slots: &[usize]) {
         self.host.tombstone(slots);
-        // A failed upload surfaces at the next search (take_error), never as a panic.
-        let _ = self.sync_dead();
+        if self.sync_dead().is_err() {
+            // Cannot fail here (the trait's tombstone is infallible): the next search resyncs.
+            self.stale = true;
+        }
     }
 
     fn compact(&mut self, keep: &[usize]) -> Result<()> {
         self.host.compact(keep)?;
         self.chunks.truncate(self.host.len().div_ceil(self.rows_per_chunk));
-        self.upload(0, self.host.len())?;
-        self.sync_dead()
+        self.dead_words.clear();
+        let outcome = self.upload(0, self.host.len()).and_then(|()| self.sync_dead());
+        self.stale = outcome.is_err();
+        outcome
     }
 
     fn clear(&mut self) {
         self.host.clear();
         self.chunks.clear();
+        self.dead_words.clear();
+        self.stale = false;
         self.chunks_generation += 1;
+        if let Ok(mut work) = self.work.lock() {
+            // Drops the cached bind groups, which hold the old buffers.
+            work.groups = None;
+        }
     }
 
     fn read_row(&self, slot: usize) -> Result<Vec<f32>> {
@@ -655,6 +671,11 @@ impl RowStore for WgpuRows {
     }
 
     fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        if self.stale {
+            // A device copy behind the host would miss candidates: answer exactly on the host
+            // until a mutation succeeds in resyncing.
+            return self.host.knn(queries, k, metric);
+        }
         self.search(queries, k, metric)
     }
 }

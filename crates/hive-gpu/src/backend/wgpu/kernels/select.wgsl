@@ -33,16 +33,17 @@ fn value_of(k: u32) -> f32 {
     return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
-// grid (ceil(n / 256), nq): histogram of the current digit among keys matching the prefix.
+// grid (x, nq), any x: histogram of the current digit among keys matching the prefix. Rows are
+// visited in a grid-stride loop, so collections of any size fit the dispatch limit.
 @compute @workgroup_size(256)
-fn radix_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn radix_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+              @builtin(num_workgroups) groups: vec3<u32>) {
     atomicStore(&local_hist[lid.x], 0u);
     workgroupBarrier();
     let q = wg.y;
-    let i = wg.x * 256u + lid.x;
     let prefix = atomicLoad(&state[q * 4u]);
     let mask = atomicLoad(&state[q * 4u + 1u]);
-    if (i < p.n_rows) {
+    for (var i = wg.x * 256u + lid.x; i < p.n_rows; i += groups.x * 256u) {
         let key = key_of(dist[q * p.stride + i]);
         if ((key & mask) == prefix) {
             atomicAdd(&local_hist[(key >> p.shift) & 255u], 1u);
@@ -77,21 +78,21 @@ fn radix_pick(@builtin(workgroup_id) wg: vec3<u32>) {
     atomicStore(&state[q * 4u + 2u], remaining - below);
 }
 
-// grid (ceil(n / 256), nq): rows within the band of the k-th distance become candidates; the
-// count keeps growing past `cap` so the host sees an overflow.
+// grid (x, nq), any x: rows within the band of the k-th distance become candidates; the count
+// keeps growing past `cap` so the host sees an overflow.
 @compute @workgroup_size(256)
-fn collect(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn collect(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let q = gid.y;
-    if (i >= p.n_rows) { return; }
     let kth = value_of(atomicLoad(&state[q * 4u]));
     let g = gate[q];
     let r = kth * g.x + g.y;
     let band = r + abs(r) * 4.76837158203125e-07 + 1e-37;
-    if (dist[q * p.stride + i] <= band) {
-        let pos = atomicAdd(&state[q * 4u + 3u], 1u);
-        if (pos < p.cap) {
-            cand[q * p.cap + pos] = i;
+    for (var i = gid.x; i < p.n_rows; i += groups.x * 256u) {
+        if (dist[q * p.stride + i] <= band) {
+            let pos = atomicAdd(&state[q * 4u + 3u], 1u);
+            if (pos < p.cap) {
+                cand[q * p.cap + pos] = i;
+            }
         }
     }
 }
