@@ -26,15 +26,13 @@ fn blas_error(call: &str, e: blas::CublasError) -> HiveGpuError {
 }
 
 /// Runs a probe that may reach a missing shared library or symbol: cudarc panics there, we
-/// turn it into a reason.
+/// turn it into a reason. (The process's panic hook is left alone: swapping it is racy across
+/// threads, so such a rare broken install may also print cudarc's message.)
 fn guarded<T>(
     what: &str,
     f: impl FnOnce() -> std::result::Result<T, String>,
 ) -> std::result::Result<T, String> {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
     match outcome {
         Ok(result) => result,
         Err(payload) => {
@@ -146,6 +144,7 @@ pub struct CudaDriver {
     l2_bytes: u64,
     pci: String,
     driver_version: String,
+    nvrtc_version: String,
     total: usize,
 }
 
@@ -185,17 +184,21 @@ impl CudaDriver {
         use cu_sys::CUdevice_attribute as A;
         cu::init().map_err(|e| driver_error("cuInit", e))?;
         let device = cu::device::get(ordinal as i32).map_err(|e| driver_error("cuDeviceGet", e))?;
-        // SAFETY: valid device; the context is released in Drop.
-        let context = unsafe { cu::primary_ctx::retain(device) }
-            .map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
-        // SAFETY: context retained above.
-        unsafe { cu::ctx::set_current(context) }.map_err(|e| driver_error("cuCtxSetCurrent", e))?;
-        // SAFETY: valid device; attributes are plain integers.
-        let attr = |a: A| unsafe { cu::device::get_attribute(device, a) }.unwrap_or(0);
         let name = cu::device::get_name(device).map_err(|e| driver_error("cuDeviceGetName", e))?;
         // SAFETY: valid device.
         let total =
             unsafe { cu::device::total_mem(device) }.map_err(|e| driver_error("cuDeviceTotalMem", e))?;
+        // SAFETY: valid device; the context is released in Drop, or below if binding it fails.
+        let context = unsafe { cu::primary_ctx::retain(device) }
+            .map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: context retained above.
+        if let Err(e) = unsafe { cu::ctx::set_current(context) } {
+            // SAFETY: retained above and not used after this.
+            let _ = unsafe { cu::primary_ctx::release(device) };
+            return Err(driver_error("cuCtxSetCurrent", e));
+        }
+        // SAFETY: valid device; attributes are plain integers.
+        let attr = |a: A| unsafe { cu::device::get_attribute(device, a) }.unwrap_or(0);
         let mut version = 0;
         // SAFETY: valid out-pointer.
         unsafe { cu_sys::cuDriverGetVersion(&mut version) };
@@ -220,6 +223,7 @@ impl CudaDriver {
             l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE).max(0) as u64,
             pci,
             driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
+            nvrtc_version: nvrtc_version().unwrap_or_else(|e| format!("unknown: {e}")),
             total,
         })
     }
@@ -242,11 +246,11 @@ impl Drop for CudaDriver {
     }
 }
 
-/// A CUDA stream with its cuBLAS handle.
+/// A CUDA stream, with a cuBLAS handle when it runs GEMMs.
 #[derive(Debug)]
 pub struct CudaStream {
     stream: cu_sys::CUstream,
-    blas: blas_sys::cublasHandle_t,
+    blas: Option<blas_sys::cublasHandle_t>,
 }
 // SAFETY: streams and cuBLAS handles may move between threads; the engine uses each from one
 // thread at a time (workspaces are checked out of a pool).
@@ -254,9 +258,12 @@ unsafe impl Send for CudaStream {}
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        // SAFETY: created in `Driver::stream`, destroyed once here.
+        // SAFETY: created in `Driver::stream`, destroyed once here, after its work finished.
         unsafe {
-            let _ = blas::destroy_handle(self.blas);
+            let _ = cu::stream::synchronize(self.stream);
+            if let Some(handle) = self.blas {
+                let _ = blas::destroy_handle(handle);
+            }
             let _ = cu::stream::destroy(self.stream);
         }
     }
@@ -341,11 +348,7 @@ impl Driver for CudaDriver {
             total_vram_bytes: total as u64,
             available_vram_bytes: free as u64,
             used_vram_bytes: total.saturating_sub(free) as u64,
-            driver_version: Some(format!(
-                "CUDA {} (NVRTC {})",
-                self.driver_version,
-                nvrtc_version().unwrap_or_default()
-            )),
+            driver_version: Some(format!("CUDA {} (NVRTC {})", self.driver_version, self.nvrtc_version)),
             compute_capability: format!("{}.{}", self.major, self.minor),
             max_threads_per_block: self.max_threads,
             max_shared_memory_per_block: self.max_shared_optin as u64,
@@ -404,14 +407,19 @@ impl Driver for CudaDriver {
         Ok(CudaPinned { ptr: ptr.cast(), len: bytes })
     }
 
-    fn stream(&self) -> Result<CudaStream> {
+    fn stream(&self, with_blas: bool) -> Result<CudaStream> {
         self.bind()?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
             .map_err(|e| driver_error("cuStreamCreate", e))?;
-        let handle = blas::create_handle().map_err(|e| blas_error("cublasCreate", e))?;
-        // SAFETY: both handles were just created.
-        unsafe { blas::set_stream(handle, stream.cast()) }.map_err(|e| blas_error("cublasSetStream", e))?;
-        Ok(CudaStream { stream, blas: handle })
+        let mut created = CudaStream { stream, blas: None };
+        if with_blas {
+            let handle = blas::create_handle().map_err(|e| blas_error("cublasCreate", e))?;
+            created.blas = Some(handle);
+            // SAFETY: both handles were just created.
+            unsafe { blas::set_stream(handle, stream.cast()) }
+                .map_err(|e| blas_error("cublasSetStream", e))?;
+        }
+        Ok(created)
     }
 
     fn upload(&self, stream: &CudaStream, dst: DevicePtr, host: &CudaPinned, bytes: usize) -> Result<()> {
@@ -545,11 +553,14 @@ impl Driver for CudaDriver {
             }
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
+        let Some(handle) = stream.blas else {
+            return Err(HiveGpuError::Internal("GEMM on a stream without a cuBLAS handle".into()));
+        };
         // SAFETY: the pointers and leading dimensions describe live device buffers of the
         // stated shapes (engine invariant); alpha/beta are host scalars read during the call.
         unsafe {
             blas::gemm_ex(
-                stream.blas,
+                handle,
                 Op::CUBLAS_OP_T,
                 Op::CUBLAS_OP_N,
                 g.m as i32,

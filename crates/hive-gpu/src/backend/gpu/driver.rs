@@ -91,8 +91,9 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     fn free(&self, ptr: DevicePtr);
     /// Page-locked host memory.
     fn pinned(&self, bytes: usize) -> Result<Self::Pinned>;
-    /// A new stream.
-    fn stream(&self) -> Result<Self::Stream>;
+    /// A new stream; `with_blas` also gives it a BLAS handle (for [`Driver::gemm_tn`]), which
+    /// costs device memory, so only streams that run GEMMs ask for one.
+    fn stream(&self, with_blas: bool) -> Result<Self::Stream>;
 
     /// Queues a copy of `host[..bytes]` to `dst`. The host buffer must stay untouched until
     /// the stream is synchronized.

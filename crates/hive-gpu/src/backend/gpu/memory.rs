@@ -105,8 +105,8 @@ pub(super) struct Workspace<D: Driver> {
 impl<D: Driver> Workspace<D> {
     pub(super) fn new(driver: &D) -> Result<Self> {
         Ok(Self {
-            stream: driver.stream()?,
-            gemm_stream: driver.stream()?,
+            stream: driver.stream(false)?,
+            gemm_stream: driver.stream(true)?,
             events: [[driver.event()?, driver.event()?], [driver.event()?, driver.event()?]],
             tiles: [Scratch::new(), Scratch::new()],
             staging: Staging::new(),

@@ -57,6 +57,9 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
         precision: StoragePrecision,
         search: SearchPrecision,
     ) -> Result<Box<dyn RowStore>> {
+        if dim == 0 {
+            return Err(crate::error::HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
+        }
         Ok(Box::new(rows::GpuRows::new(self.device.clone(), dim, precision, search)?))
     }
 }
@@ -70,7 +73,7 @@ pub(crate) mod cuda_backend {
     use super::GpuEngine;
     use super::cuda::{CudaDriver, PRELUDE};
     use crate::backend::GpuBackend;
-    use crate::error::{HiveGpuError, Result};
+    use crate::error::Result;
     use crate::types::GpuBackendType;
 
     type Engines = Mutex<HashMap<usize, Arc<GpuEngine<CudaDriver>>>>;
@@ -79,8 +82,8 @@ pub(crate) mod cuda_backend {
     /// The engine of CUDA device `ordinal`, compiled on first use.
     pub(crate) fn open(ordinal: usize) -> Result<Arc<dyn GpuBackend>> {
         let engines = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut engines =
-            engines.lock().map_err(|_| HiveGpuError::Internal("CUDA engine cache poisoned".into()))?;
+        // A panic while a previous open held the lock leaves the map itself intact.
+        let mut engines = engines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(engine) = engines.get(&ordinal) {
             return Ok(engine.clone());
         }

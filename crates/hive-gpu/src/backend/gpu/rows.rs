@@ -1,7 +1,6 @@
 //! Rows on the device: elements (f32 or f16), an f32 squared norm per row and a tombstone
 //! bitmap, grown by doubling with device-to-device copies and compacted on the device.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use half::f16;
@@ -47,8 +46,9 @@ pub(crate) struct GpuRows<D: Driver> {
     /// Host copy of the tombstone bitmap (the device holds the same words).
     dead: Vec<u32>,
     pub(super) dead_count: usize,
-    /// Set when a tombstone upload failed: the next search uploads the whole bitmap.
-    dead_stale: AtomicBool,
+    /// Set when a tombstone upload failed: the next search uploads the whole bitmap first
+    /// (under this lock, so concurrent searches wait for it).
+    dead_stale: Mutex<bool>,
     /// At least the largest squared norm of any slot, removed ones included.
     pub(super) max_sq_norm: f32,
     maintenance: Mutex<Maintenance<D>>,
@@ -62,7 +62,7 @@ impl<D: Driver> GpuRows<D> {
         precision: StoragePrecision,
         search: SearchPrecision,
     ) -> Result<Self> {
-        let stream = device.driver.stream()?;
+        let stream = device.driver.stream(false)?;
         Ok(Self {
             device,
             dim,
@@ -72,7 +72,7 @@ impl<D: Driver> GpuRows<D> {
             arrays: None,
             dead: Vec::new(),
             dead_count: 0,
-            dead_stale: AtomicBool::new(false),
+            dead_stale: Mutex::new(false),
             max_sq_norm: 0.0,
             maintenance: Mutex::new(Maintenance { stream, staging: [Staging::new(), Staging::new()] }),
             pool: Mutex::new(Vec::new()),
@@ -107,15 +107,17 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let row_bytes = self.row_bytes();
         let words = Self::dead_words(capacity);
-        let requested = capacity * (row_bytes + 4) + words * 4;
-        let too_big = |_| HiveGpuError::VramLimitExceeded {
-            backend: self.device.backend,
-            requested: requested as u64,
-            available: driver.mem_info().map(|(free, _)| free as u64).unwrap_or(0),
+        let requested = (capacity * (row_bytes + 4) + words * 4) as u64;
+        // Out of memory names the whole growth; any other failure passes through unchanged.
+        let whole = |e: HiveGpuError| match e {
+            HiveGpuError::VramLimitExceeded { backend, available, .. } => {
+                HiveGpuError::VramLimitExceeded { backend, requested, available }
+            }
+            other => other,
         };
-        let rows = DeviceBuffer::new(&driver, capacity * row_bytes)?;
-        let norms = DeviceBuffer::new(&driver, capacity * 4).map_err(too_big)?;
-        let dead = DeviceBuffer::new(&driver, words * 4).map_err(too_big)?;
+        let rows = DeviceBuffer::new(&driver, capacity * row_bytes).map_err(whole)?;
+        let norms = DeviceBuffer::new(&driver, capacity * 4).map_err(whole)?;
+        let dead = DeviceBuffer::new(&driver, words * 4).map_err(whole)?;
         let maintenance = self.maintenance()?;
         let stream = &maintenance.stream;
         driver.fill(stream, dead.ptr(), 0, words * 4)?;
@@ -138,8 +140,18 @@ impl<D: Driver> GpuRows<D> {
         }
         // Amortised doubling, falling back to the exact size when doubling does not fit.
         let doubled = needed.max(capacity * 2).max(1024);
-        match self.grow_to(doubled) {
+        let attempt = match self.grow_to(doubled) {
             Err(HiveGpuError::VramLimitExceeded { .. }) if doubled > needed => self.grow_to(needed),
+            other => other,
+        };
+        match attempt {
+            // Idle search workspaces hold scratch memory: release them and try once more.
+            Err(HiveGpuError::VramLimitExceeded { .. }) => {
+                if let Ok(mut pool) = self.pool.lock() {
+                    pool.clear();
+                }
+                self.grow_to(needed)
+            }
             other => other,
         }
     }
@@ -201,8 +213,9 @@ impl<D: Driver> GpuRows<D> {
                 Arg::Ptr(norms_ptr),
             ],
         )?;
-        let host = staging[0].get(&driver, count * 4)?;
+        // The uploads from both staging buffers finish before one is reused (or regrown).
         driver.synchronize(stream)?;
+        let host = staging[0].get(&driver, count * 4)?;
         driver.download(stream, host, norms_ptr + (first * 4) as u64, count * 4)?;
         driver.synchronize(stream)?;
         let max = host[..count * 4]
@@ -247,6 +260,12 @@ impl<D: Driver> GpuRows<D> {
         was != dead
     }
 
+    fn mark_dead_stale(&self) {
+        if let Ok(mut stale) = self.dead_stale.lock() {
+            *stale = true;
+        }
+    }
+
     pub(super) fn live(&self) -> usize {
         self.len - self.dead_count
     }
@@ -258,10 +277,11 @@ impl<D: Driver> RowStore for GpuRows<D> {
     }
 
     fn reserve(&mut self, additional: usize) -> Result<()> {
-        if self.len.saturating_add(additional) > u32::MAX as usize - 1 {
+        // Kernels index slots and counts in 32 bits with headroom for grid-stride loops.
+        if self.len.saturating_add(additional) > i32::MAX as usize {
             return Err(HiveGpuError::InvalidArgument(format!(
-                "a GPU collection holds fewer than {} vectors ({} present, {additional} more asked)",
-                u32::MAX,
+                "a GPU collection holds at most {} vectors ({} present, {additional} more asked)",
+                i32::MAX,
                 self.len
             )));
         }
@@ -297,8 +317,11 @@ impl<D: Driver> RowStore for GpuRows<D> {
             )));
         }
         self.upload_rows(slot, row)?;
-        if self.set_dead(slot, false) {
-            self.upload_dead(slot / 32, slot / 32 + 1)?;
+        if self.set_dead(slot, false)
+            && let Err(e) = self.upload_dead(slot / 32, slot / 32 + 1)
+        {
+            self.mark_dead_stale();
+            return Err(e);
         }
         Ok(())
     }
@@ -314,7 +337,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         // The trait's tombstone cannot fail; a failed upload leaves the device bitmap stale,
         // so the next search re-uploads it whole.
         if self.upload_dead(lo, hi).is_err() {
-            self.dead_stale.store(true, Ordering::SeqCst);
+            self.mark_dead_stale();
         }
     }
 
@@ -368,7 +391,9 @@ impl<D: Driver> RowStore for GpuRows<D> {
         self.len = count;
         self.dead = vec![0; words];
         self.dead_count = 0;
-        self.dead_stale.store(false, Ordering::SeqCst);
+        if let Ok(mut stale) = self.dead_stale.lock() {
+            *stale = false;
+        }
         Ok(())
     }
 
@@ -378,7 +403,9 @@ impl<D: Driver> RowStore for GpuRows<D> {
         self.dead.clear();
         self.dead_count = 0;
         self.max_sq_norm = 0.0;
-        self.dead_stale.store(false, Ordering::SeqCst);
+        if let Ok(mut stale) = self.dead_stale.lock() {
+            *stale = false;
+        }
     }
 
     fn read_row(&self, slot: usize) -> Result<Vec<f32>> {
@@ -409,11 +436,16 @@ impl<D: Driver> RowStore for GpuRows<D> {
     }
 
     fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
-        if self.dead_stale.swap(false, Ordering::SeqCst)
-            && let Err(e) = self.upload_dead(0, self.dead.len())
         {
-            self.dead_stale.store(true, Ordering::SeqCst);
-            return Err(e);
+            // Every search passes this lock, so none runs while the bitmap is re-uploaded.
+            let mut stale = self
+                .dead_stale
+                .lock()
+                .map_err(|_| HiveGpuError::Internal("tombstone lock poisoned".into()))?;
+            if *stale {
+                self.upload_dead(0, self.dead.len())?;
+                *stale = false;
+            }
         }
         self.search(queries, k, metric)
     }

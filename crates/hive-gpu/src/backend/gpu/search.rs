@@ -47,14 +47,8 @@ fn list_size(k: usize) -> usize {
     (k + (k / 4).max(32)).next_power_of_two()
 }
 
-/// The list size on `path`: tensor-core passes have wider bands, so more room where it fits.
-fn path_list_size(k: usize, path: Approximation) -> usize {
-    let wide = (k + (2 * k).max(128)).next_power_of_two();
-    match path {
-        Approximation::GemmTf32 | Approximation::GemmF16 { .. } if wide <= MAX_LIST => wide,
-        _ => list_size(k),
-    }
-}
+/// Most blocks along a grid's y dimension (queries) in one launch.
+const MAX_GRID_Y: usize = 65_535;
 
 /// Where each input lives in the workspace's input buffer.
 #[derive(Debug, Clone, Copy)]
@@ -169,6 +163,20 @@ impl<D: Driver> GpuRows<D> {
         }
     }
 
+    /// Whether lists of `kcap` entries fit the tile and finalize kernels' shared memory.
+    fn list_fits(&self, kcap: usize) -> bool {
+        kcap <= MAX_LIST && (2 * kcap).max(2048) * 8 <= self.shared_limit()
+    }
+
+    /// The list size on `path`: tensor-core passes have wider bands, so more room where it fits.
+    fn path_list_size(&self, k: usize, path: Approximation) -> usize {
+        let wide = (k + (2 * k).max(128)).next_power_of_two();
+        match path {
+            Approximation::GemmTf32 | Approximation::GemmF16 { .. } if self.list_fits(wide) => wide,
+            _ => list_size(k),
+        }
+    }
+
     fn shared_limit(&self) -> usize {
         self.driver().max_shared_bytes().saturating_sub(1024)
     }
@@ -205,7 +213,9 @@ impl<D: Driver> GpuRows<D> {
         let nq = queries.len() / dim;
         let path = forced.unwrap_or_else(|| self.approximation(nq, k));
         let mut profile = Profiler::new();
-        let radix_only = list_size(k) > MAX_LIST;
+        // Lists too large for on-chip memory (k beyond about 3,000, or less on devices with
+        // 64 KiB of shared memory) take the radix path.
+        let radix_only = !self.list_fits(list_size(k));
 
         // Host-side preparation: norms, unit queries for cosine, f16 copies, gates.
         let q_norms: Vec<f64> = queries
@@ -499,41 +509,46 @@ impl<D: Driver> GpuRows<D> {
         let kcap = list_size(k);
         let sortn = Self::scan_sort_size(k);
         let per_sm = env_usize("HIVE_GPU_SCAN_BLOCKS_PER_SM").unwrap_or(4);
-        let blocks_wanted = (driver.multiprocessors() as usize * per_sm / nq).max(1);
-        let segments = blocks_wanted.min(n.div_ceil(BLOCK as usize)).max(1);
-        let per = n.div_ceil(segments);
-        let lists = ws.lists.get(&driver, nq * segments * kcap * 8)?;
-        let evicted = ws.evicted.get(&driver, nq * segments * 8)?;
         let (rows, norms, dead) = self.arrays_ptrs()?;
         let kernel =
             if self.is_f16() { self.device.kernels.scan_topk_f16 } else { self.device.kernels.scan_topk_f32 };
-        driver.launch(
-            &ws.stream,
-            kernel,
-            (segments as u32, nq as u32),
-            BLOCK,
-            self.scan_shared_bytes(k) as u32,
-            &[
-                Arg::Ptr(rows),
-                Arg::Ptr(norms),
-                Arg::Ptr(dead),
-                Arg::U32(n as u32),
-                Arg::U32(self.dim as u32),
-                Arg::Ptr(inputs.approx),
-                Arg::Ptr(inputs.gate_mul),
-                Arg::Ptr(inputs.gate_add),
-                Arg::I32(metric_code(metric)),
-                Arg::U32(k as u32),
-                Arg::U32(kcap as u32),
-                Arg::U32(sortn as u32),
-                Arg::U32(per as u32),
-                Arg::Ptr(lists),
-                Arg::Ptr(evicted),
-            ],
-        )?;
-        profile.mark(&*driver, &ws.stream, "scan")?;
-        self.finalize(ws, inputs, 0, nq, k, lists, evicted, segments, kcap, metric, outputs)?;
-        profile.mark(&*driver, &ws.stream, "finalize")
+        for q0 in (0..nq).step_by(MAX_GRID_Y) {
+            let qn = (nq - q0).min(MAX_GRID_Y);
+            let blocks_wanted = (driver.multiprocessors() as usize * per_sm / qn).max(1);
+            let segments = blocks_wanted.min(n.div_ceil(BLOCK as usize)).max(1);
+            let per = n.div_ceil(segments);
+            let lists = ws.lists.get(&driver, qn * segments * kcap * 8)?;
+            let evicted = ws.evicted.get(&driver, qn * segments * 8)?;
+            let offset = q0 as u64;
+            driver.launch(
+                &ws.stream,
+                kernel,
+                (segments as u32, qn as u32),
+                BLOCK,
+                self.scan_shared_bytes(k) as u32,
+                &[
+                    Arg::Ptr(rows),
+                    Arg::Ptr(norms),
+                    Arg::Ptr(dead),
+                    Arg::U32(n as u32),
+                    Arg::U32(self.dim as u32),
+                    Arg::Ptr(inputs.approx + offset * self.dim as u64 * 4),
+                    Arg::Ptr(inputs.gate_mul + offset * 4),
+                    Arg::Ptr(inputs.gate_add + offset * 4),
+                    Arg::I32(metric_code(metric)),
+                    Arg::U32(k as u32),
+                    Arg::U32(kcap as u32),
+                    Arg::U32(sortn as u32),
+                    Arg::U32(per as u32),
+                    Arg::Ptr(lists),
+                    Arg::Ptr(evicted),
+                ],
+            )?;
+            profile.mark(&*driver, &ws.stream, "scan")?;
+            self.finalize(ws, inputs, q0, qn, k, lists, evicted, segments, kcap, metric, outputs)?;
+            profile.mark(&*driver, &ws.stream, "finalize")?;
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -550,9 +565,9 @@ impl<D: Driver> GpuRows<D> {
     ) -> Result<()> {
         let driver = self.driver().clone();
         let (n, dim) = (self.len, self.dim);
-        let kcap = path_list_size(k, path);
+        let kcap = self.path_list_size(k, path);
         let sortn = (2 * kcap).max(2048);
-        let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq);
+        let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq).min(MAX_GRID_Y);
         let tile_budget = env_usize("HIVE_GPU_TILE_BYTES").unwrap_or(TILE_BYTES);
         let tile_rows = (tile_budget / (chunk * 4)).clamp(256, n.max(256)).div_ceil(256) * 256;
         let tile_rows = env_usize("HIVE_GPU_TILE_ROWS").unwrap_or(tile_rows).min(n.div_ceil(256) * 256);
