@@ -56,15 +56,13 @@ def read_bandwidth():
     return (1 << 32) / (ms * 1e-3)
 
 
-def torch_knn(xb, norms, xq, k, tile_bytes=2 << 30):
-    """Exact L2 k-NN: distance tiles by torch.mm, torch.topk per tile, merged."""
-    nq, n = xq.shape[0], xb.shape[0]
-    tile = max(k, min(n, tile_bytes // (nq * xb.element_size())))
+def tiled_topk(distances, n, tile, k):
+    """The k smallest of each row of a distance matrix produced tile by tile:
+    `distances(s, e)` gives columns [s, e); torch.topk per tile, merged."""
     best_d = best_i = None
     for s in range(0, n, tile):
         e = min(n, s + tile)
-        d = norms[s:e].unsqueeze(0) - 2 * torch.mm(xq, xb[s:e].T)
-        dd, ii = torch.topk(d, min(k, e - s), dim=1, largest=False)
+        dd, ii = torch.topk(distances(s, e), min(k, e - s), dim=1, largest=False)
         ii += s
         if best_d is None:
             best_d, best_i = dd, ii
@@ -75,25 +73,25 @@ def torch_knn(xb, norms, xq, k, tile_bytes=2 << 30):
     return best_d, best_i
 
 
+def torch_knn(xb, norms, xq, k, tile_bytes=2 << 30):
+    """Exact L2 k-NN, the obvious way: distance tiles by torch.mm, torch.topk per tile."""
+    nq, n = xq.shape[0], xb.shape[0]
+    tile = max(k, min(n, tile_bytes // (nq * xb.element_size())))
+    return tiled_topk(lambda s, e: norms[s:e].unsqueeze(0) - 2 * torch.mm(xq, xb[s:e].T), n, tile, k)
+
+
 def ground_truth(xb, xq, k):
     """f64 exact L2 neighbours of every query (nearest first)."""
     out = []
-    step = 1 << 20
     for q0 in range(0, xq.shape[0], 1024):
         q = xq[q0:q0 + 1024].double()
-        best_d = best_i = None
-        for s in range(0, xb.shape[0], step):
-            b = xb[s:s + step].double()
-            d = ((q * q).sum(1, keepdim=True) + (b * b).sum(1).unsqueeze(0) - 2 * q @ b.T)
-            dd, ii = torch.topk(d, min(k, b.shape[0]), dim=1, largest=False)
-            ii += s
-            if best_d is None:
-                best_d, best_i = dd, ii
-            else:
-                cd, ci = torch.cat([best_d, dd], 1), torch.cat([best_i, ii], 1)
-                best_d, pos = torch.topk(cd, k, dim=1, largest=False)
-                best_i = torch.gather(ci, 1, pos)
-            del b, d
+        qq = (q * q).sum(1, keepdim=True)
+
+        def distances(s, e):
+            b = xb[s:e].double()
+            return qq + (b * b).sum(1).unsqueeze(0) - 2 * q @ b.T
+
+        _, best_i = tiled_topk(distances, xb.shape[0], 1 << 20, k)
         out.append(best_i.int().cpu())
     return torch.cat(out).numpy()
 

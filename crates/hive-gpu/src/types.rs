@@ -288,6 +288,9 @@ pub struct GpuDeviceInfo {
     pub l2_cache_bytes: Option<u64>,
     /// Threads per warp or wavefront (32 on NVIDIA, 64 or 32 on AMD; 1 for the CPU backend).
     pub warp_size: u32,
+    /// A software implementation of a GPU API running on the CPU (Mesa's lavapipe, say): it
+    /// works, but the automatic backend choice prefers the CPU backend to it.
+    pub software: bool,
 }
 
 impl GpuDeviceInfo {

@@ -7,6 +7,7 @@
 
 pub mod cpu;
 pub(crate) mod gpu;
+pub(crate) mod tombstones;
 #[cfg(feature = "vulkan")]
 pub(crate) mod wgpu;
 
@@ -76,6 +77,14 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// Exact k nearest live rows for each query of a row-major batch, best first, ties by slot.
     /// `k` must be at least 1 and at most the number of live rows.
     fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>>;
+}
+
+/// The argument check every [`GpuBackend::new_rows`] starts with.
+pub(crate) fn check_new_rows(dim: usize) -> Result<()> {
+    if dim == 0 {
+        return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
+    }
+    Ok(())
 }
 
 /// Every backend hive-gpu knows, whether it can run here and why not, with its devices.
@@ -166,14 +175,9 @@ pub fn select_best_backend() -> Result<GpuBackendType> {
         .into_iter()
         .find(|b| {
             let status = probe(*b);
-            status.available && !(*b == GpuBackendType::Vulkan && status.devices.iter().all(is_software))
+            status.available && !status.devices.iter().all(|d| d.software)
         })
         .unwrap_or(GpuBackendType::Cpu))
-}
-
-/// Whether a device is a software rasterizer (its driver description says "Cpu").
-fn is_software(device: &GpuDeviceInfo) -> bool {
-    device.driver_version.as_deref().is_some_and(|d| d.contains(", Cpu)"))
 }
 
 /// The backend named by `HIVE_GPU_BACKEND`, None when unset, empty or "auto".

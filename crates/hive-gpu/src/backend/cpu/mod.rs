@@ -8,7 +8,7 @@ pub mod simd;
 pub(crate) mod topk;
 
 use crate::backend::{GpuBackend, RowStore};
-use crate::error::{HiveGpuError, Result};
+use crate::error::Result;
 use crate::types::{GpuBackendType, GpuDeviceInfo, SearchPrecision, StoragePrecision};
 
 pub use simd::SimdLevel;
@@ -59,6 +59,7 @@ impl GpuBackend for CpuBackend {
             pci_bus_id: None,
             l2_cache_bytes: l2_cache_bytes(),
             warp_size: 1,
+            software: false,
         }
     }
 
@@ -68,9 +69,7 @@ impl GpuBackend for CpuBackend {
         precision: StoragePrecision,
         _search: SearchPrecision,
     ) -> Result<Box<dyn RowStore>> {
-        if dim == 0 {
-            return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
-        }
+        crate::backend::check_new_rows(dim)?;
         Ok(Box::new(rows::CpuRows::new(dim, precision, self.simd)))
     }
 }

@@ -356,6 +356,7 @@ impl Driver for CudaDriver {
             pci_bus_id: Some(self.pci.clone()),
             l2_cache_bytes: Some(self.l2_bytes),
             warp_size: self.warp,
+            software: false,
         }
     }
 

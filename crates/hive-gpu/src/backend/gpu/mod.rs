@@ -57,9 +57,7 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
         precision: StoragePrecision,
         search: SearchPrecision,
     ) -> Result<Box<dyn RowStore>> {
-        if dim == 0 {
-            return Err(crate::error::HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
-        }
+        crate::backend::check_new_rows(dim)?;
         Ok(Box::new(rows::GpuRows::new(self.device.clone(), dim, precision, search)?))
     }
 }

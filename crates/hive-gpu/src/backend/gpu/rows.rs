@@ -10,6 +10,7 @@ use super::Device;
 use super::driver::{Arg, Driver};
 use super::kernels::BLOCK;
 use super::memory::{DeviceBuffer, Staging, Workspace};
+use crate::backend::tombstones::Tombstones;
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
@@ -44,8 +45,7 @@ pub(crate) struct GpuRows<D: Driver> {
     pub(super) len: usize,
     pub(super) arrays: Option<Arrays<D>>,
     /// Host copy of the tombstone bitmap (the device holds the same words).
-    dead: Vec<u32>,
-    pub(super) dead_count: usize,
+    pub(super) dead: Tombstones,
     /// Set when a tombstone upload failed: the next search uploads the whole bitmap first
     /// (under this lock, so concurrent searches wait for it).
     dead_stale: Mutex<bool>,
@@ -70,8 +70,7 @@ impl<D: Driver> GpuRows<D> {
             search,
             len: 0,
             arrays: None,
-            dead: Vec::new(),
-            dead_count: 0,
+            dead: Tombstones::default(),
             dead_stale: Mutex::new(false),
             max_sq_norm: 0.0,
             maintenance: Mutex::new(Maintenance { stream, staging: [Staging::new(), Staging::new()] }),
@@ -129,7 +128,7 @@ impl<D: Driver> GpuRows<D> {
         driver.synchronize(stream)?;
         drop(maintenance);
         self.arrays = Some(Arrays { rows, norms, dead, capacity });
-        self.dead.resize(words, 0);
+        self.dead.cover(capacity);
         Ok(())
     }
 
@@ -239,25 +238,11 @@ impl<D: Driver> GpuRows<D> {
         let Maintenance { stream, staging } = &mut *guard;
         let bytes = (to - from) * 4;
         let buffer = staging[0].get(&driver, bytes)?;
-        for (dst, word) in buffer[..bytes].chunks_exact_mut(4).zip(&self.dead[from..to]) {
+        for (dst, word) in buffer[..bytes].chunks_exact_mut(4).zip(&self.dead.words()[from..to]) {
             dst.copy_from_slice(&word.to_ne_bytes());
         }
         driver.upload(stream, arrays.dead.ptr() + (from * 4) as u64, buffer, bytes)?;
         driver.synchronize(stream)
-    }
-
-    fn set_dead(&mut self, slot: usize, dead: bool) -> bool {
-        let (word, bit) = (slot / 32, 1u32 << (slot % 32));
-        let was = self.dead[word] & bit != 0;
-        if was != dead {
-            self.dead[word] ^= bit;
-            if dead {
-                self.dead_count += 1;
-            } else {
-                self.dead_count -= 1;
-            }
-        }
-        was != dead
     }
 
     fn mark_dead_stale(&self) {
@@ -267,7 +252,7 @@ impl<D: Driver> GpuRows<D> {
     }
 
     pub(super) fn live(&self) -> usize {
-        self.len - self.dead_count
+        self.len - self.dead.count()
     }
 }
 
@@ -317,7 +302,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
             )));
         }
         self.upload_rows(slot, row)?;
-        if self.set_dead(slot, false)
+        if self.dead.set(slot, false)
             && let Err(e) = self.upload_dead(slot / 32, slot / 32 + 1)
         {
             self.mark_dead_stale();
@@ -329,7 +314,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
     fn tombstone(&mut self, slots: &[usize]) {
         let (mut lo, mut hi) = (usize::MAX, 0);
         for &slot in slots {
-            if slot < self.len && self.set_dead(slot, true) {
+            if slot < self.len && self.dead.set(slot, true) {
                 lo = lo.min(slot / 32);
                 hi = hi.max(slot / 32 + 1);
             }
@@ -389,8 +374,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         }
         self.arrays = Some(Arrays { rows, norms, dead, capacity });
         self.len = count;
-        self.dead = vec![0; words];
-        self.dead_count = 0;
+        self.dead.reset(capacity);
         if let Ok(mut stale) = self.dead_stale.lock() {
             *stale = false;
         }
@@ -400,8 +384,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
     fn clear(&mut self) {
         self.arrays = None;
         self.len = 0;
-        self.dead.clear();
-        self.dead_count = 0;
+        self.dead = Tombstones::default();
         self.max_sq_norm = 0.0;
         if let Ok(mut stale) = self.dead_stale.lock() {
             *stale = false;
@@ -443,7 +426,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
                 .lock()
                 .map_err(|_| HiveGpuError::Internal("tombstone lock poisoned".into()))?;
             if *stale {
-                self.upload_dead(0, self.dead.len())?;
+                self.upload_dead(0, self.dead.words().len())?;
                 *stale = false;
             }
         }

@@ -244,12 +244,21 @@ impl<D: Driver> GpuRows<D> {
             }
         }
         let max_sq_norm = f64::from(self.max_sq_norm);
-        let gate_for = |path: Approximation| -> (Vec<f32>, Vec<f32>) {
-            approx_queries
+        // Norms of the vectors the kernels see (the unit queries for cosine), computed once for
+        // both gates below.
+        let kernel_norms: Vec<f64> = if cosine {
+            approx
                 .chunks_exact(dim)
+                .map(|q| q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt())
+                .collect()
+        } else {
+            q_norms.clone()
+        };
+        let gate_for = |path: Approximation| -> (Vec<f32>, Vec<f32>) {
+            kernel_norms
+                .iter()
                 .zip(&scales)
-                .map(|(q, &scale)| {
-                    let norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+                .map(|(&norm, &scale)| {
                     let p = match path {
                         Approximation::GemmF16 { .. } => Approximation::GemmF16 { scale },
                         other => other,
@@ -421,7 +430,7 @@ impl<D: Driver> GpuRows<D> {
     fn arrays_ptrs(&self) -> Result<(DevicePtr, DevicePtr, DevicePtr)> {
         let arrays = self.arrays.as_ref().ok_or(HiveGpuError::EmptyCollection)?;
         // Without removed rows the kernels skip the bitmap entirely (null pointer).
-        let dead = if self.dead_count > 0 { arrays.dead.ptr() } else { 0 };
+        let dead = if self.dead.count() > 0 { arrays.dead.ptr() } else { 0 };
         Ok((arrays.rows.ptr(), arrays.norms.ptr(), dead))
     }
 

@@ -94,7 +94,8 @@ fn adapter_info(adapter: &wgpu::Adapter, ordinal: usize, note: Option<&str>) -> 
         compute_units: 0,
         pci_bus_id: (!info.device_pci_bus_id.is_empty()).then(|| info.device_pci_bus_id.clone()),
         l2_cache_bytes: None,
-        warp_size: adapter.get_info().subgroup_min_size.max(1),
+        warp_size: info.subgroup_min_size.max(1),
+        software: info.device_type == wgpu::DeviceType::Cpu,
     }
 }
 
@@ -361,9 +362,7 @@ impl GpuBackend for WgpuBackend {
         precision: StoragePrecision,
         _search: SearchPrecision,
     ) -> Result<Box<dyn RowStore>> {
-        if dim == 0 {
-            return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
-        }
+        crate::backend::check_new_rows(dim)?;
         Ok(Box::new(rows::WgpuRows::new(self.device.clone(), dim, precision)?))
     }
 }

@@ -11,6 +11,7 @@ use super::WgpuDevice;
 use crate::backend::cpu::SimdLevel;
 use crate::backend::cpu::rows::CpuRows;
 use crate::backend::gpu::bounds::{self, Approximation};
+use crate::backend::tombstones::Tombstones;
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, StoragePrecision};
@@ -63,8 +64,6 @@ pub(crate) struct WgpuRows {
     /// Set when the device copy may lag the host (a failed upload): the next search re-uploads
     /// everything first.
     stale: bool,
-    /// Host copy of the device's tombstone words, so a removal uploads only what changed.
-    dead_words: Vec<u32>,
     work: Mutex<Work>,
 }
 
@@ -99,7 +98,6 @@ impl WgpuRows {
             chunks_generation: 0,
             max_inv_norm: 0.0,
             stale: false,
-            dead_words: Vec::new(),
             work: Mutex::new(Work::default()),
         })
     }
@@ -108,7 +106,9 @@ impl WgpuRows {
         self.device.create_buffer(label, size, usage)
     }
 
-    fn encode_rows(&self, from: usize, to: usize) -> Result<Vec<u8>> {
+    /// Stored bytes of host slots `[from, to)`; with `scales`, also each row's cosine factor
+    /// `1 / |x|` (computed in f64, rounded once) from the same read.
+    fn encode_rows(&mut self, from: usize, to: usize, mut scales: Option<&mut Vec<u8>>) -> Result<Vec<u8>> {
         let mut bytes = Vec::with_capacity((to - from) * self.dim * 4);
         for slot in from..to {
             let row = self.host.read_row(slot)?;
@@ -118,19 +118,12 @@ impl WgpuRows {
                     bytes.extend(row.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_ne_bytes()))
                 }
             }
-        }
-        Ok(bytes)
-    }
-
-    /// Per-row factor of the cosine kernel: `1 / |x|`, computed in f64 and rounded once.
-    fn scales(&mut self, from: usize, to: usize) -> Result<Vec<u8>> {
-        let mut bytes = Vec::with_capacity((to - from) * 4);
-        for slot in from..to {
-            let row = self.host.read_row(slot)?;
-            let norm = row.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
-            let inv = if norm > 0.0 { (1.0 / norm) as f32 } else { 0.0 };
-            self.max_inv_norm = self.max_inv_norm.max(inv * (1.0 + 1e-6));
-            bytes.extend(inv.to_ne_bytes());
+            if let Some(scales) = scales.as_deref_mut() {
+                let norm = row.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+                let inv = if norm > 0.0 { (1.0 / norm) as f32 } else { 0.0 };
+                self.max_inv_norm = self.max_inv_norm.max(inv * (1.0 + 1e-6));
+                scales.extend(inv.to_ne_bytes());
+            }
         }
         Ok(bytes)
     }
@@ -184,90 +177,73 @@ impl WgpuRows {
             let c = slot / self.rows_per_chunk;
             let first = c * self.rows_per_chunk;
             let end = to.min(first + self.rows_per_chunk);
-            let mut bytes = self.encode_rows(slot, end)?;
-            let scales = self.scales(slot, end)?;
-            let Some(chunk) = self.chunks.get(c) else {
+            let mut scales = Vec::with_capacity((end - slot) * 4);
+            let mut bytes = self.encode_rows(slot, end, Some(&mut scales))?;
+            let Some((rows, scale)) =
+                self.chunks.get(c).map(|chunk| (chunk.rows.clone(), chunk.scale.clone()))
+            else {
                 return Err(HiveGpuError::Internal(format!("no device chunk for slot {slot}")));
             };
-            let offset = ((slot - first) * row_bytes) as u64;
-            // write_buffer needs 4-byte multiples: packed f16 rows may end mid-word; the
-            // padding half is either the next row's (rewritten when it is uploaded) or unused.
-            if !offset.is_multiple_of(4) || !bytes.len().is_multiple_of(4) {
-                let start = (offset / 4) * 4;
-                let mut padded = Vec::with_capacity(bytes.len() + 4);
-                if start != offset {
-                    // The half before this row belongs to the previous row: re-encode it.
-                    let previous = self.encode_rows(slot - 1, slot)?;
-                    padded.extend_from_slice(&previous[previous.len() - 2..]);
-                }
-                padded.extend_from_slice(&bytes);
-                if !padded.len().is_multiple_of(4) {
-                    if end < self.host.len() && end < first + self.rows_per_chunk {
-                        let next = self.encode_rows(end, end + 1)?;
-                        padded.extend_from_slice(&next[..2]);
-                    } else {
-                        padded.extend_from_slice(&[0, 0]);
-                    }
-                }
-                bytes = padded;
-                let rows = chunk.rows.clone();
-                let scale = chunk.scale.clone();
-                self.write(&rows, start, &bytes)?;
-                self.write(&scale, ((slot - first) * 4) as u64, &scales)?;
-            } else {
-                let rows = chunk.rows.clone();
-                let scale = chunk.scale.clone();
-                self.write(&rows, offset, &bytes)?;
-                self.write(&scale, ((slot - first) * 4) as u64, &scales)?;
+            let mut offset = ((slot - first) * row_bytes) as u64;
+            // Copies need 4-byte multiples: packed f16 rows may start or end mid-word, and the
+            // neighbouring half (re-encoded from the host) completes the word.
+            if !offset.is_multiple_of(4) {
+                let previous = self.encode_rows(slot - 1, slot, None)?;
+                bytes.splice(0..0, previous[previous.len() - 2..].iter().copied());
+                offset -= 2;
             }
+            if !bytes.len().is_multiple_of(4) {
+                if end < self.host.len() && end < first + self.rows_per_chunk {
+                    let next = self.encode_rows(end, end + 1, None)?;
+                    bytes.extend_from_slice(&next[..2]);
+                } else {
+                    bytes.extend_from_slice(&[0, 0]);
+                }
+            }
+            self.write(&rows, offset, &bytes)?;
+            self.write(&scale, ((slot - first) * 4) as u64, &scales)?;
             slot = end;
         }
         Ok(())
     }
 
-    /// Brings the device's tombstone bitmap (one bit per slot) in line with the host, uploading
-    /// only the words that changed (all of them when the buffer is new).
-    fn sync_dead(&mut self) -> Result<()> {
-        let len = self.host.len();
-        let words = len.div_ceil(32).max(1);
-        let mut bitmap = vec![0u32; words];
-        for slot in 0..len {
-            if self.host.is_removed(slot) {
-                bitmap[slot / 32] |= 1 << (slot % 32);
-            }
-        }
-        let mut fresh = false;
-        if buffer_len(&self.dead) < (words * 4) as u64 {
-            let size = (words * 4).next_power_of_two() as u64;
+    /// Copies the host's tombstone words `words` (clamped to the bitmap) to the device; all
+    /// of them when the device buffer had to be (re)created.
+    fn sync_dead(&mut self, words: std::ops::Range<usize>) -> Result<()> {
+        let needed = Tombstones::words_for(self.host.len()).max(1);
+        let mut words = words;
+        if buffer_len(&self.dead) < (needed * 4) as u64 {
+            let size = (needed * 4).next_power_of_two() as u64;
             self.dead = Some(self.create_buffer(
                 "dead",
                 size,
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             )?);
             self.chunks_generation += 1;
-            fresh = true;
+            words = 0..needed;
         }
         let Some(dead) = self.dead.clone() else { return Ok(()) };
-        if fresh || self.dead_words.len() != words {
-            let bytes: Vec<u8> = bitmap.iter().flat_map(|w| w.to_ne_bytes()).collect();
-            self.write(&dead, 0, &bytes)?;
-        } else {
-            let changed = |i: &usize| bitmap[*i] != self.dead_words[*i];
-            if let (Some(lo), Some(hi)) = ((0..words).find(changed), (0..words).rev().find(changed)) {
-                let bytes: Vec<u8> = bitmap[lo..=hi].iter().flat_map(|w| w.to_ne_bytes()).collect();
-                self.write(&dead, (lo * 4) as u64, &bytes)?;
-            }
+        let host = self.host.tombstones().words();
+        let end = words.end.min(needed);
+        if words.start >= end {
+            return Ok(());
         }
-        self.dead_words = bitmap;
-        Ok(())
+        // Words the host bitmap does not cover yet are all live.
+        let bytes: Vec<u8> =
+            (words.start..end).flat_map(|w| host.get(w).copied().unwrap_or(0).to_ne_bytes()).collect();
+        self.write(&dead, (words.start * 4) as u64, &bytes)
+    }
+
+    /// Every tombstone word.
+    fn all_dead_words(&self) -> std::ops::Range<usize> {
+        0..Tombstones::words_for(self.host.len()).max(1)
     }
 
     /// Re-uploads every row and the bitmap after a failed upload.
     fn resync(&mut self) -> Result<()> {
         if self.stale {
-            self.dead_words.clear();
             self.upload(0, self.host.len())?;
-            self.sync_dead()?;
+            self.sync_dead(self.all_dead_words())?;
             self.stale = false;
         }
         Ok(())
@@ -611,7 +587,7 @@ impl RowStore for WgpuRows {
         self.host.append(rows)?;
         let outcome = self
             .upload(from, self.host.len())
-            .and_then(|()| self.sync_dead())
+            .and_then(|()| self.sync_dead(from / 32..Tombstones::words_for(self.host.len())))
             .and_then(|()| self.device.take_error("uploading rows"));
         if outcome.is_err() {
             // Host and device stay in step: the rows the device did not take are dropped.
@@ -624,7 +600,7 @@ impl RowStore for WgpuRows {
     fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
         self.resync()?;
         self.host.overwrite(slot, row)?;
-        let outcome = self.upload(slot, slot + 1).and_then(|()| self.sync_dead());
+        let outcome = self.upload(slot, slot + 1).and_then(|()| self.sync_dead(slot / 32..slot / 32 + 1));
         if outcome.is_err() {
             self.stale = true;
         }
@@ -633,7 +609,9 @@ impl RowStore for WgpuRows {
 
     fn tombstone(&mut self, slots: &[usize]) {
         self.host.tombstone(slots);
-        if self.sync_dead().is_err() {
+        let lo = slots.iter().min().map_or(0, |s| s / 32);
+        let hi = slots.iter().max().map_or(0, |s| s / 32 + 1);
+        if self.sync_dead(lo..hi).is_err() {
             // Cannot fail here (the trait's tombstone is infallible): the next search resyncs.
             self.stale = true;
         }
@@ -642,8 +620,7 @@ impl RowStore for WgpuRows {
     fn compact(&mut self, keep: &[usize]) -> Result<()> {
         self.host.compact(keep)?;
         self.chunks.truncate(self.host.len().div_ceil(self.rows_per_chunk));
-        self.dead_words.clear();
-        let outcome = self.upload(0, self.host.len()).and_then(|()| self.sync_dead());
+        let outcome = self.upload(0, self.host.len()).and_then(|()| self.sync_dead(self.all_dead_words()));
         self.stale = outcome.is_err();
         outcome
     }
@@ -651,7 +628,6 @@ impl RowStore for WgpuRows {
     fn clear(&mut self) {
         self.host.clear();
         self.chunks.clear();
-        self.dead_words.clear();
         self.stale = false;
         self.chunks_generation += 1;
         if let Ok(mut work) = self.work.lock() {

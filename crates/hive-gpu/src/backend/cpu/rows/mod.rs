@@ -13,6 +13,7 @@ use super::available_memory_bytes;
 use super::simd::{self, SimdLevel};
 use super::topk::{self, ErrorBound};
 use super::{bf16, int8};
+use crate::backend::tombstones::Tombstones;
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
@@ -38,8 +39,7 @@ pub struct CpuRows {
     max_relative_residual: f32,
     /// Whether every stored component is an integer in 0..=255 (exact byte kernel applies).
     all_bytes: bool,
-    dead: Vec<u64>,
-    dead_count: usize,
+    dead: Tombstones,
     simd: SimdLevel,
 }
 
@@ -57,27 +57,13 @@ impl CpuRows {
             max_residual: 0.0,
             max_relative_residual: 0.0,
             all_bytes: true,
-            dead: Vec::new(),
-            dead_count: 0,
+            dead: Tombstones::default(),
             simd,
         }
     }
 
     fn is_dead(&self, slot: usize) -> bool {
-        self.dead_count > 0 && self.dead[slot / 64] & (1 << (slot % 64)) != 0
-    }
-
-    fn set_dead(&mut self, slot: usize, dead: bool) {
-        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
-        let was = self.dead[word] & bit != 0;
-        if was != dead {
-            self.dead[word] ^= bit;
-            if dead {
-                self.dead_count += 1;
-            } else {
-                self.dead_count -= 1;
-            }
-        }
+        self.dead.is_set(slot)
     }
 
     /// Rows `start..start + count` as f32, converting f16 storage into `scratch`.
@@ -176,11 +162,7 @@ impl CpuRows {
 
     /// Drops every slot from `len` on (a rollback of an append the caller could not finish).
     pub(crate) fn truncate(&mut self, len: usize) {
-        for slot in len..self.len_slots() {
-            if self.is_dead(slot) {
-                self.set_dead(slot, false);
-            }
-        }
+        self.dead.clear_from(len);
         match &mut self.elements {
             Elements::F32(v) => v.truncate(len * self.dim),
             Elements::F16(v) => v.truncate(len * self.dim),
@@ -188,9 +170,9 @@ impl CpuRows {
         self.sq_norms.truncate(len);
     }
 
-    /// Whether `slot` is removed.
-    pub(crate) fn is_removed(&self, slot: usize) -> bool {
-        self.is_dead(slot)
+    /// The removed-row bitmap (GPU backends upload its words as they are).
+    pub(crate) fn tombstones(&self) -> &Tombstones {
+        &self.dead
     }
 
     /// At least the largest squared norm of any slot.
@@ -200,7 +182,7 @@ impl CpuRows {
 
     /// Live rows.
     pub(crate) fn live(&self) -> usize {
-        self.len_slots() - self.dead_count
+        self.len_slots() - self.dead.count()
     }
 
     /// Exact canonical distance of one stored row to `q`, in f64.
@@ -266,7 +248,7 @@ impl RowStore for CpuRows {
         };
         reserved
             .and_then(|_| self.sq_norms.try_reserve(additional))
-            .and_then(|_| self.dead.try_reserve((self.len_slots() + additional).div_ceil(64)))
+            .and_then(|_| self.dead.try_reserve(self.len_slots() + additional))
             .map_err(|_| too_much(available_memory_bytes().unwrap_or(0)))
     }
 
@@ -288,7 +270,7 @@ impl RowStore for CpuRows {
             self.store_row(row);
             self.note_row(self.len_slots() - 1);
         }
-        self.dead.resize(self.len_slots().div_ceil(64), 0);
+        self.dead.cover(self.len_slots());
         Ok(())
     }
 
@@ -302,14 +284,14 @@ impl RowStore for CpuRows {
             Elements::F16(v) => v[range].convert_from_f32_slice(row),
         }
         self.note_row(slot);
-        self.set_dead(slot, false);
+        self.dead.set(slot, false);
         Ok(())
     }
 
     fn tombstone(&mut self, slots: &[usize]) {
         for &slot in slots {
             if slot < self.len_slots() {
-                self.set_dead(slot, true);
+                self.dead.set(slot, true);
             }
         }
     }
@@ -330,8 +312,7 @@ impl RowStore for CpuRows {
             Elements::F32(v) => Elements::F32(gather(v, keep, dim)),
             Elements::F16(v) => Elements::F16(gather(v, keep, dim)),
         };
-        self.dead = vec![0; keep.len().div_ceil(64)];
-        self.dead_count = 0;
+        self.dead.reset(keep.len());
         self.sq_norms = Vec::with_capacity(keep.len());
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
         self.all_bytes = true;
@@ -347,8 +328,7 @@ impl RowStore for CpuRows {
             Elements::F16(v) => *v = Vec::new(),
         }
         self.sq_norms = Vec::new();
-        self.dead = Vec::new();
-        self.dead_count = 0;
+        self.dead = Tombstones::default();
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
         self.all_bytes = true;
     }
@@ -369,12 +349,12 @@ impl RowStore for CpuRows {
             Elements::F32(v) => v.capacity() * 4,
             Elements::F16(v) => v.capacity() * 2,
         };
-        values + self.sq_norms.capacity() * 4 + self.dead.capacity() * 8
+        values + self.sq_norms.capacity() * 4 + self.dead.capacity_bytes()
     }
 
     fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
         let dim = self.dim;
-        let live = self.len_slots() - self.dead_count;
+        let live = self.len_slots() - self.dead.count();
         if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
