@@ -3,6 +3,7 @@
 //! which slot holds which id.
 
 use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 
 use rayon::prelude::*;
 
@@ -22,10 +23,36 @@ const MIN_COSINE_SQUARED_NORM: f64 = 1e-36;
 /// Vectors appended per call into the row store, bounding the temporary copy.
 const APPEND_CHUNK: usize = 8192;
 
+/// Vectors per task of the parallel passes over a batch: small batches stay on the calling
+/// thread.
+const MIN_PARALLEL: usize = 512;
+
+/// The id maps hash with foldhash (seeded per map, so still resistant to chosen collisions):
+/// SipHash was a large share of adding vectors.
+type IdMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Debug)]
 struct Entry {
-    id: String,
-    metadata: Metadata,
+    /// Shared with the key in `slot_of`: one allocation per id.
+    id: Arc<str>,
+    /// None for an empty payload (the common case), which then takes 8 bytes instead of a
+    /// 48-byte empty map.
+    metadata: Option<Box<Metadata>>,
+}
+
+impl Entry {
+    fn new(id: &str, metadata: &Metadata) -> Self {
+        Self { id: Arc::from(id), metadata: boxed(metadata) }
+    }
+
+    fn metadata(&self) -> &Metadata {
+        static EMPTY: LazyLock<Metadata> = LazyLock::new(Metadata::new);
+        self.metadata.as_deref().unwrap_or(&EMPTY)
+    }
+}
+
+fn boxed(metadata: &Metadata) -> Option<Box<Metadata>> {
+    (!metadata.is_empty()).then(|| Box::new(metadata.clone()))
 }
 
 /// A collection: a row store plus the bookkeeping that maps ids to its slots.
@@ -35,7 +62,7 @@ pub(crate) struct Collection {
     rows: Box<dyn RowStore>,
     /// One per slot; None for a removed (tombstoned) slot.
     entries: Vec<Option<Entry>>,
-    slot_of: HashMap<String, usize>,
+    slot_of: IdMap<Arc<str>, usize>,
     removed: usize,
 }
 
@@ -130,7 +157,7 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
 
 impl Collection {
     pub(crate) fn new(config: StorageConfig, rows: Box<dyn RowStore>) -> Self {
-        Self { config, rows, entries: Vec::new(), slot_of: HashMap::new(), removed: 0 }
+        Self { config, rows, entries: Vec::new(), slot_of: IdMap::default(), removed: 0 }
     }
 
     pub(crate) fn config(&self) -> &StorageConfig {
@@ -153,7 +180,7 @@ impl Collection {
 
     /// Id and payload of a live slot.
     pub(crate) fn entry(&self, slot: usize) -> Option<(&str, &Metadata)> {
-        self.entries.get(slot)?.as_ref().map(|e| (e.id.as_str(), &e.metadata))
+        self.entries.get(slot)?.as_ref().map(|e| (&*e.id, e.metadata()))
     }
 
     /// Inserts new ids and replaces existing ones. Validates the whole batch first: a batch
@@ -173,35 +200,50 @@ impl Collection {
         if let Some(error) = invalid {
             return Err(error);
         }
-        let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(vectors.len());
-        for (i, v) in vectors.iter().enumerate() {
+        // The slots of ids already stored are looked up in parallel, duplicates found in order.
+        let slot_of = &self.slot_of;
+        let stored: Vec<Option<usize>> = vectors
+            .par_iter()
+            .with_min_len(MIN_PARALLEL)
+            .map(|v| slot_of.get(v.id.as_str()).copied())
+            .collect();
+        let mut first_seen: IdMap<&str, usize> =
+            IdMap::with_capacity_and_hasher(vectors.len(), Default::default());
+        let mut updates = Vec::new();
+        let mut inserts = Vec::with_capacity(vectors.len());
+        for (i, (v, slot)) in vectors.iter().zip(stored).enumerate() {
             if let Some(first) = first_seen.insert(v.id.as_str(), i) {
                 return Err(HiveGpuError::DuplicateId { id: v.id.clone(), first, second: i });
             }
+            match slot {
+                Some(slot) => updates.push((slot, v)),
+                None => inserts.push(v),
+            }
         }
-        let (updates, inserts): (Vec<&GpuVector>, Vec<&GpuVector>) =
-            vectors.iter().partition(|v| self.slot_of.contains_key(&v.id));
         self.rows.reserve(inserts.len())?;
         self.entries.try_reserve(inserts.len()).map_err(|_| out_of_memory(inserts.len()))?;
         self.slot_of.try_reserve(inserts.len()).map_err(|_| out_of_memory(inserts.len()))?;
 
-        for v in updates {
-            let slot = self.slot_of[&v.id];
+        for (slot, v) in updates {
             self.rows.overwrite(slot, &v.data)?;
             if let Some(entry) = &mut self.entries[slot] {
-                entry.metadata = v.metadata.clone();
+                entry.metadata = boxed(&v.metadata);
             }
         }
-        let mut flat = Vec::with_capacity(APPEND_CHUNK.min(inserts.len()) * self.config.dimension);
+        let dim = self.config.dimension;
+        let mut flat = vec![0.0; APPEND_CHUNK.min(inserts.len()) * dim];
         for chunk in inserts.chunks(APPEND_CHUNK) {
-            flat.clear();
-            for v in chunk {
-                flat.extend_from_slice(&v.data);
-            }
-            self.rows.append(&flat)?;
-            for v in chunk {
-                self.slot_of.insert(v.id.clone(), self.entries.len());
-                self.entries.push(Some(Entry { id: v.id.clone(), metadata: v.metadata.clone() }));
+            let flat = &mut flat[..chunk.len() * dim];
+            flat.par_chunks_exact_mut(dim)
+                .with_min_len(MIN_PARALLEL)
+                .zip(chunk)
+                .for_each(|(row, v)| row.copy_from_slice(&v.data));
+            self.rows.append(flat)?;
+            let added: Vec<Entry> =
+                chunk.par_iter().with_min_len(MIN_PARALLEL).map(|v| Entry::new(&v.id, &v.metadata)).collect();
+            for entry in added {
+                self.slot_of.insert(entry.id.clone(), self.entries.len());
+                self.entries.push(Some(entry));
             }
         }
         Ok(())
@@ -218,7 +260,8 @@ impl Collection {
     /// Removes ids; every id must be present and listed once, else nothing is removed.
     pub(crate) fn remove<S: AsRef<str>>(&mut self, ids: &[S]) -> Result<()> {
         let mut slots = Vec::with_capacity(ids.len());
-        let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(ids.len());
+        let mut first_seen: IdMap<&str, usize> =
+            IdMap::with_capacity_and_hasher(ids.len(), Default::default());
         for (i, id) in ids.iter().enumerate() {
             let id = id.as_ref();
             if let Some(first) = first_seen.insert(id, i) {
@@ -269,7 +312,7 @@ impl Collection {
         let Some(&slot) = self.slot_of.get(id) else { return Ok(None) };
         let Some(entry) = self.entries[slot].as_ref() else { return Ok(None) };
         let data = self.rows.read_row(slot)?;
-        Ok(Some(GpuVector { id: entry.id.clone(), data, metadata: entry.metadata.clone() }))
+        Ok(Some(GpuVector { id: entry.id.to_string(), data, metadata: entry.metadata().clone() }))
     }
 
     pub(crate) fn contains(&self, id: &str) -> bool {
@@ -279,7 +322,7 @@ impl Collection {
     pub(crate) fn clear(&mut self) {
         self.rows.clear();
         self.entries = Vec::new();
-        self.slot_of = HashMap::new();
+        self.slot_of = IdMap::default();
         self.removed = 0;
     }
 }

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
 
 use super::Device;
 use super::driver::{Arg, Driver};
@@ -18,6 +19,34 @@ use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 /// Rows staged per upload: large enough to keep the copy engine busy, small enough to
 /// overlap with converting the next chunk.
 const UPLOAD_CHUNK_BYTES: usize = 32 << 20;
+
+/// Values converted per task when staging rows in parallel.
+const FILL_GRAIN: usize = 1 << 16;
+
+/// Writes `values` into `staging` as the stored element type (native-endian bytes), in
+/// parallel: one thread cannot keep up with the copy engine.
+fn fill_staging(staging: &mut [u8], values: &[f32], precision: StoragePrecision) {
+    match precision {
+        StoragePrecision::F32 => staging
+            .par_chunks_mut(FILL_GRAIN * 4)
+            .zip(values.par_chunks(FILL_GRAIN))
+            .for_each(|(dst, src)| {
+                for (dst, src) in dst.chunks_exact_mut(4).zip(src) {
+                    dst.copy_from_slice(&src.to_ne_bytes());
+                }
+            }),
+        StoragePrecision::F16 => staging
+            .par_chunks_mut(FILL_GRAIN * 2)
+            .zip(values.par_chunks(FILL_GRAIN))
+            .for_each(|(dst, src)| {
+                let mut halves = vec![f16::ZERO; src.len()];
+                halves.convert_from_f32_slice(src);
+                for (dst, src) in dst.chunks_exact_mut(2).zip(&halves) {
+                    dst.copy_from_slice(&src.to_bits().to_ne_bytes());
+                }
+            }),
+    }
+}
 
 /// The device arrays of one collection.
 #[derive(Debug)]
@@ -171,20 +200,7 @@ impl<D: Driver> GpuRows<D> {
         for (i, chunk) in rows.chunks(rows_per_chunk * dim).enumerate() {
             let bytes = chunk.len() / dim * row_bytes;
             let buffer = staging[i % 2].get(&driver, bytes)?;
-            match precision {
-                StoragePrecision::F32 => {
-                    for (dst, src) in buffer[..bytes].chunks_exact_mut(4).zip(chunk) {
-                        dst.copy_from_slice(&src.to_ne_bytes());
-                    }
-                }
-                StoragePrecision::F16 => {
-                    let mut halves = vec![f16::ZERO; chunk.len()];
-                    halves.convert_from_f32_slice(chunk);
-                    for (dst, src) in buffer[..bytes].chunks_exact_mut(2).zip(&halves) {
-                        dst.copy_from_slice(&src.to_bits().to_ne_bytes());
-                    }
-                }
-            }
+            fill_staging(&mut buffer[..bytes], chunk, precision);
             let offset = (first + i * rows_per_chunk) * row_bytes;
             driver.upload(stream, rows_ptr + offset as u64, buffer, bytes)?;
             // The other buffer is refilled next: wait for its previous upload.
@@ -431,5 +447,26 @@ impl<D: Driver> RowStore for GpuRows<D> {
             }
         }
         self.search(queries, k, metric)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_holds_the_native_bytes_of_every_value() {
+        // Several parallel tasks and a short last one.
+        let values: Vec<f32> = (0..FILL_GRAIN * 3 + 5).map(|i| (i as f32 - 1000.5) * 0.37).collect();
+        let mut staging = vec![0u8; values.len() * 4];
+        fill_staging(&mut staging, &values, StoragePrecision::F32);
+        let expected: Vec<u8> = values.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        assert!(staging == expected, "f32 staging differs");
+
+        let mut staging = vec![0u8; values.len() * 2];
+        fill_staging(&mut staging, &values, StoragePrecision::F16);
+        let expected: Vec<u8> =
+            values.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_ne_bytes()).collect();
+        assert!(staging == expected, "f16 staging differs");
     }
 }

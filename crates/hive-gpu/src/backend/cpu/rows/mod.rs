@@ -18,6 +18,17 @@ use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
 
+/// Values per task when stored rows are copied and measured in parallel.
+const PARALLEL_VALUES: usize = 1 << 14;
+
+/// What [`CpuRows`] keeps about each stored row: its squared norm, its bf16 rounding
+/// residual and whether its components are all bytes.
+struct RowStats {
+    norm: f64,
+    residual: f64,
+    bytes: bool,
+}
+
 #[derive(Debug, Clone)]
 enum Elements {
     F32(Vec<f32>),
@@ -79,20 +90,36 @@ impl CpuRows {
         }
     }
 
-    fn store_row(&mut self, row: &[f32]) {
-        match &mut self.elements {
-            Elements::F32(v) => v.extend_from_slice(row),
-            Elements::F16(v) => v.extend(row.iter().map(|&x| f16::from_f32(x))),
+    /// Norm and rounding residuals of the stored row in `slot`.
+    fn row_stats(&self, slot: usize, scratch: &mut Vec<f32>) -> RowStats {
+        let row = self.rows_f32(slot, 1, scratch);
+        RowStats {
+            norm: simd::squared_norm_f64(row),
+            residual: bf16::residual(row),
+            bytes: row.iter().all(|&x| int8::is_byte(x)),
         }
     }
 
     /// Records the norm and rounding residuals of the stored row in `slot`.
     fn note_row(&mut self, slot: usize) {
-        let mut scratch = Vec::new();
-        let row = self.rows_f32(slot, 1, &mut scratch);
-        let norm = simd::squared_norm_f64(row);
-        let residual = bf16::residual(row);
-        let bytes = row.iter().all(|&x| int8::is_byte(x));
+        let stats = self.row_stats(slot, &mut Vec::new());
+        self.record(slot, stats);
+    }
+
+    /// Records the statistics of the stored rows from `first` on, measured in parallel.
+    fn note_rows_from(&mut self, first: usize) {
+        let stats: Vec<RowStats> = (first..self.len_slots())
+            .into_par_iter()
+            .with_min_len(PARALLEL_VALUES.div_ceil(self.dim))
+            .map_init(Vec::new, |scratch, slot| self.row_stats(slot, scratch))
+            .collect();
+        for (slot, stats) in (first..).zip(stats) {
+            self.record(slot, stats);
+        }
+    }
+
+    /// Records the statistics of the stored row in `slot` (the next one or an existing one).
+    fn record(&mut self, slot: usize, RowStats { norm, residual, bytes }: RowStats) {
         let sq_norm = norm as f32;
         // Widened a little so the bounds built on them stay bounds after rounding to f32.
         self.max_sq_norm = self.max_sq_norm.max(sq_norm * (1.0 + 1e-6));
@@ -266,10 +293,13 @@ impl RowStore for CpuRows {
                 self.dim
             )));
         }
-        for row in rows.chunks_exact(self.dim) {
-            self.store_row(row);
-            self.note_row(self.len_slots() - 1);
+        let first = self.len_slots();
+        let values = rows.par_iter().with_min_len(PARALLEL_VALUES);
+        match &mut self.elements {
+            Elements::F32(v) => v.par_extend(values.copied()),
+            Elements::F16(v) => v.par_extend(values.map(|&x| f16::from_f32(x))),
         }
+        self.note_rows_from(first);
         self.dead.cover(self.len_slots());
         Ok(())
     }
@@ -316,9 +346,7 @@ impl RowStore for CpuRows {
         self.sq_norms = Vec::with_capacity(keep.len());
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
         self.all_bytes = true;
-        for slot in 0..keep.len() {
-            self.note_row(slot);
-        }
+        self.note_rows_from(0);
         Ok(())
     }
 
