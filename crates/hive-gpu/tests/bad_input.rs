@@ -215,9 +215,10 @@ fn zero_dimension_is_rejected() {
 fn too_little_memory_is_vram_limit_exceeded() {
     for context in contexts() {
         let mut rows =
-            context.backend().new_rows(1024, StoragePrecision::F32, SearchPrecision::Exact).expect("rows");
-        // 2^31 rows of 1024 f32: about 8.8 TB, far beyond any machine's free memory.
-        let err = rows.reserve(1 << 31).unwrap_err();
+            context.backend().new_rows(4096, StoragePrecision::F32, SearchPrecision::Exact).expect("rows");
+        // 2^30 rows of 4096 f32: 16 TiB, far beyond any machine's free memory (and within every
+        // backend's row-count limit, so the memory check is what refuses it).
+        let err = rows.reserve(1 << 30).unwrap_err();
         match err {
             HiveGpuError::VramLimitExceeded { requested, available, .. } => {
                 assert!(requested > available, "requested {requested} available {available}");
@@ -225,7 +226,7 @@ fn too_little_memory_is_vram_limit_exceeded() {
             other => panic!("wrong error: {other:?}"),
         }
         assert_eq!(rows.len(), 0);
-        rows.append(&[0.5; 1024]).expect("still usable after the failed reservation");
+        rows.append(&[0.5; 4096]).expect("still usable after the failed reservation");
         assert_eq!(rows.len(), 1);
     }
 }

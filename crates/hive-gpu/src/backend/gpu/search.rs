@@ -518,6 +518,8 @@ impl<D: Driver> GpuRows<D> {
         let kcap = list_size(k);
         let sortn = Self::scan_sort_size(k);
         let per_sm = env_usize("HIVE_GPU_SCAN_BLOCKS_PER_SM").unwrap_or(4);
+        // Passes between merge checks; the kernel caps it so the buffer stays half free.
+        let max_sub = env_usize("HIVE_GPU_SCAN_SUBROUNDS").unwrap_or(64);
         let (rows, norms, dead) = self.arrays_ptrs()?;
         let kernel =
             if self.is_f16() { self.device.kernels.scan_topk_f16 } else { self.device.kernels.scan_topk_f32 };
@@ -549,6 +551,7 @@ impl<D: Driver> GpuRows<D> {
                     Arg::U32(kcap as u32),
                     Arg::U32(sortn as u32),
                     Arg::U32(per as u32),
+                    Arg::U32(max_sub as u32),
                     Arg::Ptr(lists),
                     Arg::Ptr(evicted),
                 ],
@@ -583,7 +586,8 @@ impl<D: Driver> GpuRows<D> {
         // Segments per query so that even a few queries fill the device.
         let wanted = (driver.multiprocessors() as usize * 8).div_ceil(chunk);
         let segments = wanted.min(tile_rows.div_ceil(1024)).max(1);
-        let seg = tile_rows.div_ceil(segments);
+        // Whole 256-column blocks per segment keep every segment's loads aligned.
+        let seg = tile_rows.div_ceil(segments).div_ceil(256) * 256;
         let states = chunk * segments;
         let tiles = [
             ws.tiles[0].get(&driver, chunk * tile_rows * 4)?,
@@ -761,7 +765,7 @@ impl<D: Driver> GpuRows<D> {
         let padded = count.next_power_of_two();
         let keys = ws.keys.get(&driver, padded * 8)?;
         let slots = ws.slots.get(&driver, padded * 4)?;
-        let rerank_grid = (padded.div_ceil((BLOCK / driver.warp_size()) as usize)).min(65535) as u32;
+        let rerank_grid = padded.div_ceil(BLOCK as usize).min(65535) as u32;
         driver.launch(
             &ws.stream,
             if f16_rows { kernels.rerank_list_f16 } else { kernels.rerank_list_f32 },

@@ -8,7 +8,7 @@
 
 mod rows;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::backend::{GpuBackend, RowStore};
 use crate::error::{HiveGpuError, Result};
@@ -38,14 +38,23 @@ fn rank(device_type: wgpu::DeviceType) -> u8 {
     }
 }
 
+/// The process's one wgpu instance, never destroyed. Destroying the last instance lets the
+/// Vulkan loader unload the driver, and NVIDIA's driver leaves thread-exit destructors behind
+/// in every thread that called it: a thread that probed Vulkan then crashed when it ended.
+fn instance() -> &'static wgpu::Instance {
+    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle();
+        descriptor.backends = backends();
+        descriptor.flags = wgpu::InstanceFlags::empty();
+        wgpu::Instance::new(descriptor)
+    })
+}
+
 /// Adapters in preference order (discrete, integrated, virtual, other, software), filtered by
 /// `HIVE_GPU_ADAPTER=<substring of the name>` when set.
 fn adapters() -> std::result::Result<Vec<wgpu::Adapter>, String> {
-    let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle();
-    descriptor.backends = backends();
-    descriptor.flags = wgpu::InstanceFlags::empty();
-    let instance = wgpu::Instance::new(descriptor);
-    let mut found = pollster::block_on(instance.enumerate_adapters(backends()));
+    let mut found = pollster::block_on(instance().enumerate_adapters(backends()));
     if found.is_empty() {
         return Err("no Vulkan adapter: no Vulkan loader or driver found (install the GPU's Vulkan driver, \
                     or mesa-vulkan-drivers for the software one)"

@@ -1,6 +1,9 @@
 // Shared by every kernel of the GPU engine. Written in the CUDA/HIP common subset: no
 // includes, no intrinsics beyond the ones the prelude maps (HG_SHFL_XOR), warp width from
 // HG_WARP (set from the device at compile time, 32 or 64).
+#ifndef __align__
+#define __align__(n) __attribute__((aligned(n)))
+#endif
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef unsigned short u16;
@@ -96,7 +99,11 @@ struct HgTopK {
 
 __device__ void hg_merge(u64* sh, HgTopK* st, u32 k, u32 kcap, u32 sortn, float mul, float add) {
     __syncthreads();
-    u32 n = sortn;
+    // Sort only what holds entries (plus the first evicted position): later merges, with a
+    // few new candidates, cost a small sort instead of the whole buffer's.
+    u32 n = 1;
+    while (n < kcap + st->count + 1) n <<= 1;
+    if (n > sortn) n = sortn;
     for (u32 i = kcap + st->count + threadIdx.x; i < n; i += blockDim.x) sh[i] = HG_NONE;
     __syncthreads();
     hg_bitonic(sh, 0, n);

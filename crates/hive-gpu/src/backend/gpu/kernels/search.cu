@@ -2,7 +2,10 @@
 // merge with the exact f64 re-rank, and the radix-select path for any k.
 
 #define HG_ROWS_PER_WARP 4
-#define HG_SCAN_SUBROUNDS 1
+// Vector path (dimension a multiple of 4): HG_LPR lanes share a row and load 4 elements at a
+// time (16 bytes of f32, 8 of f16); a warp covers HG_WARP / HG_LPR rows HG_RPL times per pass.
+#define HG_LPR 8
+#define HG_RPL 2
 
 // Approximate distance of `rows_n` consecutive rows starting at `first` (warp-cooperative;
 // every lane gets every result). The element type is a template so f32 and f16 share it.
@@ -10,10 +13,65 @@ template <typename T> __device__ __forceinline__ float hg_load(const T* p, u64 i
 template <> __device__ __forceinline__ float hg_load<float>(const float* p, u64 i) { return p[i]; }
 template <> __device__ __forceinline__ float hg_load<u16>(const u16* p, u64 i) { return hg_h2f(p[i]); }
 
+// Four consecutive elements from a 4-element-aligned index.
+template <typename T> __device__ __forceinline__ float4 hg_load4(const T* p, u64 i);
+template <> __device__ __forceinline__ float4 hg_load4<float>(const float* p, u64 i) {
+    return *(const float4*)(p + i);
+}
+template <> __device__ __forceinline__ float4 hg_load4<u16>(const u16* p, u64 i) {
+    uint2 v = *(const uint2*)(p + i);
+    return make_float4(hg_h2f((u16)(v.x & 0xffffu)), hg_h2f((u16)(v.x >> 16)), hg_h2f((u16)(v.y & 0xffffu)),
+                       hg_h2f((u16)(v.y >> 16)));
+}
+
+__device__ __forceinline__ float hg_accumulate4(float acc, float4 q, float4 x, int metric) {
+    if (metric == HG_L2) {
+        float d0 = q.x - x.x, d1 = q.y - x.y, d2 = q.z - x.z, d3 = q.w - x.w;
+        return fmaf(d3, d3, fmaf(d2, d2, fmaf(d1, d1, fmaf(d0, d0, acc))));
+    }
+    return fmaf(q.w, x.w, fmaf(q.z, x.z, fmaf(q.y, x.y, fmaf(q.x, x.x, acc))));
+}
+
+// Rows one warp covers per pass.
+__device__ __forceinline__ u32 hg_warp_rows(u32 dim) {
+    return (dim & 3u) == 0 ? (HG_WARP / HG_LPR) * HG_RPL : HG_ROWS_PER_WARP;
+}
+
+// Raw distance (sum of squares or dot product) of the rows [first, first + hg_warp_rows(dim))
+// below `end`, warp-cooperative. Each lane owns at most one of them: it gets that row's offset
+// from `first` (or 0xffffffff) and its distance in `out`. `q` is 16-byte aligned.
 template <typename T>
-__device__ __forceinline__ void hg_warp_distances(const T* rows, u32 dim, u32 first, u32 valid, const float* q,
-                                                  int metric, float* out) {
+__device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 first, u32 end, const float* q,
+                                                 int metric, float* out) {
     u32 lane = threadIdx.x % HG_WARP;
+    u32 owned = 0xffffffffu;
+    *out = 0.0f;
+    if ((dim & 3u) == 0) {
+        const u32 groups = HG_WARP / HG_LPR;
+        u32 g = lane / HG_LPR, s = lane % HG_LPR;
+        float acc[HG_RPL];
+#pragma unroll
+        for (int r = 0; r < HG_RPL; r++) acc[r] = 0.0f;
+#pragma unroll 4
+        for (u32 c = s * 4; c < dim; c += HG_LPR * 4) {
+            float4 qv = *(const float4*)(q + c);
+#pragma unroll
+            for (int r = 0; r < HG_RPL; r++) {
+                u32 row = first + r * groups + g;
+                if (row < end) acc[r] = hg_accumulate4(acc[r], qv, hg_load4<T>(rows, (u64)row * dim + c), metric);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < HG_RPL; r++) {
+            for (int o = HG_LPR / 2; o > 0; o >>= 1) acc[r] += HG_SHFL_XOR(acc[r], o);
+            u32 offset = r * groups + g;
+            if (s == (u32)r && first + offset < end) {
+                owned = offset;
+                *out = acc[r];
+            }
+        }
+        return owned;
+    }
     float acc[HG_ROWS_PER_WARP];
 #pragma unroll
     for (int r = 0; r < HG_ROWS_PER_WARP; r++) acc[r] = 0.0f;
@@ -22,7 +80,7 @@ __device__ __forceinline__ void hg_warp_distances(const T* rows, u32 dim, u32 fi
         float qv = q[c];
 #pragma unroll
         for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
-            if ((u32)r < valid) {
+            if (first + r < end) {
                 float x = hg_load<T>(rows, (u64)(first + r) * dim + c);
                 if (metric == HG_L2) {
                     float d = qv - x;
@@ -34,7 +92,14 @@ __device__ __forceinline__ void hg_warp_distances(const T* rows, u32 dim, u32 fi
         }
     }
 #pragma unroll
-    for (int r = 0; r < HG_ROWS_PER_WARP; r++) out[r] = hg_warp_sum(acc[r]);
+    for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
+        float total = hg_warp_sum(acc[r]);
+        if (lane == (u32)r && first + r < end) {
+            owned = r;
+            *out = total;
+        }
+    }
+    return owned;
 }
 
 __device__ __forceinline__ float hg_finish(float raw, int metric, const float* norms, u32 slot) {
@@ -45,11 +110,13 @@ __device__ __forceinline__ float hg_finish(float raw, int metric, const float* n
 
 // grid (S, nq), block HG_BLOCK: block s of query q scans rows [s*per, (s+1)*per) and leaves its
 // candidate list in lists[(q*S + s)*kcap ..] and its smallest evicted entry in evicted[q*S + s].
+// Between two merge checks the block runs up to `max_sub` passes (bounded so the buffer stays
+// at most half full), so it synchronizes rarely and keeps many loads in flight.
 template <typename T>
 __device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead, u32 n, u32 dim,
                              const float* queries, const float* gate_mul, const float* gate_add, int metric,
-                             u32 k, u32 kcap, u32 sortn, u32 per, u64* lists, u64* evicted) {
-    extern __shared__ u64 hg_smem[];
+                             u32 k, u32 kcap, u32 sortn, u32 per, u32 max_sub, u64* lists, u64* evicted) {
+    extern __shared__ __align__(16) u64 hg_smem[];
     __shared__ HgTopK st;
     u64* sh = hg_smem;
     float* qs = (float*)(sh + sortn);
@@ -59,26 +126,23 @@ __device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead,
     hg_init(sh, &st, kcap, 0, HG_NONE, k, mul, add);
     u32 start = s * per;
     u32 end = min(n, start + per);
-    u32 warps = blockDim.x / HG_WARP, warp = threadIdx.x / HG_WARP, lane = threadIdx.x % HG_WARP;
-    // Rows between two merge checks: several warp rounds, so the block synchronizes rarely
-    // and keeps many loads in flight; the buffer has room for all of them.
-    u32 step = warps * HG_ROWS_PER_WARP;
+    u32 warps = blockDim.x / HG_WARP, warp = threadIdx.x / HG_WARP;
+    u32 warp_rows = hg_warp_rows(dim);
+    u32 step = warps * warp_rows;
     u32 bcap = sortn - kcap;
-    u32 sub = max(1u, min((u32)HG_SCAN_SUBROUNDS, bcap / step));
+    u32 sub = max(1u, min(max_sub, bcap / (2 * step)));
     u32 round = step * sub;
     for (u32 base = start; base < end; base += round) {
         if (hg_must_merge(&st, round, bcap)) hg_merge(sh, &st, k, kcap, sortn, mul, add);
         float thr = st.thr;
         for (u32 u = 0; u < sub; u++) {
-            u32 first = base + u * step + warp * HG_ROWS_PER_WARP;
-            u32 valid = first < end ? min((u32)HG_ROWS_PER_WARP, end - first) : 0;
-            float d[HG_ROWS_PER_WARP];
-            if (valid > 0) hg_warp_distances<T>(rows, dim, first, valid, qs, metric, d);
-#pragma unroll
-            for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
-                if (lane == (u32)r && (u32)r < valid) {
-                    u32 slot = first + r;
-                    float a = hg_finish(d[r], metric, norms, slot);
+            u32 first = base + u * step + warp * warp_rows;
+            if (first < end) {
+                float raw;
+                u32 offset = hg_warp_distances<T>(rows, dim, first, end, qs, metric, &raw);
+                if (offset != 0xffffffffu) {
+                    u32 slot = first + offset;
+                    float a = hg_finish(raw, metric, norms, slot);
                     if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, sortn, a, slot);
                 }
             }
@@ -93,15 +157,15 @@ __device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead,
 
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_f32(const float* rows, const float* norms,
         const u32* dead, u32 n, u32 dim, const float* queries, const float* gate_mul, const float* gate_add,
-        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u64* lists, u64* evicted) {
+        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u32 max_sub, u64* lists, u64* evicted) {
     hg_scan_topk<float>(rows, norms, dead, n, dim, queries, gate_mul, gate_add, metric, k, kcap, sortn, per,
-                        lists, evicted);
+                        max_sub, lists, evicted);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_f16(const u16* rows, const float* norms,
         const u32* dead, u32 n, u32 dim, const float* queries, const float* gate_mul, const float* gate_add,
-        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u64* lists, u64* evicted) {
+        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u32 max_sub, u64* lists, u64* evicted) {
     hg_scan_topk<u16>(rows, norms, dead, n, dim, queries, gate_mul, gate_add, metric, k, kcap, sortn, per,
-                      lists, evicted);
+                      max_sub, lists, evicted);
 }
 
 // Approximate distance of every row to one query (removed rows get +inf): the input of the
@@ -111,17 +175,13 @@ __device__ void hg_scan_all(const T* rows, const float* norms, const u32* dead, 
                             int metric, float* dist) {
     u32 warps_total = gridDim.x * (blockDim.x / HG_WARP);
     u32 warp = blockIdx.x * (blockDim.x / HG_WARP) + threadIdx.x / HG_WARP;
-    u32 lane = threadIdx.x % HG_WARP;
-    for (u32 first = warp * HG_ROWS_PER_WARP; first < n; first += warps_total * HG_ROWS_PER_WARP) {
-        u32 valid = min((u32)HG_ROWS_PER_WARP, n - first);
-        float d[HG_ROWS_PER_WARP];
-        hg_warp_distances<T>(rows, dim, first, valid, q, metric, d);
-#pragma unroll
-        for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
-            if (lane == (u32)r && (u32)r < valid) {
-                u32 slot = first + r;
-                dist[slot] = hg_dead(dead, slot) ? __uint_as_float(0x7f800000u) : hg_finish(d[r], metric, norms, slot);
-            }
+    u32 warp_rows = hg_warp_rows(dim);
+    for (u32 first = warp * warp_rows; first < n; first += warps_total * warp_rows) {
+        float raw;
+        u32 offset = hg_warp_distances<T>(rows, dim, first, n, q, metric, &raw);
+        if (offset != 0xffffffffu) {
+            u32 slot = first + offset;
+            dist[slot] = hg_dead(dead, slot) ? __uint_as_float(0x7f800000u) : hg_finish(raw, metric, norms, slot);
         }
     }
 }
@@ -134,21 +194,30 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
     hg_scan_all<u16>(rows, norms, dead, n, dim, q, metric, dist);
 }
 
-#define HG_TILE_PER_THREAD 4
+// float4 loads per thread per round of hg_tile_topk: 16 columns each.
+#define HG_TILE_LOADS 4
+#define HG_TILE_PER_THREAD (4 * HG_TILE_LOADS)
 
-// grid (qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
-// dimension ldc, covering slots [row0, row0 + tile_rows)) into each query's candidate list.
-// Each query's state (list, smallest evicted entry, filter threshold) lives in global memory;
-// the list is only read and written when the tile has candidates below the threshold, which
-// after the first tiles is rare, so most blocks read their tile and one float.
-// grid (S, qc): block (s, q) takes columns [s * seg, (s + 1) * seg) of the tile and keeps its
-// own state (index q * S + s), so few queries still fill the device.
+// grid (S, qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
+// dimension ldc, covering slots [row0, row0 + tile_rows)) into each query's candidate lists.
+// Block (s, q) takes columns [s * seg, (s + 1) * seg) of the tile (seg a multiple of 4) and
+// keeps its own state (index q * S + s: list, smallest evicted entry, filter threshold) in
+// global memory, so few queries still fill the device. The list is only read and written when
+// the tile has candidates below the threshold, which after the first tiles is rare, so most
+// blocks read their tile and one float.
+//
+// A round counts its passing candidates first (one barrier): when they fit in the buffer,
+// which is the common case, they are pushed with no further synchronization; otherwise the
+// round is pushed slice by slice with merges in between.
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float* dots, u32 ldc, u32 tile_rows,
         u32 row0, u32 seg, const float* norms, const u32* dead, int metric, const float* inv_scale,
         const float* gate_mul, const float* gate_add, u32 k, u32 kcap, u32 sortn, u64* lists, u64* evicted,
         float* thresholds) {
-    extern __shared__ u64 hg_smem[];
+    extern __shared__ __align__(16) u64 hg_smem[];
     __shared__ HgTopK st;
+    // Passing candidates of round r, in passing[r % 3]; three so a counter is reset two
+    // barriers after its last read and one before its next use.
+    __shared__ u32 passing[3];
     u64* sh = hg_smem;
     u32 q = blockIdx.y, state = blockIdx.y * gridDim.x + blockIdx.x;
     u32 col0 = blockIdx.x * seg;
@@ -159,54 +228,95 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
         st.count = 0;
         st.thr = thresholds[state];
         st.evicted = evicted[state];
+        passing[0] = passing[1] = passing[2] = 0;
     }
     bool loaded = false;
     __syncthreads();
     const float* row = dots + (u64)q * ldc + col0;
     row0 += col0;
-    tile_rows = cols;
+    bool aligned = ((row0 | col0 | ldc) & 3u) == 0;
     float dot_scale = inv_scale ? inv_scale[q] : 1.0f;
     u32 round = blockDim.x * HG_TILE_PER_THREAD;
     u32 bcap = sortn - kcap;
-    for (u32 base = 0; base < tile_rows; base += round) {
-        if (hg_must_merge(&st, round, bcap)) {
-            if (!loaded) {
-                for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) sh[i] = list[i];
-                loaded = true;
-            }
-            hg_merge(sh, &st, k, kcap, sortn, mul, add);
-        }
+    u32 count = 0;  // st.count at the start of each round, the same in every thread
+    u32 r = 0;
+    for (u32 base = 0; base < cols; base += round, r++) {
         float thr = st.thr;
-        float c[HG_TILE_PER_THREAD];
+        float a[HG_TILE_PER_THREAD];
+        u32 pass = 0;
 #pragma unroll
-        for (int e = 0; e < HG_TILE_PER_THREAD; e++) {
-            u32 j = base + e * blockDim.x + threadIdx.x;
-            c[e] = j < tile_rows ? row[j] : 0.0f;
-        }
+        for (int l = 0; l < HG_TILE_LOADS; l++) {
+            u32 j = base + (l * blockDim.x + threadIdx.x) * 4;
+            float v[4], nv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (aligned && j + 4 <= cols) {
+                float4 x = *(const float4*)(row + j);
+                v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+                if (metric != HG_DOT) {
+                    float4 y = *(const float4*)(norms + row0 + j);
+                    nv[0] = y.x; nv[1] = y.y; nv[2] = y.z; nv[3] = y.w;
+                }
+            } else {
 #pragma unroll
-        for (int e = 0; e < HG_TILE_PER_THREAD; e++) {
-            u32 j = base + e * blockDim.x + threadIdx.x;
-            if (j < tile_rows) {
-                u32 slot = row0 + j;
-                float dot = c[e] * dot_scale;
-                float a;
-                if (metric == HG_L2) a = fmaf(-2.0f, dot, norms[slot]);
-                else if (metric == HG_DOT) a = -dot;
-                else a = -dot / sqrtf(norms[slot]);
-                if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, sortn, a, slot);
+                for (int e = 0; e < 4; e++) {
+                    v[e] = j + e < cols ? row[j + e] : 0.0f;
+                    nv[e] = (j + e < cols && metric != HG_DOT) ? norms[row0 + j + e] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = l * 4 + e;
+                float dot = v[e] * dot_scale;
+                float d;
+                if (metric == HG_L2) d = fmaf(-2.0f, dot, nv[e]);
+                else if (metric == HG_DOT) d = -dot;
+                else d = -dot / sqrtf(nv[e]);
+                a[i] = d;
+                if (j + e < cols && d <= thr && !hg_dead(dead, row0 + j + e)) pass |= 1u << i;
             }
         }
+        u32 mine = __popc(pass);
+        if (mine) atomicAdd(&passing[r % 3], mine);
         __syncthreads();
+        u32 pending = passing[r % 3];
+        if (threadIdx.x == 0) passing[(r + 2) % 3] = 0;
+        if (count + pending <= bcap) {
+#pragma unroll
+            for (int i = 0; i < HG_TILE_PER_THREAD; i++) {
+                if ((pass >> i) & 1u) {
+                    u32 j = base + ((i / 4) * blockDim.x + threadIdx.x) * 4 + i % 4;
+                    u32 pos = atomicAdd(&st.count, 1u);
+                    sh[kcap + pos] = hg_entry(a[i], row0 + j);
+                }
+            }
+            count += pending;
+        } else {
+#pragma unroll
+            for (int i = 0; i < HG_TILE_PER_THREAD; i++) {
+                if (hg_must_merge(&st, blockDim.x, bcap)) {
+                    if (!loaded) {
+                        for (u32 t = threadIdx.x; t < kcap; t += blockDim.x) sh[t] = list[t];
+                        loaded = true;
+                    }
+                    hg_merge(sh, &st, k, kcap, sortn, mul, add);
+                }
+                if (((pass >> i) & 1u) && a[i] <= st.thr) {
+                    u32 j = base + ((i / 4) * blockDim.x + threadIdx.x) * 4 + i % 4;
+                    hg_push(sh, &st, kcap, sortn, a[i], row0 + j);
+                }
+                __syncthreads();
+            }
+            count = st.count;
+        }
     }
-    if (st.count > 0) {
+    if (count > 0) {
         if (!loaded) {
-            for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) sh[i] = list[i];
+            for (u32 t = threadIdx.x; t < kcap; t += blockDim.x) sh[t] = list[t];
             loaded = true;
         }
         hg_merge(sh, &st, k, kcap, sortn, mul, add);
     }
     if (loaded) {
-        for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) list[i] = sh[i];
+        for (u32 t = threadIdx.x; t < kcap; t += blockDim.x) list[t] = sh[t];
         if (threadIdx.x == 0) {
             evicted[state] = st.evicted;
             thresholds[state] = st.thr;
@@ -214,28 +324,29 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
     }
 }
 
-// Exact f64 canonical distance of a stored row (warp-cooperative; every lane gets it).
+// Exact f64 canonical distance of a stored row, by one thread. The arithmetic is the host
+// reference's, operation for operation: components in order, each product and sum rounded on
+// its own (no fused multiply-add), so distances that differ only in their last bits order the
+// same way on every backend. Zero is returned as +0, never -0 (keys would tell them apart).
 template <typename T>
 __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, double q_norm, int metric) {
-    u32 lane = threadIdx.x % HG_WARP;
+    const T* x = rows + (u64)slot * dim;
     double acc = 0.0, rr = 0.0;
-    for (u32 c = lane; c < dim; c += HG_WARP) {
-        double x = (double)hg_load<T>(rows, (u64)slot * dim + c);
-        double qv = (double)q[c];
-        if (metric == HG_L2) {
-            double d = qv - x;
-            acc += d * d;
-        } else {
-            acc += qv * x;
-            rr += x * x;
+    if (metric == HG_L2) {
+        for (u32 c = 0; c < dim; c++) {
+            double d = __dsub_rn((double)q[c], (double)hg_load<T>(x, c));
+            acc = __dadd_rn(acc, __dmul_rn(d, d));
         }
+        return acc;
     }
-    acc = hg_warp_sum_f64(acc);
-    if (metric == HG_L2) return acc;
-    if (metric == HG_DOT) return -acc;
-    rr = hg_warp_sum_f64(rr);
+    for (u32 c = 0; c < dim; c++) {
+        double xv = (double)hg_load<T>(x, c);
+        acc = __dadd_rn(acc, __dmul_rn((double)q[c], xv));
+        if (metric == HG_COS) rr = __dadd_rn(rr, __dmul_rn(xv, xv));
+    }
+    if (metric == HG_DOT) return __dadd_rn(-acc, 0.0);
     double norm = sqrt(rr);
-    return (norm == 0.0 || q_norm == 0.0) ? 0.0 : -acc / (norm * q_norm);
+    return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
 }
 
 // grid (nq), block HG_BLOCK. Merges the S candidate lists of each query, checks that no row
@@ -246,7 +357,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
                             const float* gate_mul, const float* gate_add, const T* rows, u32 dim,
                             const float* queries, const double* q_norms, int metric, u32* out_slots,
                             double* out_dist, u32* flags) {
-    extern __shared__ u64 hg_smem[];
+    extern __shared__ __align__(16) u64 hg_smem[];
     __shared__ HgTopK st;
     __shared__ u32 band_count;
     __shared__ u64 tau;
@@ -355,12 +466,8 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     __syncthreads();
     for (u32 i = threadIdx.x; i < cp; i += blockDim.x) sh[i] = HG_NONE;
     __syncthreads();
-    u32 warps = blockDim.x / HG_WARP, warp = threadIdx.x / HG_WARP, lane = threadIdx.x % HG_WARP;
     const float* qv = queries + (u64)q * dim;
-    for (u32 i = warp; i < c; i += warps) {
-        double d = hg_exact<T>(rows, dim, slots[i], qv, q_norms[q], metric);
-        if (lane == 0) sh[i] = hg_f64_key(d);
-    }
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) sh[i] = hg_f64_key(hg_exact<T>(rows, dim, slots[i], qv, q_norms[q], metric));
     __syncthreads();
     hg_bitonic(sh, slots, cp);
     for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
@@ -422,18 +529,15 @@ extern "C" __global__ void hg_radix_collect(const float* dist, u32 n, u32* state
     }
 }
 
-// Exact f64 key of each candidate (warp per candidate); pads keys up to `padded` with HG_NONE.
+// Exact f64 key of each candidate (thread per candidate); pads keys up to `padded` with HG_NONE.
 template <typename T>
 __device__ void hg_rerank_list(const u32* cand, u32 count, u32 padded, const T* rows, u32 dim, const float* q,
                                double q_norm, int metric, u64* keys, u32* slots) {
-    u32 warps_total = gridDim.x * (blockDim.x / HG_WARP);
-    u32 warp = blockIdx.x * (blockDim.x / HG_WARP) + threadIdx.x / HG_WARP;
-    u32 lane = threadIdx.x % HG_WARP;
-    for (u32 i = warp; i < padded; i += warps_total) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < padded; i += gridDim.x * blockDim.x) {
         if (i < count) {
-            double d = hg_exact<T>(rows, dim, cand[i], q, q_norm, metric);
-            if (lane == 0) { keys[i] = hg_f64_key(d); slots[i] = cand[i]; }
-        } else if (lane == 0) {
+            keys[i] = hg_f64_key(hg_exact<T>(rows, dim, cand[i], q, q_norm, metric));
+            slots[i] = cand[i];
+        } else {
             keys[i] = HG_NONE;
             slots[i] = 0xffffffffu;
         }
