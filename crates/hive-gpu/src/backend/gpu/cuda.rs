@@ -13,7 +13,7 @@ use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuBackendType, GpuDeviceInfo};
 
 /// Kernel sources get this prelude on CUDA.
-pub(super) const PRELUDE: &str = "#define HG_SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))\n";
+pub(super) const PRELUDE: &str = "#define HG_SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))\n#define HG_SHFL(v, l) __shfl_sync(0xffffffffu, (v), (l))\n";
 
 fn driver_error(call: &str, e: cu::DriverError) -> HiveGpuError {
     let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();

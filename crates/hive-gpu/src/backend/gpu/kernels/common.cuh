@@ -1,5 +1,5 @@
 // Shared by every kernel of the GPU engine. Written in the CUDA/HIP common subset: no
-// includes, no intrinsics beyond the ones the prelude maps (HG_SHFL_XOR), warp width from
+// includes, no intrinsics beyond the ones the prelude maps (HG_SHFL_XOR, HG_SHFL), warp width from
 // HG_WARP (set from the device at compile time, 32 or 64).
 #ifndef __align__
 #define __align__(n) __attribute__((aligned(n)))
