@@ -14,6 +14,7 @@ use crate::backend::{GpuBackend, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuBackendType, GpuDeviceInfo, SearchPrecision, StoragePrecision};
 
+const COMMON_WGSL: &str = include_str!("kernels/common.wgsl");
 const SEARCH_WGSL: &str = include_str!("kernels/search.wgsl");
 const SELECT_WGSL: &str = include_str!("kernels/select.wgsl");
 
@@ -115,6 +116,8 @@ pub(crate) struct Kernels {
     select_layout: wgpu::BindGroupLayout,
     distances: [wgpu::ComputePipeline; 2],
     scan: [wgpu::ComputePipeline; 2],
+    scan_select: [wgpu::ComputePipeline; 2],
+    merge_lists: wgpu::ComputePipeline,
     radix_hist: wgpu::ComputePipeline,
     radix_pick: wgpu::ComputePipeline,
     collect: wgpu::ComputePipeline,
@@ -248,10 +251,11 @@ impl WgpuBackend {
                 cache: None,
             })
         };
-        let f32_source = SEARCH_WGSL.replace("ROW_TYPE", "f32").replace("ROW(i)", "rows[i]");
-        let f16_source = SEARCH_WGSL
-            .replace("ROW_TYPE", "u32")
-            .replace("ROW(i)", "unpack2x16float(rows[i >> 1u])[i & 1u]");
+        let search = format!("{COMMON_WGSL}\n{SEARCH_WGSL}");
+        let select = format!("{COMMON_WGSL}\n{SELECT_WGSL}");
+        let f32_source = search.replace("ROW_TYPE", "f32").replace("ROW(i)", "rows[i]");
+        let f16_source =
+            search.replace("ROW_TYPE", "u32").replace("ROW(i)", "unpack2x16float(rows[i >> 1u])[i & 1u]");
         Kernels {
             distances: [
                 pipeline(&search_layout, &f32_source, "distances"),
@@ -261,9 +265,14 @@ impl WgpuBackend {
                 pipeline(&search_layout, &f32_source, "scan"),
                 pipeline(&search_layout, &f16_source, "scan"),
             ],
-            radix_hist: pipeline(&select_layout, SELECT_WGSL, "radix_hist"),
-            radix_pick: pipeline(&select_layout, SELECT_WGSL, "radix_pick"),
-            collect: pipeline(&select_layout, SELECT_WGSL, "collect"),
+            scan_select: [
+                pipeline(&search_layout, &f32_source, "scan_select"),
+                pipeline(&search_layout, &f16_source, "scan_select"),
+            ],
+            merge_lists: pipeline(&select_layout, &select, "merge_lists"),
+            radix_hist: pipeline(&select_layout, &select, "radix_hist"),
+            radix_pick: pipeline(&select_layout, &select, "radix_pick"),
+            collect: pipeline(&select_layout, &select, "collect"),
             search_layout,
             select_layout,
         }

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use half::f16;
+use rayon::prelude::*;
 
 use super::WgpuDevice;
 use crate::backend::cpu::SimdLevel;
@@ -16,12 +17,19 @@ use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, StoragePrecision};
 
-/// Bytes of one kernel parameter block (8 u32).
-pub(super) const PARAMS_BYTES: u64 = 32;
+/// Bytes of one kernel parameter block (16 words, `Params` in `common.wgsl`).
+pub(super) const PARAMS_BYTES: u64 = 64;
 /// Parameter blocks sit at this alignment (the largest `min_uniform_buffer_offset_alignment`).
 const PARAMS_STRIDE: u64 = 256;
 /// Workgroups per dispatch dimension allowed by every adapter.
 const MAX_GROUPS: usize = 65_535;
+/// Workgroups per selection dispatch over all the queries of a tile.
+const SELECT_GROUPS: usize = 16_384;
+/// Rows per workgroup of `scan_select` (`SELECT_ROWS` in `search.wgsl`).
+const SELECT_ROWS: usize = 2048;
+/// The largest k single queries select with `scan_select` lists; larger k takes the radix
+/// passes over every distance.
+const LIST_MAX_K: usize = 256;
 
 #[derive(Debug)]
 struct Chunk {
@@ -309,18 +317,37 @@ impl WgpuRows {
             self.device.limits.max_storage_buffer_binding_size.min(self.device.limits.max_buffer_size);
         let tile = ((binding as usize) / (len * 4)).clamp(1, 256).min(nq).min(MAX_GROUPS);
         let mut results = Vec::with_capacity(nq);
+        // With HIVE_GPU_PROFILE=1: wall time on the device's side (submit to results mapped)
+        // against the whole search, on stderr.
+        let profile = std::env::var("HIVE_GPU_PROFILE").as_deref() == Ok("1");
+        let began = std::time::Instant::now();
+        let mut device_time = std::time::Duration::ZERO;
         for q0 in (0..nq).step_by(tile) {
             let t = tile.min(nq - q0);
             let block = &queries[q0 * dim..(q0 + t) * dim];
+            let started = std::time::Instant::now();
             let candidates = self.candidates(block, t, k, cap, metric)?;
-            for (i, found) in candidates.into_iter().enumerate() {
-                let q = &block[i * dim..(i + 1) * dim];
-                results.push(match found {
-                    Some(slots) => self.host.rerank(q, &slots, k, metric),
-                    // The band held more rows than the buffer: the exact host search.
-                    None => self.host.knn(q, k, metric)?.pop().unwrap_or_default(),
-                });
-            }
+            device_time += started.elapsed();
+            let ranked: Vec<Vec<Neighbor>> = candidates
+                .into_par_iter()
+                .enumerate()
+                .map(|(i, found)| {
+                    let q = &block[i * dim..(i + 1) * dim];
+                    Ok(match found {
+                        Some(slots) => self.host.rerank(q, &slots, k, metric),
+                        // The band held more rows than the buffer: the exact host search.
+                        None => self.host.knn(q, k, metric)?.pop().unwrap_or_default(),
+                    })
+                })
+                .collect::<Result<_>>()?;
+            results.extend(ranked);
+        }
+        if profile {
+            eprintln!(
+                "hive-gpu profile (wgpu nq {nq} k {k}, tiles of {tile}, ms): candidates {:.3}, total {:.3}",
+                device_time.as_secs_f64() * 1e3,
+                began.elapsed().as_secs_f64() * 1e3
+            );
         }
         Ok(results)
     }
@@ -341,7 +368,21 @@ impl WgpuRows {
         let work = &mut *guard;
         let storage =
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
-        let dispatches = self.chunks.len() + 9;
+        let dispatches = self.chunks.len() + 10;
+        // Single queries: per-workgroup lists (see `scan_select`), laid out in `dist`.
+        let lists = (t == 1 && k <= LIST_MAX_K).then(|| {
+            let list_cap = cap.min(SELECT_ROWS);
+            let per_chunk: Vec<usize> = self
+                .chunks
+                .iter()
+                .map(|c| len.saturating_sub(c.first).min(self.rows_per_chunk).div_ceil(SELECT_ROWS))
+                .collect();
+            (list_cap, 1 + 2 * list_cap, per_chunk)
+        });
+        let dist_words = match &lists {
+            Some((_, words, per_chunk)) => (t * len).max(words * per_chunk.iter().sum::<usize>()),
+            None => t * len,
+        };
         let mut generation = work.generation;
         self.ensure(
             &mut work.params,
@@ -351,7 +392,7 @@ impl WgpuRows {
             wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
         )?;
         self.ensure(&mut work.queries, &mut generation, "queries", (t * dim * 4) as u64, storage)?;
-        self.ensure(&mut work.dist, &mut generation, "dist", (t * len * 4) as u64, storage)?;
+        self.ensure(&mut work.dist, &mut generation, "dist", (dist_words * 4) as u64, storage)?;
         self.ensure(&mut work.state, &mut generation, "state", (t * 16) as u64, storage)?;
         self.ensure(&mut work.hist, &mut generation, "hist", (t * 256 * 4) as u64, storage)?;
         self.ensure(&mut work.cand, &mut generation, "cand", (t * cap * 4) as u64, storage)?;
@@ -438,6 +479,7 @@ impl WgpuRows {
         // Inputs: kernel queries (unit for cosine), gates, state {0, 0, k, 0}, parameters.
         let mut kernel_queries = Vec::with_capacity(t * dim * 4);
         let mut gates = Vec::with_capacity(t * 8);
+        let mut first_gate = [0f32; 2];
         for q in block.chunks_exact(dim) {
             let unit: Vec<f32>;
             let q_kernel: &[f32] = if metric == GpuDistanceMetric::Cosine {
@@ -448,7 +490,11 @@ impl WgpuRows {
                 q
             };
             kernel_queries.extend(q_kernel.iter().flat_map(|x| x.to_ne_bytes()));
-            gates.extend(self.gate(metric, q_kernel).iter().flat_map(|x| x.to_ne_bytes()));
+            let gate = self.gate(metric, q_kernel);
+            if gates.is_empty() {
+                first_gate = gate;
+            }
+            gates.extend(gate.iter().flat_map(|x| x.to_ne_bytes()));
         }
         let states: Vec<u8> =
             (0..t).flat_map(|_| [0u32, 0, k as u32, 0]).flat_map(|x| x.to_ne_bytes()).collect();
@@ -458,35 +504,65 @@ impl WgpuRows {
             GpuDistanceMetric::Cosine => 2,
         };
         let mut params_bytes = Vec::new();
-        let mut push_params = |values: [u32; 8]| -> u32 {
+        let mut push_params = |values: [u32; 8], list: [u32; 8]| -> u32 {
             let offset = params_bytes.len() as u32;
-            params_bytes.extend(values.iter().flat_map(|x| x.to_ne_bytes()));
+            params_bytes.extend(values.iter().chain(&list).flat_map(|x| x.to_ne_bytes()));
             params_bytes
                 .resize(params_bytes.len().div_ceil(PARAMS_STRIDE as usize) * PARAMS_STRIDE as usize, 0);
             offset
         };
         let (d, tq, st, cp) = (dim as u32, t as u32, len as u32, cap as u32);
+        // The list fields of the parameters: k, first list, list words, lists, gate, list cap.
+        let [gate_mul, gate_add] = first_gate.map(f32::to_bits);
+        let list_params = |base: usize| match &lists {
+            Some((list_cap, words, per_chunk)) => [
+                k as u32,
+                base as u32,
+                *words as u32,
+                per_chunk.iter().sum::<usize>() as u32,
+                gate_mul,
+                gate_add,
+                *list_cap as u32,
+                0,
+            ],
+            None => [0; 8],
+        };
+        let list_bases: Vec<usize> = match &lists {
+            Some((_, _, per_chunk)) => per_chunk
+                .iter()
+                .scan(0, |total, &n| {
+                    let base = *total;
+                    *total += n;
+                    Some(base)
+                })
+                .collect(),
+            None => vec![0; self.chunks.len()],
+        };
         let chunk_offsets: Vec<u32> = self
             .chunks
             .iter()
-            .map(|c| {
-                push_params([
-                    len.saturating_sub(c.first).min(self.rows_per_chunk) as u32,
-                    c.first as u32,
-                    d,
-                    tq,
-                    metric_code,
-                    st,
-                    0,
-                    cp,
-                ])
+            .zip(&list_bases)
+            .map(|(c, &base)| {
+                push_params(
+                    [
+                        len.saturating_sub(c.first).min(self.rows_per_chunk) as u32,
+                        c.first as u32,
+                        d,
+                        tq,
+                        metric_code,
+                        st,
+                        0,
+                        cp,
+                    ],
+                    list_params(base),
+                )
             })
             .collect();
         let radix_offsets: Vec<u32> = [24u32, 16, 8, 0]
             .iter()
-            .map(|&shift| push_params([st, 0, d, tq, metric_code, st, shift, cp]))
+            .map(|&shift| push_params([st, 0, d, tq, metric_code, st, shift, cp], [0; 8]))
             .collect();
-        let collect_offset = push_params([st, 0, d, tq, metric_code, st, 0, cp]);
+        let collect_offset = push_params([st, 0, d, tq, metric_code, st, 0, cp], list_params(0));
         let queue = &device.queue;
         queue.write_buffer(params, 0, &params_bytes);
         queue.write_buffer(queries, 0, &kernel_queries);
@@ -509,25 +585,38 @@ impl WgpuRows {
                     continue;
                 }
                 pass.set_bind_group(0, group, &[offset]);
-                if t == 1 {
+                if lists.is_some() {
+                    pass.set_pipeline(&device.kernels.scan_select[variant]);
+                    pass.dispatch_workgroups(rows_here.div_ceil(SELECT_ROWS) as u32, 1, 1);
+                } else if t == 1 {
                     pass.set_pipeline(&device.kernels.scan[variant]);
                     pass.dispatch_workgroups(rows_here.div_ceil(256) as u32, 1, 1);
                 } else {
                     pass.set_pipeline(&device.kernels.distances[variant]);
-                    pass.dispatch_workgroups(rows_here.div_ceil(16) as u32, t.div_ceil(16) as u32, 1);
+                    pass.dispatch_workgroups(rows_here.div_ceil(128) as u32, t.div_ceil(64) as u32, 1);
                 }
             }
-            let groups_x = len.div_ceil(256).min(MAX_GROUPS) as u32;
-            for &offset in &radix_offsets {
+            // Enough workgroups in all to fill any device, each looping over many rows: one
+            // workgroup per 256 rows of every query would spend its time clearing and
+            // flushing its histogram.
+            let groups_x = len.div_ceil(256).min(MAX_GROUPS).min((SELECT_GROUPS / t).max(1)) as u32;
+            if lists.is_some() {
+                pass.set_bind_group(0, select_group, &[collect_offset]);
+                pass.set_pipeline(&device.kernels.merge_lists);
+                pass.dispatch_workgroups(1, 1, 1);
+            }
+            for &offset in radix_offsets.iter().filter(|_| lists.is_none()) {
                 pass.set_bind_group(0, select_group, &[offset]);
                 pass.set_pipeline(&device.kernels.radix_hist);
                 pass.dispatch_workgroups(groups_x, tq, 1);
                 pass.set_pipeline(&device.kernels.radix_pick);
                 pass.dispatch_workgroups(tq, 1, 1);
             }
-            pass.set_bind_group(0, select_group, &[collect_offset]);
-            pass.set_pipeline(&device.kernels.collect);
-            pass.dispatch_workgroups(groups_x, tq, 1);
+            if lists.is_none() {
+                pass.set_bind_group(0, select_group, &[collect_offset]);
+                pass.set_pipeline(&device.kernels.collect);
+                pass.dispatch_workgroups(groups_x, tq, 1);
+            }
         }
         let state_bytes = (t * 16) as u64;
         let cand_bytes = (t * cap * 4) as u64;

@@ -1,27 +1,22 @@
 // Search kernels of the wgpu backend. `ROW(i)` is replaced by the storage precision's load
-// (f32 rows, or f16 pairs packed in u32 words) before compilation.
+// (f32 rows, or f16 pairs packed in u32 words) before compilation; `common.wgsl` comes first.
 
-struct Params {
-    n_rows: u32,        // rows in this dispatch (chunk rows for `distances`, all rows otherwise)
-    row_offset: u32,    // first slot of the chunk
-    dim: u32,
-    nq: u32,
-    metric: u32,        // 0 l2, 1 dot, 2 cosine
-    stride: u32,        // distances per query in `dist` (the collection's slot count)
-    shift: u32,         // radix pass: bit position of the digit
-    cap: u32,           // candidates kept per query
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> rows: array<ROW_TYPE>;
 @group(0) @binding(2) var<storage, read> scale: array<f32>;
 @group(0) @binding(3) var<storage, read> dead: array<u32>;
 @group(0) @binding(4) var<storage, read> queries: array<f32>;
 @group(0) @binding(5) var<storage, read_write> dist: array<f32>;
 
-const TILE: u32 = 16u;
-var<workgroup> q_tile: array<array<f32, 16>, 16>;
-var<workgroup> r_tile: array<array<f32, 16>, 16>;
+// Batch tiles: a workgroup of 16 x 16 threads computes 64 queries x 128 rows; each thread
+// holds 4 queries x 8 rows in registers, so one workgroup-memory read feeds several products.
+// A thread's rows are 16 apart (and its queries too), which keeps neighbouring threads on
+// neighbouring words of workgroup memory. Rows are padded to 129 so the transposing stores do
+// not collide either.
+const STEP: u32 = 16u;
+const TQ: u32 = 64u;
+const TR: u32 = 128u;
+var<workgroup> q_tile: array<array<f32, 64>, 16>;
+var<workgroup> r_tile: array<array<f32, 129>, 16>;
 
 fn row_value(i: u32) -> f32 {
     return ROW(i);
@@ -39,51 +34,133 @@ fn finish(raw: f32, chunk_row: u32) -> f32 {
     return -raw * scale[chunk_row];
 }
 
-// Tiled distances: workgroup (16 x 16) computes 16 queries x 16 rows of one row chunk, loading
-// both operands through workgroup memory in steps of 16 components.
+// Writes one row's four results (queries lid.y + 16 i).
+fn store(row: u32, q_first: u32, acc: vec4<f32>) {
+    if (row >= p.n_rows) { return; }
+    let slot = p.row_offset + row;
+    let gone = is_dead(slot);
+    for (var i = 0u; i < 4u; i++) {
+        let q = q_first + 16u * i;
+        if (q < p.nq) {
+            var value = finish(acc[i], row);
+            if (gone) { value = bitcast<f32>(0x7f800000u); }
+            dist[q * p.stride + slot] = value;
+        }
+    }
+}
+
+// Accumulators are named vectors, not arrays: indexed arrays end up in memory on some
+// compilers (lavapipe's among them).
 @compute @workgroup_size(16, 16)
-fn distances(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wg.x * TILE + lid.x;
-    let q = wg.y * TILE + lid.y;
-    var acc = 0.0;
-    for (var c0 = 0u; c0 < p.dim; c0 += TILE) {
-        // Thread (x, y) loads component c0 + x of query y and of row y of the tile.
-        let c = c0 + lid.x;
-        let tq = wg.y * TILE + lid.y;
-        let tr = wg.x * TILE + lid.y;
-        q_tile[lid.y][lid.x] = select(0.0, queries[tq * p.dim + c], tq < p.nq && c < p.dim);
-        r_tile[lid.y][lid.x] = select(0.0, row_value(tr * p.dim + c), tr < p.n_rows && c < p.dim);
+fn distances(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+             @builtin(local_invocation_index) flat: u32) {
+    let q0 = wg.y * TQ;
+    let r0 = wg.x * TR;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+    // Loader roles: 4 threads per query or row, 4 consecutive components each.
+    let part = (flat & 3u) * 4u;
+    let who = flat >> 2u;
+    let q_load = q0 + who;
+    let q_src = min(q_load, p.nq - 1u) * p.dim;
+    let r_src0 = min(r0 + who, p.n_rows - 1u) * p.dim;
+    let r_src1 = min(r0 + who + 64u, p.n_rows - 1u) * p.dim;
+    let r_ok0 = r0 + who < p.n_rows;
+    let r_ok1 = r0 + who + 64u < p.n_rows;
+    for (var c0 = 0u; c0 < p.dim; c0 += STEP) {
+        for (var e = 0u; e < 4u; e++) {
+            let c = c0 + part + e;
+            let cc = min(c, p.dim - 1u);
+            let inside = c < p.dim;
+            q_tile[part + e][who] = select(0.0, queries[q_src + cc], q_load < p.nq && inside);
+            r_tile[part + e][who] = select(0.0, row_value(r_src0 + cc), r_ok0 && inside);
+            r_tile[part + e][who + 64u] = select(0.0, row_value(r_src1 + cc), r_ok1 && inside);
+        }
         workgroupBarrier();
-        let steps = min(TILE, p.dim - c0);
-        for (var j = 0u; j < steps; j++) {
-            let a = q_tile[lid.y][j];
-            let b = r_tile[lid.x][j];
-            if (p.metric == 0u) {
-                let d = a - b;
-                acc = acc + d * d;
-            } else {
-                acc = acc + a * b;
+        let steps = min(STEP, p.dim - c0);
+        if (p.metric == 0u) {
+            for (var s = 0u; s < steps; s++) {
+                let a = vec4<f32>(q_tile[s][lid.y], q_tile[s][lid.y + 16u], q_tile[s][lid.y + 32u],
+                                  q_tile[s][lid.y + 48u]);
+                var d = a - vec4<f32>(r_tile[s][lid.x]);
+                acc0 += d * d;
+                d = a - vec4<f32>(r_tile[s][lid.x + 16u]);
+                acc1 += d * d;
+                d = a - vec4<f32>(r_tile[s][lid.x + 32u]);
+                acc2 += d * d;
+                d = a - vec4<f32>(r_tile[s][lid.x + 48u]);
+                acc3 += d * d;
+                d = a - vec4<f32>(r_tile[s][lid.x + 64u]);
+                acc4 += d * d;
+                d = a - vec4<f32>(r_tile[s][lid.x + 80u]);
+                acc5 += d * d;
+                d = a - vec4<f32>(r_tile[s][lid.x + 96u]);
+                acc6 += d * d;
+                d = a - vec4<f32>(r_tile[s][lid.x + 112u]);
+                acc7 += d * d;
+            }
+        } else {
+            for (var s = 0u; s < steps; s++) {
+                let a = vec4<f32>(q_tile[s][lid.y], q_tile[s][lid.y + 16u], q_tile[s][lid.y + 32u],
+                                  q_tile[s][lid.y + 48u]);
+                acc0 += a * r_tile[s][lid.x];
+                acc1 += a * r_tile[s][lid.x + 16u];
+                acc2 += a * r_tile[s][lid.x + 32u];
+                acc3 += a * r_tile[s][lid.x + 48u];
+                acc4 += a * r_tile[s][lid.x + 64u];
+                acc5 += a * r_tile[s][lid.x + 80u];
+                acc6 += a * r_tile[s][lid.x + 96u];
+                acc7 += a * r_tile[s][lid.x + 112u];
             }
         }
         workgroupBarrier();
     }
-    if (q < p.nq && row < p.n_rows) {
-        let slot = p.row_offset + row;
-        var value = finish(acc, row);
-        if (is_dead(slot)) { value = bitcast<f32>(0x7f800000u); }
-        dist[q * p.stride + slot] = value;
-    }
+    let q_first = q0 + lid.y;
+    store(r0 + lid.x, q_first, acc0);
+    store(r0 + lid.x + 16u, q_first, acc1);
+    store(r0 + lid.x + 32u, q_first, acc2);
+    store(r0 + lid.x + 48u, q_first, acc3);
+    store(r0 + lid.x + 64u, q_first, acc4);
+    store(r0 + lid.x + 80u, q_first, acc5);
+    store(r0 + lid.x + 96u, q_first, acc6);
+    store(r0 + lid.x + 112u, q_first, acc7);
 }
 
-// One query against every row of a chunk: a thread per row, the query read through the cache.
+// One query against every row of a chunk: a thread per row, the query read through the cache
+// (for k beyond what `scan_select`'s lists hold).
 @compute @workgroup_size(256)
 fn scan(@builtin(global_invocation_id) gid: vec3<u32>) {
     let row = gid.x;
     if (row >= p.n_rows) { return; }
-    let q = gid.y;
+    let slot = p.row_offset + row;
+    var value = row_distance(row, gid.y * p.dim);
+    if (is_dead(slot)) { value = bitcast<f32>(0x7f800000u); }
+    dist[gid.y * p.stride + slot] = value;
+}
+
+// Single queries, fused: each workgroup scans SELECT_ROWS rows (a thread per row), finds the
+// k-th smallest of its distances by a radix select in workgroup memory, and writes to its own
+// list every live row within the error band of that k-th. A row left out has k rows of its
+// workgroup ahead of it by more than the band, so it cannot be among the global k best: the
+// lists hold every candidate, and `merge_lists` needs no other pass over the rows.
+// List layout (in `dist`): [count, then (key, slot) pairs], LIST_WORDS apart.
+const SELECT_ROWS: u32 = 2048u;
+const DEAD_KEY: u32 = 0xff800000u; // key_of(+inf)
+var<workgroup> sel_keys: array<u32, 2048>;
+var<workgroup> sel_count: atomic<u32>;
+var<workgroup> sel_prefix: u32;
+var<workgroup> sel_mask: u32;
+var<workgroup> sel_remaining: u32;
+
+fn row_distance(row: u32, qbase: u32) -> f32 {
     var acc = 0.0;
     let base = row * p.dim;
-    let qbase = q * p.dim;
     for (var c = 0u; c < p.dim; c++) {
         let a = queries[qbase + c];
         let b = row_value(base + c);
@@ -94,8 +171,67 @@ fn scan(@builtin(global_invocation_id) gid: vec3<u32>) {
             acc = acc + a * b;
         }
     }
-    let slot = p.row_offset + row;
-    var value = finish(acc, row);
-    if (is_dead(slot)) { value = bitcast<f32>(0x7f800000u); }
-    dist[q * p.stride + slot] = value;
+    return finish(acc, row);
+}
+
+// The k-th smallest of the workgroup's keys (DEAD_KEY when it holds fewer than k live rows).
+fn local_kth(lid: u32, k: u32) -> u32 {
+    if (lid == 0u) {
+        sel_prefix = 0u;
+        sel_mask = 0u;
+        sel_remaining = k;
+    }
+    for (var round = 0u; round < 4u; round++) {
+        let shift = 24u - 8u * round;
+        atomicStore(&digit_hist[lid], 0u);
+        workgroupBarrier();
+        let prefix = sel_prefix;
+        let mask = sel_mask;
+        for (var i = lid; i < SELECT_ROWS; i += 256u) {
+            let key = sel_keys[i];
+            if ((key & mask) == prefix) {
+                atomicAdd(&digit_hist[(key >> shift) & 255u], 1u);
+            }
+        }
+        workgroupBarrier();
+        if (lid == 0u) {
+            let picked = pick_digit(sel_remaining);
+            sel_prefix = sel_prefix | (picked.x << shift);
+            sel_mask = sel_mask | (255u << shift);
+            sel_remaining = sel_remaining - picked.y;
+        }
+        workgroupBarrier();
+    }
+    return sel_prefix;
+}
+
+@compute @workgroup_size(256)
+fn scan_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let first = wg.x * SELECT_ROWS;
+    for (var i = lid; i < SELECT_ROWS; i += 256u) {
+        let row = first + i;
+        var key = DEAD_KEY;
+        if (row < p.n_rows && !is_dead(p.row_offset + row)) {
+            key = key_of(row_distance(row, 0u));
+        }
+        sel_keys[i] = key;
+    }
+    if (lid == 0u) { atomicStore(&sel_count, 0u); }
+    workgroupBarrier();
+    let kth = local_kth(lid, p.k);
+    var band = bitcast<f32>(0x7f800000u);
+    if (kth != DEAD_KEY) { band = band_of(value_of(kth), p.gate_mul, p.gate_add); }
+    let list = (p.list_base + wg.x) * p.list_words;
+    for (var i = lid; i < SELECT_ROWS; i += 256u) {
+        let key = sel_keys[i];
+        if (key != DEAD_KEY && value_of(key) <= band) {
+            let pos = atomicAdd(&sel_count, 1u);
+            if (pos < p.list_cap) {
+                dist[list + 1u + 2u * pos] = bitcast<f32>(key);
+                dist[list + 2u + 2u * pos] = bitcast<f32>(p.row_offset + first + i);
+            }
+        }
+    }
+    workgroupBarrier();
+    if (lid == 0u) { dist[list] = bitcast<f32>(atomicLoad(&sel_count)); }
 }

@@ -1,19 +1,8 @@
 // Top-k selection on the GPU for the wgpu backend: a radix select finds each query's k-th
 // approximate distance exactly (4 passes of 8 bits over sortable keys), then every row inside
-// the error band of it becomes a candidate. Only the candidates are read back.
+// the error band of it becomes a candidate. Only the candidates are read back. `common.wgsl`
+// comes first.
 
-struct Params {
-    n_rows: u32,
-    row_offset: u32,
-    dim: u32,
-    nq: u32,
-    metric: u32,
-    stride: u32,
-    shift: u32,
-    cap: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> dist: array<f32>;
 // Per query: prefix, mask, remaining k, candidate count.
 @group(0) @binding(2) var<storage, read_write> state: array<atomic<u32>>;
@@ -22,23 +11,13 @@ struct Params {
 // Per query: the band's multiplier and addend (see the host's bounds).
 @group(0) @binding(5) var<storage, read> gate: array<vec2<f32>>;
 
-var<workgroup> local_hist: array<atomic<u32>, 256>;
-
-fn key_of(a: f32) -> u32 {
-    let b = bitcast<u32>(a);
-    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
-}
-
-fn value_of(k: u32) -> f32 {
-    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
-}
 
 // grid (x, nq), any x: histogram of the current digit among keys matching the prefix. Rows are
 // visited in a grid-stride loop, so collections of any size fit the dispatch limit.
 @compute @workgroup_size(256)
 fn radix_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
               @builtin(num_workgroups) groups: vec3<u32>) {
-    atomicStore(&local_hist[lid.x], 0u);
+    atomicStore(&digit_hist[lid.x], 0u);
     workgroupBarrier();
     let q = wg.y;
     let prefix = atomicLoad(&state[q * 4u]);
@@ -46,11 +25,11 @@ fn radix_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     for (var i = wg.x * 256u + lid.x; i < p.n_rows; i += groups.x * 256u) {
         let key = key_of(dist[q * p.stride + i]);
         if ((key & mask) == prefix) {
-            atomicAdd(&local_hist[(key >> p.shift) & 255u], 1u);
+            atomicAdd(&digit_hist[(key >> p.shift) & 255u], 1u);
         }
     }
     workgroupBarrier();
-    let count = atomicLoad(&local_hist[lid.x]);
+    let count = atomicLoad(&digit_hist[lid.x]);
     if (count > 0u) {
         atomicAdd(&hist[q * 256u + lid.x], count);
     }
@@ -85,8 +64,7 @@ fn collect(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let q = gid.y;
     let kth = value_of(atomicLoad(&state[q * 4u]));
     let g = gate[q];
-    let r = kth * g.x + g.y;
-    let band = r + abs(r) * 4.76837158203125e-07 + 1e-37;
+    let band = band_of(kth, g.x, g.y);
     for (var i = gid.x; i < p.n_rows; i += groups.x * 256u) {
         if (dist[q * p.stride + i] <= band) {
             let pos = atomicAdd(&state[q * 4u + 3u], 1u);
@@ -94,5 +72,80 @@ fn collect(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
                 cand[q * p.cap + pos] = i;
             }
         }
+    }
+}
+
+// One workgroup, after `scan_select`: the k-th smallest key over every list (the lists hold
+// each workgroup's k best, so also the global k best), then every listed row inside the band
+// of it becomes a candidate, in the layout `collect` writes. A list that overflowed makes the
+// count exceed `cap`, which sends the query to the host's exact search.
+var<workgroup> m_prefix: u32;
+var<workgroup> m_mask: u32;
+var<workgroup> m_remaining: u32;
+var<workgroup> m_overflow: atomic<u32>;
+
+fn list_count(l: u32) -> u32 {
+    return bitcast<u32>(dist[l * p.list_words]);
+}
+
+fn list_key(l: u32, e: u32) -> u32 {
+    return bitcast<u32>(dist[l * p.list_words + 1u + 2u * e]);
+}
+
+fn list_slot(l: u32, e: u32) -> u32 {
+    return bitcast<u32>(dist[l * p.list_words + 2u + 2u * e]);
+}
+
+@compute @workgroup_size(256)
+fn merge_lists(@builtin(local_invocation_index) lid: u32) {
+    if (lid == 0u) {
+        m_prefix = 0u;
+        m_mask = 0u;
+        m_remaining = p.k;
+        atomicStore(&m_overflow, 0u);
+    }
+    workgroupBarrier();
+    for (var l = lid; l < p.lists; l += 256u) {
+        if (list_count(l) > p.list_cap) { atomicStore(&m_overflow, 1u); }
+    }
+    for (var round = 0u; round < 4u; round++) {
+        let shift = 24u - 8u * round;
+        atomicStore(&digit_hist[lid], 0u);
+        workgroupBarrier();
+        let prefix = m_prefix;
+        let mask = m_mask;
+        for (var l = lid; l < p.lists; l += 256u) {
+            let count = min(list_count(l), p.list_cap);
+            for (var e = 0u; e < count; e++) {
+                let key = list_key(l, e);
+                if ((key & mask) == prefix) {
+                    atomicAdd(&digit_hist[(key >> shift) & 255u], 1u);
+                }
+            }
+        }
+        workgroupBarrier();
+        if (lid == 0u) {
+            let picked = pick_digit(m_remaining);
+            m_prefix = m_prefix | (picked.x << shift);
+            m_mask = m_mask | (255u << shift);
+            m_remaining = m_remaining - picked.y;
+        }
+        workgroupBarrier();
+    }
+    let band = band_of(value_of(m_prefix), p.gate_mul, p.gate_add);
+    for (var l = lid; l < p.lists; l += 256u) {
+        let count = min(list_count(l), p.list_cap);
+        for (var e = 0u; e < count; e++) {
+            if (value_of(list_key(l, e)) <= band) {
+                let pos = atomicAdd(&state[3u], 1u);
+                if (pos < p.cap) {
+                    cand[pos] = list_slot(l, e);
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+    if (lid == 0u && atomicLoad(&m_overflow) != 0u) {
+        atomicAdd(&state[3u], p.cap + 1u);
     }
 }

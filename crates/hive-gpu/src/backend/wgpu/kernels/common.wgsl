@@ -1,0 +1,57 @@
+// Shared by the search and selection modules (prepended to each before compilation).
+
+struct Params {
+    n_rows: u32,        // rows in this dispatch (chunk rows for the search kernels, else all)
+    row_offset: u32,    // first slot of the chunk
+    dim: u32,
+    nq: u32,
+    metric: u32,        // 0 l2, 1 dot, 2 cosine
+    stride: u32,        // distances per query in `dist` (the collection's slot count)
+    shift: u32,         // radix pass: bit position of the digit
+    cap: u32,           // candidates kept per query
+    // Single-query lists (`scan_select`, `merge_lists`):
+    k: u32,
+    list_base: u32,     // index of the dispatch's first list
+    list_words: u32,    // words per list: a count, then (key, slot) pairs
+    lists: u32,         // lists in all
+    gate_mul: f32,      // the query's error band (see the host's bounds)
+    gate_add: f32,
+    list_cap: u32,      // pairs a list holds
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+// Distances as u32 keys that sort like the floats (radix selection), and back.
+fn key_of(a: f32) -> u32 {
+    let b = bitcast<u32>(a);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+fn value_of(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
+}
+
+// The upper edge of the error band around a k-th approximate distance: `mul` and `add` come
+// from the host's bounds, and the last terms cover this f32 arithmetic's own rounding.
+fn band_of(kth: f32, mul: f32, add: f32) -> f32 {
+    let r = kth * mul + add;
+    return r + abs(r) * 4.76837158203125e-07 + 1e-37;
+}
+
+// A workgroup's radix histogram (one 8-bit digit).
+var<workgroup> digit_hist: array<atomic<u32>, 256>;
+
+// The digit holding the `remaining`-th smallest of the keys counted in `digit_hist`, and how
+// many keys lie in the digits below it.
+fn pick_digit(remaining: u32) -> vec2<u32> {
+    var below = 0u;
+    for (var b = 0u; b < 256u; b++) {
+        let h = atomicLoad(&digit_hist[b]);
+        if (below + h >= remaining) {
+            return vec2<u32>(b, below);
+        }
+        below += h;
+    }
+    return vec2<u32>(255u, below);
+}
