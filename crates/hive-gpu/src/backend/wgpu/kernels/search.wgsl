@@ -144,7 +144,7 @@ fn scan(@builtin(global_invocation_id) gid: vec3<u32>) {
     dist[gid.y * p.stride + slot] = value;
 }
 
-// Single queries, fused: each workgroup scans SELECT_ROWS rows (256 at a time), finds the
+// Single queries, fused: each workgroup scans SELECT_ROWS rows (a thread per row), finds the
 // k-th smallest of its distances by a radix select in workgroup memory, and writes to its own
 // list every live row within the error band of that k-th. A row left out has k rows of its
 // workgroup ahead of it by more than the band, so it cannot be among the global k best: the
@@ -205,58 +205,16 @@ fn local_kth(lid: u32, k: u32) -> u32 {
     return sel_prefix;
 }
 
-// Row values of one 256-row group, SCAN_STEP components at a time, padded so that thread t
-// reading row t hits its own bank.
-const SCAN_STEP: u32 = 8u;
-var<workgroup> scan_tile: array<f32, 2304>;
-
-// The distance of row `first + lid` of the chunk to query 0, for every thread of the
-// workgroup at once (it synchronizes the workgroup). Rows come in through workgroup memory:
-// eight neighbouring threads read 32 contiguous bytes of one row, where a thread per row
-// reading its own row would touch a different cache line per thread and load. The sum runs
-// over the components in order, as in `row_distance`.
-fn group_distance(first: u32, lid: u32) -> f32 {
-    var acc = 0.0;
-    let part = lid & 7u;
-    for (var c0 = 0u; c0 < p.dim; c0 += SCAN_STEP) {
-        let c = c0 + part;
-        for (var j = 0u; j < 8u; j++) {
-            let r = (lid >> 3u) + 32u * j;
-            let row = first + r;
-            var v = 0.0;
-            if (row < p.n_rows && c < p.dim) {
-                v = row_value(row * p.dim + c);
-            }
-            scan_tile[r * 9u + part] = v;
-        }
-        workgroupBarrier();
-        let steps = min(SCAN_STEP, p.dim - c0);
-        for (var s = 0u; s < steps; s++) {
-            let a = queries[c0 + s];
-            let b = scan_tile[lid * 9u + s];
-            if (p.metric == 0u) {
-                let d = a - b;
-                acc = acc + d * d;
-            } else {
-                acc = acc + a * b;
-            }
-        }
-        workgroupBarrier();
-    }
-    return finish(acc, min(first + lid, p.n_rows - 1u));
-}
-
 @compute @workgroup_size(256)
 fn scan_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let first = wg.x * SELECT_ROWS;
-    for (var g = 0u; g < SELECT_ROWS; g += 256u) {
-        let distance = group_distance(first + g, lid);
-        let row = first + g + lid;
+    for (var i = lid; i < SELECT_ROWS; i += 256u) {
+        let row = first + i;
         var key = DEAD_KEY;
         if (row < p.n_rows && !is_dead(p.row_offset + row)) {
-            key = key_of(distance);
+            key = key_of(row_distance(row, 0u));
         }
-        sel_keys[g + lid] = key;
+        sel_keys[i] = key;
     }
     if (lid == 0u) { atomicStore(&sel_count, 0u); }
     workgroupBarrier();
