@@ -253,9 +253,19 @@ impl WgpuBackend {
         };
         let search = format!("{COMMON_WGSL}\n{SEARCH_WGSL}");
         let select = format!("{COMMON_WGSL}\n{SELECT_WGSL}");
-        let f32_source = search.replace("ROW_TYPE", "f32").replace("ROW(i)", "rows[i]");
-        let f16_source =
-            search.replace("ROW_TYPE", "u32").replace("ROW(i)", "unpack2x16float(rows[i >> 1u])[i & 1u]");
+        // Rows are bound as 16-byte (f32) or 8-byte (f16) vectors of 4 components, so that a
+        // row of a length divisible by 4 loads in wide pieces; buffers are sized to whole vectors.
+        let f32_source = search
+            .replace("ROW_TYPE", "vec4<f32>")
+            .replace("ROW(i)", "rows[i >> 2u][i & 3u]")
+            .replace("ROW4(base + w)", "rows[base + w]");
+        let f16_source = search
+            .replace("ROW_TYPE", "vec2<u32>")
+            .replace("ROW(i)", "unpack2x16float(rows[i >> 2u][(i >> 1u) & 1u])[i & 1u]")
+            .replace(
+                "ROW4(base + w)",
+                "vec4<f32>(unpack2x16float(rows[base + w].x), unpack2x16float(rows[base + w].y))",
+            );
         Kernels {
             distances: [
                 pipeline(&search_layout, &f32_source, "distances"),

@@ -87,14 +87,14 @@ impl WgpuRows {
         };
         let binding =
             device.limits.max_storage_buffer_binding_size.min(device.limits.max_buffer_size) as usize;
-        if dim.saturating_mul(element).saturating_add(4) > binding {
+        if dim.saturating_mul(element).saturating_add(16) > binding {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "dimension {dim} is too large for this adapter: one row needs {} bytes, one binding holds {binding}",
                 dim * element
             )));
         }
-        // Whole u32 words per chunk for packed f16, and few enough rows for one dispatch.
-        let rows_per_chunk = ((binding - 4) / (dim * element)).clamp(1, MAX_GROUPS * 16);
+        // Room to round a chunk up to whole 16-byte vectors, and few enough rows for one dispatch.
+        let rows_per_chunk = ((binding - 16) / (dim * element)).clamp(1, MAX_GROUPS * 16);
         Ok(Self {
             device,
             host: CpuRows::new(dim, precision, SimdLevel::detect()),
@@ -162,7 +162,9 @@ impl WgpuRows {
             }
             let capacity = needed.next_power_of_two().clamp(256, self.rows_per_chunk);
             let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-            let rows = self.create_buffer("rows", (capacity * row_bytes) as u64, usage)?;
+            // Whole 16-byte vectors: the kernels bind rows as vectors of 4 components.
+            let rows =
+                self.create_buffer("rows", (capacity * row_bytes).next_multiple_of(16) as u64, usage)?;
             let scale = self.create_buffer("scale", (capacity * 4) as u64, usage)?;
             let chunk = Chunk { rows, scale, first, capacity };
             if c < self.chunks.len() {
