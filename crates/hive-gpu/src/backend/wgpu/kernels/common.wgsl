@@ -42,16 +42,35 @@ fn band_of(kth: f32, mul: f32, add: f32) -> f32 {
 // A workgroup's radix histogram (one 8-bit digit).
 var<workgroup> digit_hist: array<atomic<u32>, 256>;
 
+// Running totals of `digit_hist`, and the digit one thread found.
+var<workgroup> digit_sums: array<u32, 256>;
+var<workgroup> digit_picked: vec2<u32>;
+
 // The digit holding the `remaining`-th smallest of the keys counted in `digit_hist`, and how
-// many keys lie in the digits below it.
-fn pick_digit(remaining: u32) -> vec2<u32> {
-    var below = 0u;
-    for (var b = 0u; b < 256u; b++) {
-        let h = atomicLoad(&digit_hist[b]);
-        if (below + h >= remaining) {
-            return vec2<u32>(b, below);
+// many keys lie in the digits below it (255 and the total when there are fewer keys). Every
+// thread of a 256-thread workgroup calls it (it synchronizes): a prefix sum over the digits in
+// 8 steps, where one thread scanning them all would take 256.
+fn pick_digit(lid: u32, remaining: u32) -> vec2<u32> {
+    let count = atomicLoad(&digit_hist[lid]);
+    digit_sums[lid] = count;
+    workgroupBarrier();
+    for (var offset = 1u; offset < 256u; offset <<= 1u) {
+        var sum = digit_sums[lid];
+        if (lid >= offset) {
+            sum += digit_sums[lid - offset];
         }
-        below += h;
+        workgroupBarrier();
+        digit_sums[lid] = sum;
+        workgroupBarrier();
     }
-    return vec2<u32>(255u, below);
+    let through = digit_sums[lid];
+    let below = through - count;
+    if (below < remaining && through >= remaining) {
+        digit_picked = vec2<u32>(lid, below);
+    }
+    if (lid == 255u && through < remaining) {
+        digit_picked = vec2<u32>(255u, through);
+    }
+    workgroupBarrier();
+    return digit_picked;
 }

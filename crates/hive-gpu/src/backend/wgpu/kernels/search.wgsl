@@ -221,8 +221,8 @@ fn local_kth(lid: u32, k: u32) -> u32 {
             }
         }
         workgroupBarrier();
+        let picked = pick_digit(lid, sel_remaining);
         if (lid == 0u) {
-            let picked = pick_digit(sel_remaining);
             sel_prefix = sel_prefix | (picked.x << shift);
             sel_mask = sel_mask | (255u << shift);
             sel_remaining = sel_remaining - picked.y;

@@ -124,8 +124,8 @@ fn merge_lists(@builtin(local_invocation_index) lid: u32) {
             }
         }
         workgroupBarrier();
+        let picked = pick_digit(lid, m_remaining);
         if (lid == 0u) {
-            let picked = pick_digit(m_remaining);
             m_prefix = m_prefix | (picked.x << shift);
             m_mask = m_mask | (255u << shift);
             m_remaining = m_remaining - picked.y;
