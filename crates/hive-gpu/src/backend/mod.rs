@@ -29,6 +29,17 @@ pub struct Neighbor {
     pub distance: f64,
 }
 
+/// Result counts (queries x k) from which turning a search's results into host structures is
+/// spread over threads: at 10k queries x k = 100 that is a million small allocations.
+pub(crate) const PARALLEL_RESULTS: usize = 1 << 14;
+
+/// Whether `HIVE_GPU_PROFILE=1` asks searches to report their phase times on stderr (read once
+/// per process).
+pub(crate) fn profiling() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("HIVE_GPU_PROFILE").as_deref() == Ok("1"))
+}
+
 /// A device a collection can live on: the factory of [`RowStore`]s.
 pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     /// Which backend this is.

@@ -1,13 +1,11 @@
 //! Exact (brute-force) search: validation, the backend's fused k-NN, and the one place where
 //! canonical distances become the metric's public score.
 
+use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, GpuSearchResult, SearchOptions};
 use rayon::prelude::*;
-
-/// Result counts from which building them is spread over threads.
-const PARALLEL_RESULTS: usize = 1 << 14;
 
 /// The public score of a canonical distance (see [`GpuSearchResult`] for the meanings).
 pub(crate) fn score(metric: GpuDistanceMetric, distance: f64) -> f32 {
@@ -48,9 +46,8 @@ pub(crate) fn search(
     let k = k.min(collection.len());
     let neighbours = collection.rows().knn(queries, k, config.metric)?;
     let began = std::time::Instant::now();
-    // A batch's results are a million small allocations at 10k queries x k = 100: built on one
-    // thread they cost more than the GPU search itself.
-    let to_results = |list: Vec<crate::backend::Neighbor>| -> Result<Vec<GpuSearchResult>> {
+    // Built on one thread, a big batch's results cost more than the GPU search itself.
+    let to_results = |list: Vec<Neighbor>| -> Result<Vec<GpuSearchResult>> {
         list.into_iter()
             .map(|n| {
                 let (id, metadata) = collection.entry(n.slot).ok_or_else(|| {
@@ -70,7 +67,7 @@ pub(crate) fn search(
     } else {
         neighbours.into_iter().map(to_results).collect()
     };
-    if std::env::var("HIVE_GPU_PROFILE").as_deref() == Ok("1") {
+    if profiling() {
         eprintln!("hive-gpu profile (results, ms): {:.3}", began.elapsed().as_secs_f64() * 1e3);
     }
     results

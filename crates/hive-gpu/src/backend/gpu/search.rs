@@ -16,7 +16,7 @@ use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::BLOCK;
 use super::memory::Workspace;
 use super::rows::GpuRows;
-use crate::backend::Neighbor;
+use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 
@@ -84,7 +84,7 @@ struct Profiler {
 
 impl Profiler {
     fn new() -> Self {
-        let enabled = std::env::var("HIVE_GPU_PROFILE").as_deref() == Ok("1");
+        let enabled = profiling();
         Self { enabled, last: std::time::Instant::now(), phases: Vec::new() }
     }
 
@@ -404,7 +404,6 @@ impl<D: Driver> GpuRows<D> {
         let host: &[u8] = host;
         let word = |at: usize| u32::from_ne_bytes([host[at], host[at + 1], host[at + 2], host[at + 3]]);
         let len = self.len;
-        // A million (slot, distance) pairs at 10k queries x k = 100: parsed in parallel.
         let parse = |q: usize| -> Result<Option<Vec<Neighbor>>> {
             if word(outputs.flags_offset + q * 4) != 0 {
                 return Ok(None);
@@ -423,7 +422,7 @@ impl<D: Driver> GpuRows<D> {
             }
             Ok(Some(row))
         };
-        if nq * k >= 1 << 14 {
+        if nq * k >= PARALLEL_RESULTS {
             (0..nq).into_par_iter().map(parse).collect()
         } else {
             (0..nq).map(parse).collect()

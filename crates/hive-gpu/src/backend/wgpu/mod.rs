@@ -1,10 +1,16 @@
 //! The universal GPU backend through wgpu (Vulkan; Metal on Apple, DX12 on Windows): every GPU
 //! without a vendor backend, and Mesa's software Vulkan (lavapipe) in CI.
 //!
-//! The device computes every approximate distance (a tiled kernel for batches, a scan for
-//! single queries) and selects each query's candidates (a radix select of the k-th distance,
-//! then every row inside the proven error band). Only the candidates come back; the exact f64
-//! re-rank runs on the host copy of the rows, with the CPU backend's code.
+//! The device computes the approximate distances and selects each query's candidates: every
+//! row inside the proven error band of the k-th distance.
+//! - Batches: register-blocked distance tiles, then a radix select of each query's k-th
+//!   distance over the tile and a collect pass.
+//! - Single queries with k <= 256: one fused pass in which each workgroup keeps the rows within
+//!   the band of its own k-th (`scan_select`), and a one-workgroup merge (`merge_lists`).
+//!   Larger k takes the batch's radix passes over a plain scan.
+//!
+//! Only the candidates come back; the exact f64 re-rank runs on the host copy of the rows,
+//! with the CPU backend's code.
 
 mod rows;
 

@@ -321,7 +321,7 @@ impl WgpuRows {
         let mut results = Vec::with_capacity(nq);
         // With HIVE_GPU_PROFILE=1: wall time on the device's side (submit to results mapped)
         // against the whole search, on stderr.
-        let profile = std::env::var("HIVE_GPU_PROFILE").as_deref() == Ok("1");
+        let profile = crate::backend::profiling();
         let began = std::time::Instant::now();
         let mut device_time = std::time::Duration::ZERO;
         for q0 in (0..nq).step_by(tile) {
@@ -370,7 +370,8 @@ impl WgpuRows {
         let work = &mut *guard;
         let storage =
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
-        let dispatches = self.chunks.len() + 10;
+        // Parameter blocks: one per row chunk, four radix passes, and the collect or merge.
+        let dispatches = self.chunks.len() + 5;
         // Single queries: per-workgroup lists (see `scan_select`), laid out in `dist`.
         let lists = (t == 1 && k <= LIST_MAX_K).then(|| {
             let list_cap = cap.min(SELECT_ROWS);
