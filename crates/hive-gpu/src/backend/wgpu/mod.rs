@@ -14,6 +14,7 @@
 
 mod rows;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::backend::{GpuBackend, RowStore};
@@ -170,8 +171,14 @@ fn params_binding() -> wgpu::BindingType {
 }
 
 impl WgpuBackend {
-    /// Opens adapter `ordinal` (in preference order).
+    /// Opens adapter `ordinal` (in preference order). Every context on one adapter shares one
+    /// device for the whole process, as CUDA contexts share an engine: pipelines compile once,
+    /// and no device is ever destroyed. NVIDIA's Vulkan driver deadlocks when one thread runs
+    /// `vkDestroyDevice` while another thread that used the driver exits (seen on the H100
+    /// and H200: the `bad_input` tests hung in 2 of 6 runs, every hung process stuck so).
     pub(crate) fn open(ordinal: usize) -> Result<Self> {
+        type Devices = Mutex<HashMap<String, Arc<WgpuDevice>>>;
+        static DEVICES: OnceLock<Devices> = OnceLock::new();
         let unavailable =
             |reason: String| HiveGpuError::BackendUnavailable { backend: GpuBackendType::Vulkan, reason };
         let found = adapters().map_err(unavailable)?;
@@ -181,6 +188,25 @@ impl WgpuBackend {
             ordinal,
             count,
         })?;
+        let info = adapter.get_info();
+        let key = format!(
+            "{:?} {} {:#x}:{:#x} {} {}",
+            info.backend, info.name, info.vendor, info.device, info.device_pci_bus_id, ordinal
+        );
+        // A panic while another open held the lock leaves the map itself intact.
+        let mut devices =
+            DEVICES.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(device) = devices.get(&key) {
+            return Ok(Self { device: device.clone() });
+        }
+        let device = Arc::new(Self::create_device(&adapter, ordinal)?);
+        devices.insert(key, device.clone());
+        Ok(Self { device })
+    }
+
+    fn create_device(adapter: &wgpu::Adapter, ordinal: usize) -> Result<WgpuDevice> {
+        let unavailable =
+            |reason: String| HiveGpuError::BackendUnavailable { backend: GpuBackendType::Vulkan, reason };
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("hive-gpu"),
@@ -198,21 +224,11 @@ impl WgpuBackend {
         }));
         let kernels = Self::kernels(&device);
         let info = adapter_info(
-            &adapter,
+            adapter,
             ordinal,
             Some("f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16"),
         );
-        Ok(Self {
-            device: Arc::new(WgpuDevice {
-                device,
-                queue,
-                info,
-                limits,
-                kernels,
-                uncaptured,
-                staging: Mutex::new(None),
-            }),
-        })
+        Ok(WgpuDevice { device, queue, info, limits, kernels, uncaptured, staging: Mutex::new(None) })
     }
 
     fn kernels(device: &wgpu::Device) -> Kernels {
