@@ -17,3 +17,13 @@ hive-gpu info | tee -a "$out/gpu.txt"
 export HIVE_GPU_REQUIRE=${HIVE_GPU_REQUIRE:-cuda,vulkan} HIVE_GPU_LARGE=${HIVE_GPU_LARGE:-1}
 set -o pipefail
 .gpu/run-tests "$@" 2>&1 | tee "$out/tests.log"
+[ $# -eq 0 ] || exit 0
+# The engine's own GEMM kernel (what ROCm runs without rocBLAS) through the CUDA engine: the
+# conformance suite and the exactness fuzzer again, with every batch GEMM on it.
+HIVE_GPU_OWN_GEMM=1 hive-gpu info | grep -E '^ +driver' | tee -a "$out/own-gemm.log"
+for suite in conformance fuzz_exactness; do
+    exe=$(awk -F'\t' -v s="$suite" 'index($1, s "-") == 1 {print $1; exit}' .gpu/tests.tsv)
+    echo "== own GEMM: $suite ($exe)"
+    (cd crates/hive-gpu && HIVE_GPU_OWN_GEMM=1 HIVE_GPU_TEST_BACKENDS=cuda HIVE_GPU_REQUIRE=cuda "../../.gpu/bin/$exe") 2>&1 |
+        tee -a "$out/own-gemm.log"
+done

@@ -116,6 +116,8 @@ fn probe(backend: GpuBackendType) -> BackendStatus {
         }
         #[cfg(feature = "cuda")]
         GpuBackendType::Cuda => probe_cuda(),
+        #[cfg(feature = "rocm")]
+        GpuBackendType::Rocm => probe_rocm(),
         #[cfg(feature = "vulkan")]
         GpuBackendType::Vulkan => match wgpu::probe() {
             Ok(devices) => BackendStatus {
@@ -138,17 +140,44 @@ fn probe(backend: GpuBackendType) -> BackendStatus {
 /// CUDA is available when its libraries load, a device exists and the kernels compile for it.
 #[cfg(feature = "cuda")]
 fn probe_cuda() -> BackendStatus {
-    let backend = GpuBackendType::Cuda;
+    probe_engine(GpuBackendType::Cuda, gpu::cuda::CudaDriver::device_count(), gpu::open_cuda, |count| {
+        if count == 0 { Some("the NVIDIA driver loads but reports no CUDA device".into()) } else { None }
+    })
+}
+
+/// ROCm is available when the HIP runtime and hiprtc load, an AMD GPU exists and the kernels
+/// compile for it.
+#[cfg(feature = "rocm")]
+fn probe_rocm() -> BackendStatus {
+    let count = gpu::hip::runtime().and_then(|runtime| runtime.device_count());
+    probe_engine(GpuBackendType::Rocm, count, gpu::open_rocm, |count| {
+        let runtime = gpu::hip::runtime().ok()?;
+        (count == 0)
+            .then(|| format!("ROCm runtime found ({}), but it reports no AMD GPU", runtime.describe()))
+    })
+}
+
+/// Opens every device of a GPU engine backend, or says why it cannot: `count` is the number
+/// of devices or why none can be counted, `none` the reason for a count of zero.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn probe_engine(
+    backend: GpuBackendType,
+    count: std::result::Result<usize, String>,
+    open: fn(usize) -> Result<std::sync::Arc<dyn GpuBackend>>,
+    none: impl FnOnce(usize) -> Option<String>,
+) -> BackendStatus {
     let unavailable =
         |reason: String| BackendStatus { backend, available: false, reason, devices: Vec::new() };
-    let count = match gpu::cuda::CudaDriver::device_count() {
-        Ok(0) => return unavailable("the NVIDIA driver loads but reports no CUDA device".into()),
-        Ok(n) => n,
+    let count = match count {
+        Ok(count) => count,
         Err(reason) => return unavailable(reason),
     };
+    if let Some(reason) = none(count) {
+        return unavailable(reason);
+    }
     let mut devices = Vec::new();
     for ordinal in 0..count {
-        match gpu::cuda_backend::open(ordinal) {
+        match open(ordinal) {
             Ok(engine) => devices.push(engine.device_info()),
             Err(e) => return unavailable(format!("device {ordinal}: {e}")),
         }
@@ -161,7 +190,7 @@ fn probe_cuda() -> BackendStatus {
 fn not_built_reason(backend: GpuBackendType) -> &'static str {
     match backend {
         GpuBackendType::Cuda => "not in this build: compiled without the `cuda` feature",
-        GpuBackendType::Rocm => "not in this build yet: the ROCm backend is planned, not written",
+        GpuBackendType::Rocm => "not in this build: compiled without the `rocm` feature",
         GpuBackendType::Vulkan => "not in this build: compiled without the `vulkan` feature",
         GpuBackendType::Metal => "not in this build yet: Metal will come through the wgpu backend",
         GpuBackendType::Cpu => "always available",
@@ -214,7 +243,9 @@ pub(crate) fn open(backend: GpuBackendType, ordinal: usize) -> Result<std::sync:
             Ok(std::sync::Arc::new(cpu::CpuBackend::new()))
         }
         #[cfg(feature = "cuda")]
-        GpuBackendType::Cuda => gpu::cuda_backend::open(ordinal),
+        GpuBackendType::Cuda => gpu::open_cuda(ordinal),
+        #[cfg(feature = "rocm")]
+        GpuBackendType::Rocm => gpu::open_rocm(ordinal),
         #[cfg(feature = "vulkan")]
         GpuBackendType::Vulkan => Ok(std::sync::Arc::new(wgpu::WgpuBackend::open(ordinal)?)),
         other => Err(HiveGpuError::BackendUnavailable {

@@ -478,12 +478,23 @@ impl Driver for CudaDriver {
                 // SAFETY: valid module and name.
                 let f = unsafe { cu::module::get_function(module, cname) }
                     .map_err(|e| driver_error(&format!("cuModuleGetFunction({name})"), e))?;
+                // SAFETY: valid function; the attribute is a plain integer.
+                let static_bytes = unsafe {
+                    cu::function::get_function_attribute(
+                        f,
+                        cu_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                    )
+                }
+                .map_err(|e| driver_error("cuFuncGetAttribute", e))?;
+                // Static and dynamic shared memory share the opt-in limit; the engine's sizing
+                // leaves 1 KiB for kernels' small static arrays.
+                let dynamic = self.max_shared_optin.saturating_sub((static_bytes.max(0) as usize).max(1024));
                 // SAFETY: valid function; opting in to the device's dynamic shared memory.
                 unsafe {
                     cu::function::set_function_attribute(
                         f,
                         cu_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        (self.max_shared_optin - 1024) as i32,
+                        dynamic as i32,
                     )
                 }
                 .map_err(|e| driver_error("cuFuncSetAttribute", e))?;
@@ -502,17 +513,7 @@ impl Driver for CudaDriver {
         args: &[Arg],
     ) -> Result<()> {
         self.bind()?;
-        let mut values: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                Arg::U32(v) => u64::from(v),
-                Arg::I32(v) => u64::from(v as u32),
-                Arg::U64(v) | Arg::Ptr(v) => v,
-                Arg::F32(v) => u64::from(v.to_bits()),
-                Arg::F64(v) => v.to_bits(),
-            })
-            .collect();
-        // Each argument lives in its own 8-byte slot; little-endian puts 4-byte values first.
+        let mut values = super::driver::argument_slots(args);
         let mut params: Vec<*mut c_void> =
             values.iter_mut().map(|v| (v as *mut u64).cast::<c_void>()).collect();
         // SAFETY: `params` matches the kernel's signature (checked by the engine's launch

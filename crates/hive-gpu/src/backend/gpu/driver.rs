@@ -1,5 +1,5 @@
 //! The `Driver` trait: everything the GPU engine needs from a vendor runtime. CUDA implements
-//! it over cudarc (`cuda.rs`); HIP will implement it over libloading. The engine above is
+//! it over cudarc (`cuda.rs`), HIP over libloading (`hip.rs`). The engine above is
 //! written once against this trait, so every line of it runs in the CUDA tests.
 
 use crate::error::Result;
@@ -23,6 +23,20 @@ pub enum Arg {
     F64(f64),
     /// A device pointer (0 for a null pointer).
     Ptr(DevicePtr),
+}
+
+/// Kernel arguments as the launch APIs of CUDA and HIP take them: one 8-byte slot each, whose
+/// address goes in the parameter array. Little-endian puts 4-byte values first.
+pub(crate) fn argument_slots(args: &[Arg]) -> Vec<u64> {
+    args.iter()
+        .map(|a| match *a {
+            Arg::U32(v) => u64::from(v),
+            Arg::I32(v) => u64::from(v as u32),
+            Arg::U64(v) | Arg::Ptr(v) => v,
+            Arg::F32(v) => u64::from(v.to_bits()),
+            Arg::F64(v) => v.to_bits(),
+        })
+        .collect()
 }
 
 /// Input precision of a GEMM (the accumulation is always f32).
@@ -131,6 +145,11 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
         shared_bytes: u32,
         args: &[Arg],
     ) -> Result<()>;
+    /// Whether [`Driver::gemm_tn`] has a BLAS library behind it. Without one the engine runs
+    /// its own GEMM kernel.
+    fn has_gemm(&self) -> bool {
+        true
+    }
     /// Queues a GEMM (see [`GemmTn`]).
     fn gemm_tn(&self, stream: &Self::Stream, gemm: &GemmTn) -> Result<()>;
 }

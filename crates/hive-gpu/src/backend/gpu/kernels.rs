@@ -9,11 +9,14 @@ pub(crate) const BLOCK: u32 = 256;
 const COMMON: &str = include_str!("kernels/common.cuh");
 const SEARCH: &str = include_str!("kernels/search.cu");
 const ROWS: &str = include_str!("kernels/rows.cu");
+const GEMM: &str = include_str!("kernels/gemm.cu");
 
 /// The full program for a device with `warp` threads per warp: defines, the vendor prelude
 /// (its shuffle intrinsic), then the shared sources.
 pub(crate) fn source(prelude: &str, warp: u32) -> String {
-    format!("#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n{prelude}\n{COMMON}\n{SEARCH}\n{ROWS}\n")
+    format!(
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n{prelude}\n{COMMON}\n{SEARCH}\n{ROWS}\n{GEMM}\n"
+    )
 }
 
 macro_rules! kernel_table {
@@ -57,4 +60,6 @@ kernel_table!(
     norms_f32,
     norms_f16,
     gather,
+    gemm_tn_f32,
+    gemm_tn_f16,
 );

@@ -1,11 +1,13 @@
-//! One GPU engine for CUDA and (later) ROCm: device storage, kernel launches, tiling and
-//! selection written once over the [`driver::Driver`] trait. The vendor code is the driver
+//! One GPU engine for CUDA and ROCm: device storage, kernel launches, tiling and selection
+//! written once over the [`driver::Driver`] trait. The vendor code is the driver
 //! implementation and little else.
 
 pub(crate) mod bounds;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod driver;
+#[cfg(feature = "rocm")]
+pub(crate) mod hip;
 mod kernels;
 mod memory;
 mod rows;
@@ -13,7 +15,10 @@ mod search;
 
 use std::sync::Arc;
 
-use self::driver::Driver;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use self::driver::{Arg, Driver, GemmInputs, GemmTn};
 use self::kernels::Kernels;
 use crate::backend::{GpuBackend, RowStore};
 use crate::error::Result;
@@ -25,6 +30,42 @@ pub(crate) struct Device<D: Driver> {
     pub(crate) driver: Arc<D>,
     pub(crate) kernels: Kernels<D>,
     pub(crate) backend: GpuBackendType,
+    /// GEMMs run on the engine's own kernel: the driver has no BLAS, or `HIVE_GPU_OWN_GEMM=1`
+    /// asks for it (to test on CUDA the path ROCm takes without rocBLAS).
+    own_gemm: bool,
+}
+
+impl<D: Driver> Device<D> {
+    /// Queues `C = A^T B` (see [`GemmTn`]) on the BLAS library or on the engine's own kernel.
+    pub(crate) fn gemm(&self, stream: &D::Stream, g: &GemmTn) -> Result<()> {
+        if !self.own_gemm {
+            return self.driver.gemm_tn(stream, g);
+        }
+        const TILE: usize = 64;
+        let kernel = match g.inputs {
+            GemmInputs::F32 | GemmInputs::Tf32 => self.kernels.gemm_tn_f32,
+            GemmInputs::F16 => self.kernels.gemm_tn_f16,
+        };
+        let grid = (g.m.div_ceil(TILE) as u32, g.n.div_ceil(TILE) as u32);
+        self.driver.launch(
+            stream,
+            kernel,
+            grid,
+            kernels::BLOCK,
+            0,
+            &[
+                Arg::Ptr(g.a),
+                Arg::U32(g.lda as u32),
+                Arg::Ptr(g.b),
+                Arg::U32(g.ldb as u32),
+                Arg::Ptr(g.c),
+                Arg::U32(g.ldc as u32),
+                Arg::U32(g.m as u32),
+                Arg::U32(g.n as u32),
+                Arg::U32(g.k as u32),
+            ],
+        )
+    }
 }
 
 /// A [`GpuBackend`] over any [`Driver`].
@@ -38,7 +79,8 @@ impl<D: Driver> GpuEngine<D> {
     /// cache the engine).
     pub(crate) fn new(driver: Arc<D>, backend: GpuBackendType, prelude: &str) -> Result<Self> {
         let kernels = Kernels::compile(&*driver, prelude)?;
-        Ok(Self { device: Arc::new(Device { driver, kernels, backend }) })
+        let own_gemm = !driver.has_gemm() || std::env::var("HIVE_GPU_OWN_GEMM").as_deref() == Ok("1");
+        Ok(Self { device: Arc::new(Device { driver, kernels, backend, own_gemm }) })
     }
 }
 
@@ -48,7 +90,14 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
     }
 
     fn device_info(&self) -> GpuDeviceInfo {
-        self.device.driver.device_info()
+        let mut info = self.device.driver.device_info();
+        if self.device.own_gemm
+            && self.device.driver.has_gemm()
+            && let Some(driver) = info.driver_version.as_mut()
+        {
+            driver.push_str("; GEMMs on hive-gpu's own kernel (HIVE_GPU_OWN_GEMM=1)");
+        }
+        info
     }
 
     fn new_rows(
@@ -62,32 +111,40 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
     }
 }
 
-#[cfg(feature = "cuda")]
-pub(crate) mod cuda_backend {
-    //! Opening CUDA devices: one engine per device for the whole process.
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-
-    use super::GpuEngine;
-    use super::cuda::{CudaDriver, PRELUDE};
-    use crate::backend::GpuBackend;
-    use crate::error::Result;
-    use crate::types::GpuBackendType;
-
-    type Engines = Mutex<HashMap<usize, Arc<GpuEngine<CudaDriver>>>>;
+/// The engine of device `ordinal` of `backend`, opened by `open` on first use and then shared
+/// by every context for the whole process: kernels compile once per device.
+pub(crate) fn engine(
+    backend: GpuBackendType,
+    ordinal: usize,
+    open: impl FnOnce() -> Result<Arc<dyn GpuBackend>>,
+) -> Result<Arc<dyn GpuBackend>> {
+    type Engines = Mutex<HashMap<(GpuBackendType, usize), Arc<dyn GpuBackend>>>;
     static ENGINES: std::sync::OnceLock<Engines> = std::sync::OnceLock::new();
-
-    /// The engine of CUDA device `ordinal`, compiled on first use.
-    pub(crate) fn open(ordinal: usize) -> Result<Arc<dyn GpuBackend>> {
-        let engines = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
-        // A panic while a previous open held the lock leaves the map itself intact.
-        let mut engines = engines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(engine) = engines.get(&ordinal) {
-            return Ok(engine.clone());
-        }
-        let driver = CudaDriver::open(ordinal)?;
-        let engine = Arc::new(GpuEngine::new(driver, GpuBackendType::Cuda, PRELUDE)?);
-        engines.insert(ordinal, engine.clone());
-        Ok(engine)
+    // A panic while a previous open held the lock leaves the map itself intact.
+    let mut engines =
+        ENGINES.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(engine) = engines.get(&(backend, ordinal)) {
+        return Ok(engine.clone());
     }
+    let engine = open()?;
+    engines.insert((backend, ordinal), engine.clone());
+    Ok(engine)
+}
+
+/// The engine of CUDA device `ordinal`.
+#[cfg(feature = "cuda")]
+pub(crate) fn open_cuda(ordinal: usize) -> Result<Arc<dyn GpuBackend>> {
+    engine(GpuBackendType::Cuda, ordinal, || {
+        let driver = cuda::CudaDriver::open(ordinal)?;
+        Ok(Arc::new(GpuEngine::new(driver, GpuBackendType::Cuda, cuda::PRELUDE)?))
+    })
+}
+
+/// The engine of AMD GPU `ordinal`.
+#[cfg(feature = "rocm")]
+pub(crate) fn open_rocm(ordinal: usize) -> Result<Arc<dyn GpuBackend>> {
+    engine(GpuBackendType::Rocm, ordinal, || {
+        let driver = hip::HipDriver::open(ordinal)?;
+        Ok(Arc::new(GpuEngine::new(driver, GpuBackendType::Rocm, hip::PRELUDE)?))
+    })
 }

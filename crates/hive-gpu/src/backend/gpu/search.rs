@@ -620,7 +620,7 @@ impl<D: Driver> GpuRows<D> {
                 let tile = tiles[buffer];
                 // GEMM t+1 fills the other buffer while tile t is being selected.
                 driver.wait(&ws.gemm_stream, select_done)?;
-                driver.gemm_tn(
+                self.device.gemm(
                     &ws.gemm_stream,
                     &GemmTn {
                         m: rt,
