@@ -145,9 +145,9 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
         shared_bytes: u32,
         args: &[Arg],
     ) -> Result<()>;
-    /// Whether [`Driver::gemm_tn`] has a BLAS library behind it. Without one the engine runs
-    /// its own GEMM kernel.
-    fn has_gemm(&self) -> bool {
+    /// Whether [`Driver::gemm_tn`] can run GEMMs of these inputs on a BLAS library within the
+    /// error bounds the gates assume. Where it cannot, the engine runs its own GEMM kernel.
+    fn has_gemm(&self, _inputs: GemmInputs) -> bool {
         true
     }
     /// Queues a GEMM (see [`GemmTn`]).

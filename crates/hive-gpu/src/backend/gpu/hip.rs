@@ -5,7 +5,8 @@
 mod ffi;
 
 use std::ffi::{CString, c_int, c_void};
-use std::sync::{Arc, OnceLock};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use libloading::Library;
 
@@ -13,6 +14,9 @@ use self::ffi::{Handle, Hip, PropsFn, PropsLayout, Rocblas, Rtc, c_text};
 use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuBackendType, GpuDeviceInfo};
+
+/// Why f16 GEMMs avoid rocBLAS on gfx90a.
+const F16_FLUSH: &str = "MI200's f16 matrix instructions flush subnormals to zero";
 
 /// Kernel sources get this prelude on HIP (its shuffles take the full wavefront by default).
 pub(super) const PRELUDE: &str =
@@ -26,7 +30,7 @@ pub(crate) struct Runtime {
     rtc: Rtc,
     props: (PropsFn, PropsLayout),
     /// rocBLAS, or why it is not used.
-    blas: std::result::Result<Rocblas, String>,
+    blas: std::result::Result<Blas, String>,
     /// The runtime's file name (e.g. `libamdhip64.so.6`).
     hip_file: &'static str,
     /// Where hiprtc came from.
@@ -40,6 +44,30 @@ pub(crate) struct Runtime {
 unsafe impl Send for Runtime {}
 // SAFETY: as above.
 unsafe impl Sync for Runtime {}
+
+/// rocBLAS as loaded: its calls, its file and where its per-architecture kernels live.
+#[derive(Debug)]
+struct Blas {
+    table: Rocblas,
+    file: &'static str,
+    /// `ROCBLAS_TENSILE_LIBPATH`, else `rocblas/library` beside the loaded library.
+    kernels: Option<PathBuf>,
+}
+
+/// The directory of the loaded shared library whose file name is `file`, from the process's
+/// memory map (Linux, as ROCm is).
+fn loaded_directory(file: &str) -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find(|path| {
+            std::path::Path::new(path)
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with(file))
+        })
+        .and_then(|path| std::fs::canonicalize(path).ok())
+        .and_then(|path| path.parent().map(PathBuf::from))
+}
 
 fn open_library(name: &str) -> std::result::Result<Library, String> {
     // SAFETY: loading a ROCm library runs its initialisers, which only set up the library's
@@ -82,13 +110,20 @@ fn load_runtime() -> std::result::Result<Runtime, String> {
             (rtc, name)
         }
     };
-    let blas_file = ffi::rocblas_library(major_of(hip_file));
-    let blas = open_library(blas_file)
-        .map_err(|_| format!("rocBLAS not found ({blas_file}): GEMMs run on hive-gpu's own kernel"))
-        .and_then(|library| {
-            let table = Rocblas::load(&library).map_err(|e| format!("{blas_file} lacks a symbol: {e}"))?;
+    let candidates = ffi::rocblas_libraries(major_of(hip_file));
+    let blas = candidates
+        .iter()
+        .find_map(|file| open_library(file).ok().map(|library| (*file, library)))
+        .ok_or_else(|| {
+            format!("rocBLAS not found ({}): GEMMs run on hive-gpu's own kernel", candidates.join(", "))
+        })
+        .and_then(|(file, library)| {
+            let table = Rocblas::load(&library).map_err(|e| format!("{file} lacks a symbol: {e}"))?;
             libraries.push(library);
-            Ok(table)
+            let kernels = std::env::var_os("ROCBLAS_TENSILE_LIBPATH")
+                .map(PathBuf::from)
+                .or_else(|| loaded_directory(file).map(|dir| dir.join("rocblas").join("library")));
+            Ok(Blas { table, file, kernels })
         });
     libraries.push(hip_library);
     Ok(Runtime { hip, rtc, props, blas, hip_file, rtc_file, _libraries: libraries })
@@ -283,6 +318,10 @@ pub struct HipDriver {
     l2_bytes: u64,
     pci: String,
     total: usize,
+    /// rocBLAS usable on this device, or why GEMMs run on the engine's own kernel.
+    blas: std::result::Result<(), String>,
+    /// Code objects of the loaded modules, kept for the process as the modules are.
+    images: Mutex<Vec<Vec<u8>>>,
 }
 
 impl HipDriver {
@@ -330,9 +369,23 @@ impl HipDriver {
                 runtime.describe()
             )));
         }
+        let arch = target.split(':').next().unwrap_or(&target).to_string();
+        let blas = match &runtime.blas {
+            Err(reason) => Err(reason.clone()),
+            Ok(blas) => match &blas.kernels {
+                Some(dir) if ffi::tensile_supports(dir, &arch) => Ok(()),
+                dir => Err(format!(
+                    "{} has no kernels for {arch} (no TensileLibrary file in {}): GEMMs run on hive-gpu's own kernel",
+                    blas.file,
+                    dir.as_ref().map_or("an unknown directory".into(), |d| d.display().to_string())
+                )),
+            },
+        };
         Ok(Self {
             runtime,
             ordinal,
+            blas,
+            images: Mutex::new(Vec::new()),
             name: text_at(0),
             target,
             wavefront: wavefront as u32,
@@ -363,6 +416,12 @@ impl HipDriver {
     fn arch(&self) -> &str {
         self.target.split(':').next().unwrap_or(&self.target)
     }
+
+    /// Whether rocBLAS's f16 GEMMs flush subnormal inputs to zero here, which the f16 error
+    /// bound does not allow for.
+    fn f16_flushes(&self) -> bool {
+        self.arch() == "gfx90a"
+    }
 }
 
 /// A HIP stream, with a rocBLAS handle when it runs GEMMs.
@@ -382,7 +441,7 @@ impl Drop for HipStream {
         unsafe {
             let _ = (self.runtime.hip.hipStreamSynchronize)(self.stream);
             if let (Some(handle), Ok(blas)) = (self.blas, &self.runtime.blas) {
-                let _ = (blas.rocblas_destroy_handle)(handle);
+                let _ = (blas.table.rocblas_destroy_handle)(handle);
             }
             let _ = (self.runtime.hip.hipStreamDestroy)(self.stream);
         }
@@ -455,9 +514,12 @@ impl Driver for HipDriver {
 
     fn device_info(&self) -> GpuDeviceInfo {
         let (free, total) = self.mem_info().unwrap_or((0, self.total));
-        let blas = match &self.runtime.blas {
-            Ok(_) => "rocBLAS for GEMMs".to_string(),
-            Err(reason) => reason.clone(),
+        let blas = match (&self.blas, &self.runtime.blas) {
+            (Ok(()), Ok(blas)) if self.f16_flushes() => {
+                format!("{} for GEMMs (f16 ones on hive-gpu's own kernel: {F16_FLUSH})", blas.file)
+            }
+            (Ok(()), Ok(blas)) => format!("{} for GEMMs", blas.file),
+            (Err(reason), _) | (Ok(()), Err(reason)) => reason.clone(),
         };
         GpuDeviceInfo {
             name: self.name.clone(),
@@ -543,7 +605,8 @@ impl Driver for HipDriver {
             (self.hip().hipStreamCreateWithFlags)(&mut stream, ffi::STREAM_NON_BLOCKING)
         })?;
         let mut created = HipStream { runtime: self.runtime, stream, blas: None };
-        if let (true, Ok(blas)) = (with_blas, &self.runtime.blas) {
+        if let (true, Ok(()), Ok(blas)) = (with_blas, &self.blas, &self.runtime.blas) {
+            let blas = &blas.table;
             let blas_error = |call: &str, status: c_int| HiveGpuError::RocblasError {
                 call: call.to_string(),
                 // SAFETY: accepts any status value.
@@ -636,11 +699,13 @@ impl Driver for HipDriver {
         self.bind()?;
         let image = self.runtime.compile(source, &self.target)?;
         let mut module: Handle = std::ptr::null_mut();
-        // SAFETY: `image` is a code object hiprtc just produced for this device; the module
-        // stays loaded for the process (kernels are cached per device).
+        // SAFETY: `image` is a code object hiprtc just produced for this device; it is kept
+        // below for as long as the driver, and the module stays loaded for the process.
         self.runtime.check("hipModuleLoadData", unsafe {
             (self.hip().hipModuleLoadData)(&mut module, image.as_ptr().cast())
         })?;
+        // HIP may read the image after loading (it does not promise a copy): keep it.
+        self.images.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(image);
         names
             .iter()
             .map(|name| {
@@ -687,8 +752,8 @@ impl Driver for HipDriver {
         })
     }
 
-    fn has_gemm(&self) -> bool {
-        self.runtime.blas.is_ok()
+    fn has_gemm(&self, inputs: GemmInputs) -> bool {
+        self.blas.is_ok() && !(inputs == GemmInputs::F16 && self.f16_flushes())
     }
 
     fn gemm_tn(&self, stream: &HipStream, g: &GemmTn) -> Result<()> {
@@ -706,7 +771,7 @@ impl Driver for HipDriver {
         // SAFETY: the pointers and leading dimensions describe live device buffers of the
         // stated shapes (engine invariant); alpha/beta are host scalars read during the call.
         let status = unsafe {
-            (blas.rocblas_gemm_ex)(
+            (blas.table.rocblas_gemm_ex)(
                 handle,
                 ffi::ROCBLAS_OP_T,
                 ffi::ROCBLAS_OP_N,
@@ -739,7 +804,10 @@ impl Driver for HipDriver {
         Err(HiveGpuError::RocblasError {
             call: "rocblas_gemm_ex".into(),
             // SAFETY: accepts any status value.
-            message: c_text(unsafe { (blas.rocblas_status_to_string)(status) }, "unknown rocBLAS status"),
+            message: c_text(
+                unsafe { (blas.table.rocblas_status_to_string)(status) },
+                "unknown rocBLAS status",
+            ),
         })
     }
 }
@@ -764,6 +832,27 @@ mod tests {
         }
     }
 
+    /// rocBLAS is used only for architectures its kernel directory has files for.
+    #[test]
+    fn tensile_kernels_are_matched_by_whole_architecture() {
+        let dir = std::env::temp_dir().join(format!("hive-gpu-tensile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for name in [
+            "TensileLibrary_lazy_gfx90a.dat",
+            "TensileLibrary_Type_HH_gfx1100.co",
+            "Kernels.so-000-gfx906.hsaco",
+        ] {
+            std::fs::write(dir.join(name), b"").expect("temp file");
+        }
+        assert!(ffi::tensile_supports(&dir, "gfx90a"));
+        assert!(ffi::tensile_supports(&dir, "gfx1100"));
+        assert!(!ffi::tensile_supports(&dir, "gfx110"), "a prefix of an architecture is not it");
+        assert!(!ffi::tensile_supports(&dir, "gfx906"), "only TensileLibrary files count");
+        assert!(!ffi::tensile_supports(&dir, "gfx942"));
+        assert!(!ffi::tensile_supports(&dir.join("missing"), "gfx90a"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn wavefront_follows_the_architecture_family() {
         for (arch, wave) in [("gfx803", 64), ("gfx906", 64), ("gfx90a:sramecc+:xnack-", 64), ("gfx942", 64)] {
@@ -774,8 +863,9 @@ mod tests {
         }
         assert_eq!(ffi::hiprtc_library(5), None);
         assert_eq!(ffi::hiprtc_library(6).as_deref(), Some("libhiprtc.so.6"));
-        assert_eq!(ffi::rocblas_library(7), "librocblas.so.5");
-        assert_eq!(ffi::rocblas_library(6), "librocblas.so.4");
+        assert_eq!(ffi::rocblas_libraries(7), ["librocblas.so.5"]);
+        assert_eq!(ffi::rocblas_libraries(6), ["librocblas.so.4"]);
+        assert_eq!(ffi::rocblas_libraries(5), ["librocblas.so.3", "librocblas.so.0"]);
         assert_eq!(major_of("libamdhip64.so.7"), 7);
         assert_eq!(Runtime::version_text(50_221_153), "5.2.21153");
         assert_eq!(Runtime::version_text(60_241_133), "6.2.41133");
@@ -791,7 +881,9 @@ mod tests {
             Some(name) => open_library(&name).expect("hiprtc loaded once already"),
             None => open_library(runtime.hip_file).expect("as above"),
         };
-        let blas_library = open_library(ffi::rocblas_library(major_of(runtime.hip_file))).ok();
+        let blas_library = ffi::rocblas_libraries(major_of(runtime.hip_file))
+            .iter()
+            .find_map(|file| open_library(file).ok());
         let mut tables = vec![(Hip::NAMES, &library), (Rtc::NAMES, &rtc_library)];
         if let Some(blas) = &blas_library {
             tables.push((Rocblas::NAMES, blas));

@@ -30,15 +30,15 @@ pub(crate) struct Device<D: Driver> {
     pub(crate) driver: Arc<D>,
     pub(crate) kernels: Kernels<D>,
     pub(crate) backend: GpuBackendType,
-    /// GEMMs run on the engine's own kernel: the driver has no BLAS, or `HIVE_GPU_OWN_GEMM=1`
-    /// asks for it (to test on CUDA the path ROCm takes without rocBLAS).
+    /// Every GEMM runs on the engine's own kernel (`HIVE_GPU_OWN_GEMM=1`, to test on CUDA the
+    /// path ROCm takes without rocBLAS), not only those the driver's BLAS cannot run.
     own_gemm: bool,
 }
 
 impl<D: Driver> Device<D> {
     /// Queues `C = A^T B` (see [`GemmTn`]) on the BLAS library or on the engine's own kernel.
     pub(crate) fn gemm(&self, stream: &D::Stream, g: &GemmTn) -> Result<()> {
-        if !self.own_gemm {
+        if !self.own_gemm && self.driver.has_gemm(g.inputs) {
             return self.driver.gemm_tn(stream, g);
         }
         const TILE: usize = 64;
@@ -79,7 +79,7 @@ impl<D: Driver> GpuEngine<D> {
     /// cache the engine).
     pub(crate) fn new(driver: Arc<D>, backend: GpuBackendType, prelude: &str) -> Result<Self> {
         let kernels = Kernels::compile(&*driver, prelude)?;
-        let own_gemm = !driver.has_gemm() || std::env::var("HIVE_GPU_OWN_GEMM").as_deref() == Ok("1");
+        let own_gemm = std::env::var("HIVE_GPU_OWN_GEMM").as_deref() == Ok("1");
         Ok(Self { device: Arc::new(Device { driver, kernels, backend, own_gemm }) })
     }
 }
@@ -92,7 +92,6 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
     fn device_info(&self) -> GpuDeviceInfo {
         let mut info = self.device.driver.device_info();
         if self.device.own_gemm
-            && self.device.driver.has_gemm()
             && let Some(driver) = info.driver_version.as_mut()
         {
             driver.push_str("; GEMMs on hive-gpu's own kernel (HIVE_GPU_OWN_GEMM=1)");

@@ -36,15 +36,30 @@ pub(crate) const ROCBLAS_ALGO_STANDARD: c_int = 0;
 
 /// The runtime's file names, newest first: ROCm 7, 6 and 5.
 pub(crate) const HIP_LIBRARIES: [&str; 3] = ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"];
-/// The rocBLAS of the same ROCm release as a runtime of the given major version: rocBLAS 5
-/// with ROCm 7, 4 with ROCm 6, and 2 to 3 (`.so.0`) with ROCm 5. Mixing releases is not
-/// supported by AMD, so no other one is tried.
-pub(crate) fn rocblas_library(runtime_major: u32) -> &'static str {
+/// The rocBLAS file names of the same ROCm release as a runtime of the given major version:
+/// rocBLAS 5 with ROCm 7, 4 with ROCm 6, 3 (ROCm 5.6 and 5.7) or 2 (`.so.0`, ROCm 5.0 to 5.5)
+/// with ROCm 5. Mixing releases is not supported by AMD, so no other one is tried.
+pub(crate) fn rocblas_libraries(runtime_major: u32) -> &'static [&'static str] {
     match runtime_major {
-        7 => "librocblas.so.5",
-        6 => "librocblas.so.4",
-        _ => "librocblas.so.0",
+        7 => &["librocblas.so.5"],
+        6 => &["librocblas.so.4"],
+        _ => &["librocblas.so.3", "librocblas.so.0"],
     }
+}
+
+/// Whether rocBLAS's kernel directory holds kernels for `arch` (`gfx90a`): rocBLAS aborts the
+/// process on the first GEMM of an architecture it has no `TensileLibrary*` file for.
+pub(crate) fn tensile_supports(directory: &std::path::Path, arch: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(directory) else { return false };
+    entries.filter_map(|entry| entry.ok()).any(|entry| {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with("TensileLibrary")
+            && name.match_indices(arch).any(|(at, _)| {
+                // `gfx90a` must not match inside `gfx90a0`-like longer names.
+                !name[at + arch.len()..].starts_with(|c: char| c.is_ascii_alphanumeric())
+            })
+    })
 }
 
 /// Where hiprtc lives for a runtime of the given major version: inside `libamdhip64` up to
