@@ -363,6 +363,46 @@ __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, dou
 // grid (nq), block HG_BLOCK. Merges the S candidate lists of each query, checks that no row
 // inside the band was lost (else flags[q] = 1 and the host retries with more room), re-ranks
 // the band in f64 and writes the k best (slot, exact distance), ties by slot.
+// The k-th smallest (1 <= k <= count) of `count` keys in shared memory: four rounds of an
+// 8-bit radix select, each a histogram of the keys that match the digits found so far and a
+// prefix sum over its 256 bins. `bins` is shared room for 256 counters, `state` for two words.
+// Every thread of the block (exactly HG_BLOCK = 256 threads, one per bin) must call it.
+#if HG_BLOCK != 256
+#error "hg_block_kth gives each of its 256 bins to one thread"
+#endif
+__device__ u32 hg_block_kth(const u32* keys, u32 count, u32 k, u32* bins, u32* state) {
+    u32 t = threadIdx.x;
+    if (t == 0) {
+        state[0] = 0;
+        state[1] = k;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        bins[t] = 0;
+        __syncthreads();
+        u32 prefix = state[0], rem = state[1];
+        u32 high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+        for (u32 i = t; i < count; i += HG_BLOCK) {
+            u32 key = keys[i];
+            if ((key & high) == prefix) atomicAdd(&bins[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        for (u32 offset = 1; offset < 256; offset <<= 1) {
+            u32 add = t >= offset ? bins[t - offset] : 0u;
+            __syncthreads();
+            bins[t] += add;
+            __syncthreads();
+        }
+        // Exactly one bin holds the rem-th matching key: the digit of this round.
+        u32 below = t == 0 ? 0u : bins[t - 1];
+        if (below < rem && bins[t] >= rem) {
+            state[0] = prefix | (t << shift);
+            state[1] = rem - below;
+        }
+        __syncthreads();
+    }
+    return state[0];
+}
+
 template <typename T>
 __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 head, u32 kcap_in, u32 k, u32 kcap, u32 sortn,
                             const float* gate_mul, const float* gate_add, const T* rows, u32 dim,
@@ -373,6 +413,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     __shared__ u32 band_count;
     __shared__ u64 tau;
     __shared__ u32 overflow, lost;
+    __shared__ u32 radix_state[2];
     u64* sh = hg_smem;
     u32 q = blockIdx.x;
     if (threadIdx.x == 0) {
@@ -397,15 +438,22 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
         // bound: the first `head` entries of every list (sorted here), or else the smallest
         // of the lists' k-th entries.
         if (head > 0) {
-            u32 total = S * head, padded = 1;
-            while (padded < total) padded <<= 1;
-            for (u32 i = threadIdx.x; i < padded; i += blockDim.x)
-                sh[i] = i < total ? in[(u64)(i / head) * kcap_in + i % head] : HG_NONE;
+            // The k-th smallest distance key of the heads, by a radix select over their high
+            // halves in shared memory (sorting them took half of the whole merge). Room: the
+            // host keeps S * head <= sortn, so keys and bins fit in sortn u64s.
+            u32 total = S * head;
+            u32* keys = (u32*)sh;
+            u32* bins = keys + total;
+            for (u32 i = threadIdx.x; i < total; i += blockDim.x)
+                keys[i] = (u32)(in[(u64)(i / head) * kcap_in + i % head] >> 32);
             __syncthreads();
-            hg_bitonic(sh, 0, padded);
-            if (threadIdx.x == 0 && padded >= k) tau = sh[k - 1];
+            if (total >= k) {
+                u32 kth = hg_block_kth(keys, total, k, bins, radix_state);
+                // All ones is an empty slot (HG_NONE): fewer than k real heads, no bound.
+                if (threadIdx.x == 0 && kth != 0xffffffffu) tau = (u64)kth << 32;
+            }
             __syncthreads();
-            for (u32 i = threadIdx.x; i < padded; i += blockDim.x) sh[i] = HG_NONE;
+            for (u32 i = threadIdx.x; i < (total + HG_BLOCK + 1) / 2; i += blockDim.x) sh[i] = HG_NONE;
         } else {
             for (u32 s = threadIdx.x; s < S; s += blockDim.x) atomicMin(&tau, in[(u64)s * kcap_in + k - 1]);
         }
