@@ -340,14 +340,14 @@ impl Driver for CudaDriver {
     }
 
     fn device_info(&self) -> GpuDeviceInfo {
-        let (free, total) = self.mem_info().unwrap_or((0, self.total));
         GpuDeviceInfo {
             name: self.name.clone(),
             backend: GpuBackendType::Cuda,
             device_id: self.ordinal,
-            total_vram_bytes: total as u64,
-            available_vram_bytes: free as u64,
-            used_vram_bytes: total.saturating_sub(free) as u64,
+            // Free memory is read by the engine (`mem_info`), which fills the other two.
+            total_vram_bytes: self.total as u64,
+            available_vram_bytes: 0,
+            used_vram_bytes: 0,
             driver_version: Some(format!("CUDA {} (NVRTC {})", self.driver_version, self.nvrtc_version)),
             compute_capability: format!("{}.{}", self.major, self.minor),
             max_threads_per_block: self.max_threads,

@@ -88,7 +88,8 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     /// A marker in a stream that another stream can wait for.
     type Event: Send + std::fmt::Debug;
 
-    /// The device's description, with free memory read now.
+    /// The device's description: what does not change (its total memory included; the
+    /// engine reads free memory through [`Driver::mem_info`]).
     fn device_info(&self) -> GpuDeviceInfo;
     /// Threads per warp or wavefront.
     fn warp_size(&self) -> u32;

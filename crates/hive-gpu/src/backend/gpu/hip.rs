@@ -513,7 +513,6 @@ impl Driver for HipDriver {
     type Event = HipEvent;
 
     fn device_info(&self) -> GpuDeviceInfo {
-        let (free, total) = self.mem_info().unwrap_or((0, self.total));
         let blas = match (&self.blas, &self.runtime.blas) {
             (Ok(()), Ok(blas)) if self.f16_flushes() => {
                 format!("{} for GEMMs (f16 ones on hive-gpu's own kernel: {F16_FLUSH})", blas.file)
@@ -525,9 +524,10 @@ impl Driver for HipDriver {
             name: self.name.clone(),
             backend: GpuBackendType::Rocm,
             device_id: self.ordinal as usize,
-            total_vram_bytes: total as u64,
-            available_vram_bytes: free as u64,
-            used_vram_bytes: total.saturating_sub(free) as u64,
+            // Free memory is read by the engine (`mem_info`), which fills the other two.
+            total_vram_bytes: self.total as u64,
+            available_vram_bytes: 0,
+            used_vram_bytes: 0,
             driver_version: Some(format!(
                 "{}, hiprtc {} from {}, target {}; {blas}",
                 self.runtime.describe(),

@@ -91,6 +91,12 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
 
     fn device_info(&self) -> GpuDeviceInfo {
         let mut info = self.device.driver.device_info();
+        // Free memory changes: read now, for every driver alike.
+        if let Ok((free, total)) = self.device.driver.mem_info() {
+            info.total_vram_bytes = total as u64;
+            info.available_vram_bytes = free as u64;
+            info.used_vram_bytes = total.saturating_sub(free) as u64;
+        }
         if self.device.own_gemm
             && let Some(driver) = info.driver_version.as_mut()
         {
