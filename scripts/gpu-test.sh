@@ -4,7 +4,9 @@
 #   there:  bash scripts/gpu-test.sh [test filter...]     (from the repository root)
 # Runs every test binary with HIVE_GPU_REQUIRE=cuda,vulkan (CUDA and NVIDIA's Vulkan driver; a
 # missing backend fails, never skips) and
-# HIVE_GPU_LARGE=1 (the ten-million-row case), after `hive-gpu info`. Logs go to $OUT when set.
+# HIVE_GPU_LARGE=1 (the ten-million-row case), after `hive-gpu info`; then the conformance suite
+# and the fuzzer again on the own GEMM kernel and with the fused filter on every batch. Logs go
+# to $OUT when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .gpu/run-tests ] || { echo "no .gpu bundle: run ../shared/tools/gpu-bundle --workspace first" >&2; exit 2; }
@@ -26,4 +28,12 @@ for suite in conformance fuzz_exactness; do
     echo "== own GEMM: $suite ($exe)"
     (cd crates/hive-gpu && HIVE_GPU_OWN_GEMM=1 HIVE_GPU_TEST_BACKENDS=cuda HIVE_GPU_REQUIRE=cuda "../../.gpu/bin/$exe") 2>&1 |
         tee -a "$out/own-gemm.log"
+done
+# The fused tensor-core filter (compute capability 8.0+) on every batch, not only on
+# collections of 131,072 rows and more: the conformance suite and the fuzzer again.
+for suite in conformance fuzz_exactness; do
+    exe=$(awk -F'\t' -v s="$suite" 'index($1, s "-") == 1 {print $1; exit}' .gpu/tests.tsv)
+    echo "== fused filter on every batch: $suite ($exe)"
+    (cd crates/hive-gpu && HIVE_GPU_FUSED_MIN_ROWS=1 HIVE_GPU_TEST_BACKENDS=cuda HIVE_GPU_REQUIRE=cuda "../../.gpu/bin/$exe") 2>&1 |
+        tee -a "$out/fused.log"
 done

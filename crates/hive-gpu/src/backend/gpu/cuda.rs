@@ -368,6 +368,10 @@ impl Driver for CudaDriver {
         self.sms
     }
 
+    fn tensor_cores(&self) -> bool {
+        self.major >= 8
+    }
+
     fn max_shared_bytes(&self) -> usize {
         self.max_shared_optin
     }
@@ -622,16 +626,19 @@ mod tests {
         // CUDA 13 dropped Volta: its NVRTC starts at Turing.
         let major: u32 = nvrtc_version().ok().and_then(|v| v.split('.').next()?.parse().ok()).unwrap_or(12);
         let oldest = if major >= 13 { "compute_75" } else { "compute_70" };
-        let program = source(PRELUDE, 32);
-        for arch in [oldest, "compute_80", "compute_90"] {
+        // The tensor-core kernels are part of the program from compute capability 8.0 on.
+        for (arch, tensor) in [(oldest, false), ("compute_80", true), ("compute_90", true)] {
+            let program = source(PRELUDE, 32, tensor);
             let ptx = nvrtc_compile(&program, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
             let text = String::from_utf8_lossy(&ptx);
-            for name in crate::backend::gpu::kernels::Kernels::<CudaDriver>::NAMES {
+            let names = crate::backend::gpu::kernels::Kernels::<CudaDriver>::NAMES.iter();
+            let tensor_names = crate::backend::gpu::kernels::TENSOR_NAMES.iter().filter(|_| tensor);
+            for name in names.chain(tensor_names) {
                 assert!(text.contains(&format!(".entry {name}(")), "{arch}: no entry point {name}");
             }
         }
         // A cubin too, as the driver path loads.
-        let cubin = nvrtc_compile(&program, "sm_80").expect("sm_80 cubin");
+        let cubin = nvrtc_compile(&source(PRELUDE, 32, true), "sm_80").expect("sm_80 cubin");
         assert!(cubin.starts_with(b"\x7fELF"), "sm_80 output is not an ELF cubin");
     }
 }

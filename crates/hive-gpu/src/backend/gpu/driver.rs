@@ -95,6 +95,11 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     fn warp_size(&self) -> u32;
     /// Multiprocessors (compute units).
     fn multiprocessors(&self) -> u32;
+    /// Whether the device runs the `mma.sync` tensor-core kernels of `kernels/fused.cu`
+    /// (CUDA compute capability 8.0 and later).
+    fn tensor_cores(&self) -> bool {
+        false
+    }
     /// Largest dynamic shared memory one block may use, in bytes.
     fn max_shared_bytes(&self) -> usize;
     /// `(free, total)` device memory in bytes.

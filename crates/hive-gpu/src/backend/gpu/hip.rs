@@ -918,7 +918,7 @@ mod tests {
     fn check_compiles(runtime: &Runtime, arch: &str) {
         let wave = wavefront_of(arch);
         let code = runtime
-            .compile(&source(PRELUDE, wave), arch)
+            .compile(&source(PRELUDE, wave, false), arch)
             .unwrap_or_else(|e| panic!("{arch} (HG_WARP={wave}): {e}"));
         assert!(code.starts_with(b"\x7fELF"), "{arch}: the code object is not ELF");
         for name in Kernels::<HipDriver>::NAMES {

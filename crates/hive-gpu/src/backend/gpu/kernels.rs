@@ -10,13 +10,34 @@ const COMMON: &str = include_str!("kernels/common.cuh");
 const SEARCH: &str = include_str!("kernels/search.cu");
 const ROWS: &str = include_str!("kernels/rows.cu");
 const GEMM: &str = include_str!("kernels/gemm.cu");
+const FUSED: &str = include_str!("kernels/fused.cu");
+
+/// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
+pub(crate) const TENSOR_NAMES: &[&str] = &["hg_mma_filter_tf32", "hg_mma_filter_f16"];
+
+/// Dynamic shared memory of the `hg_mma_filter` kernels: 3 stages of two 128-line tiles of
+/// 36 words.
+pub(crate) const MMA_SHARED_BYTES: usize = 3 * 2 * 128 * 36 * 4;
+
+/// Rows (and queries) one `hg_mma_filter` block covers.
+pub(crate) const MMA_TILE: usize = 128;
 
 /// The full program for a device with `warp` threads per warp: defines, the vendor prelude
-/// (its shuffle intrinsic), then the shared sources.
-pub(crate) fn source(prelude: &str, warp: u32) -> String {
+/// (its shuffle intrinsic), then the shared sources, and the tensor-core kernels if `tensor`.
+pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
+    let fused = if tensor { FUSED } else { "" };
     format!(
-        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n{prelude}\n{COMMON}\n{SEARCH}\n{ROWS}\n{GEMM}\n"
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n{prelude}\n{COMMON}\n{SEARCH}\n{ROWS}\n{GEMM}\n{fused}\n"
     )
+}
+
+/// The tensor-core kernels of `kernels/fused.cu`.
+#[derive(Debug)]
+pub(crate) struct TensorKernels<F> {
+    /// Filter over f32 rows on TF32 tensor cores.
+    pub(crate) tf32: F,
+    /// Filter over f16 rows on f16 tensor cores.
+    pub(crate) f16: F,
 }
 
 macro_rules! kernel_table {
@@ -25,6 +46,8 @@ macro_rules! kernel_table {
         #[derive(Debug)]
         pub(crate) struct Kernels<D: Driver> {
             $(pub(crate) $field: D::Function,)*
+            /// Present on devices with [`Driver::tensor_cores`].
+            pub(crate) tensor: Option<TensorKernels<D::Function>>,
         }
 
         impl<D: Driver> Kernels<D> {
@@ -33,10 +56,17 @@ macro_rules! kernel_table {
 
             /// Compiles the sources for `driver`'s device and loads every kernel.
             pub(crate) fn compile(driver: &D, prelude: &str) -> Result<Self> {
-                let functions = driver.compile(&source(prelude, driver.warp_size()), Self::NAMES)?;
+                let tensor = driver.tensor_cores();
+                let mut names = Self::NAMES.to_vec();
+                if tensor {
+                    names.extend_from_slice(TENSOR_NAMES);
+                }
+                let functions = driver.compile(&source(prelude, driver.warp_size(), tensor), &names)?;
                 let mut it = functions.into_iter();
                 let mut next = || it.next().ok_or_else(|| crate::error::HiveGpuError::Internal("kernel table".into()));
-                Ok(Self { $($field: next()?,)* })
+                $(let $field = next()?;)*
+                let tensor = if tensor { Some(TensorKernels { tf32: next()?, f16: next()? }) } else { None };
+                Ok(Self { $($field,)* tensor })
             }
         }
     };

@@ -100,6 +100,13 @@ pub(super) struct Workspace<D: Driver> {
     pub(super) keys: Scratch<D>,
     pub(super) slots: Scratch<D>,
     pub(super) radix: Scratch<D>,
+    /// Results of the fused filter's sample search.
+    pub(super) sample: Scratch<D>,
+    /// The fused filter's per-query thresholds and smallest dropped entries.
+    pub(super) fused_state: Scratch<D>,
+    /// The fused filter's candidate buffers and their fill counts.
+    pub(super) fused_cand: Scratch<D>,
+    pub(super) fused_counts: Scratch<D>,
 }
 
 impl<D: Driver> Workspace<D> {
@@ -120,6 +127,10 @@ impl<D: Driver> Workspace<D> {
             keys: Scratch::new(),
             slots: Scratch::new(),
             radix: Scratch::new(),
+            sample: Scratch::new(),
+            fused_state: Scratch::new(),
+            fused_cand: Scratch::new(),
+            fused_counts: Scratch::new(),
         })
     }
 }

@@ -1,8 +1,11 @@
-//! Exact k-NN on the device. Three paths produce candidates, all finished the same way
+//! Exact k-NN on the device. Four paths produce candidates, all finished the same way
 //! (f64 re-rank of every row inside the proven error band, on the device):
 //! - few queries: a bandwidth-bound scan fused with per-block top-k, merged per query;
-//! - batches: GEMM tiles (cuBLAS) folded into per-query candidate lists tile by tile, so the
-//!   full distance matrix never exists;
+//! - batches on tensor-core devices: one kernel multiplies on the tensor cores and keeps only
+//!   the distances below a per-query threshold taken from an exact search of a sample of the
+//!   rows (any threshold is safe: finalize proves that nothing inside the band was dropped);
+//! - other batches: GEMM tiles (cuBLAS) folded into per-query candidate lists tile by tile, so
+//!   the full distance matrix never exists;
 //! - any k too large for on-chip lists, and any query whose band overflowed its list: a
 //!   radix select of the k-th distance, then the band, re-ranked and sorted on the device.
 //!
@@ -13,7 +16,7 @@ use rayon::prelude::*;
 
 use super::bounds::{self, Approximation};
 use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
-use super::kernels::BLOCK;
+use super::kernels::{BLOCK, MMA_SHARED_BYTES, MMA_TILE};
 use super::memory::Workspace;
 use super::rows::GpuRows;
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
@@ -26,6 +29,13 @@ const MAX_LIST: usize = 4096;
 const GEMM_MIN_QUERIES: usize = 8;
 /// Device bytes one GEMM tile of dot products may take.
 const TILE_BYTES: usize = 256 << 20;
+/// Collections smaller than this take the GEMM tiles rather than the fused filter, whose
+/// sample search would be too small to give useful thresholds.
+const FUSED_MIN_ROWS: usize = 1 << 17;
+/// The fused filter's thresholds come from an exact search of every `SAMPLE_STRIDE`-th row.
+const SAMPLE_STRIDE: usize = 32;
+/// Candidate entries per query in the fused filter's buffer.
+const FUSED_CAP: usize = 2048;
 
 fn align(bytes: usize) -> usize {
     bytes.div_ceil(256) * 256
@@ -61,6 +71,33 @@ struct Inputs {
     q_norms: DevicePtr,
     gate_mul: DevicePtr,
     gate_add: DevicePtr,
+}
+
+/// Per-query candidate lists handed to finalize: `segments` lists of `len` entries per query,
+/// each sorted (the scan and tile kernels' lists) or not (the fused filter's buffers).
+#[derive(Debug, Clone, Copy)]
+struct Lists {
+    entries: DevicePtr,
+    evicted: DevicePtr,
+    segments: usize,
+    len: usize,
+    sorted: bool,
+}
+
+/// The bits of the device's `hg_entry(distance, slot)`: the distance's sortable key, then
+/// the slot.
+fn entry_key(distance: f32, slot: u32) -> u64 {
+    let bits = distance.to_bits();
+    let key = if bits & 0x8000_0000 != 0 { !bits } else { bits | 0x8000_0000 };
+    (u64::from(key) << 32) | u64::from(slot)
+}
+
+/// What the fused filter's thresholds are computed from, per query.
+struct Thresholds<'a> {
+    /// |q| in f64.
+    q_norms: &'a [f64],
+    /// The band's width in approximate-distance units (the gate's `add`).
+    gate_add: &'a [f32],
 }
 
 /// Where each output lives in the workspace's output buffer.
@@ -164,6 +201,45 @@ impl<D: Driver> GpuRows<D> {
         }
     }
 
+    /// The tensor-core path of the fused filter for a batch that would take `path`, if the
+    /// device has the kernels and the batch suits them. Exact f32 batches run it on TF32:
+    /// the gate's TF32 band and the f64 re-rank keep them exact, and queries whose band
+    /// overflowed re-run on plain f32 GEMMs. `HIVE_GPU_FUSED=0` turns it off;
+    /// `HIVE_GPU_FUSED_MIN_ROWS` lowers the size from which it runs (tests use 1).
+    fn fused_approximation(&self, nq: usize, k: usize, path: Approximation) -> Option<Approximation> {
+        self.device.kernels.tensor.as_ref()?;
+        if std::env::var("HIVE_GPU_FUSED").as_deref() == Ok("0") {
+            return None;
+        }
+        let tensor_path = match path {
+            Approximation::GemmF32 | Approximation::GemmTf32 => Approximation::GemmTf32,
+            Approximation::GemmF16 { scale } => Approximation::GemmF16 { scale },
+            Approximation::Scan => return None,
+        };
+        let min_rows = env_usize("HIVE_GPU_FUSED_MIN_ROWS").unwrap_or(FUSED_MIN_ROWS);
+        let kcap = self.path_list_size(k, tensor_path);
+        let fits = nq >= GEMM_MIN_QUERIES
+            && self.len >= min_rows
+            && (self.dim * self.element_bytes()).is_multiple_of(16)
+            && kcap < FUSED_CAP
+            // Without a sample every row passes: only small collections fit the buffers.
+            && (self.sample_rank(k).is_some() || self.len <= FUSED_CAP)
+            && Self::fused_sort_size(kcap) * 8 <= self.shared_limit()
+            && MMA_SHARED_BYTES <= self.driver().max_shared_bytes();
+        fits.then_some(tensor_path)
+    }
+
+    /// The rank j whose sample distance gives the fused filter's thresholds, if the sample
+    /// holds enough live rows for one.
+    fn sample_rank(&self, k: usize) -> Option<usize> {
+        let j = (2 * k).div_ceil(SAMPLE_STRIDE) + 8;
+        (self.len.div_ceil(SAMPLE_STRIDE) >= 4 * j && self.live() >= self.len / 2).then_some(j)
+    }
+
+    fn fused_sort_size(kcap: usize) -> usize {
+        (2 * kcap).max(FUSED_CAP).max(1024)
+    }
+
     /// Whether lists of `kcap` entries fit the tile and finalize kernels' shared memory.
     fn list_fits(&self, kcap: usize) -> bool {
         kcap <= MAX_LIST && (2 * kcap).max(2048) * 8 <= self.shared_limit()
@@ -212,11 +288,18 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let dim = self.dim;
         let nq = queries.len() / dim;
-        let path = forced.unwrap_or_else(|| self.approximation(nq, k));
+        let mut path = forced.unwrap_or_else(|| self.approximation(nq, k));
         let mut profile = Profiler::new();
         // Lists too large for on-chip memory (k beyond about 3,000, or less on devices with
         // 64 KiB of shared memory) take the radix path.
         let radix_only = !self.list_fits(list_size(k));
+        let fused = match forced {
+            None if !radix_only => self.fused_approximation(nq, k, path),
+            _ => None,
+        };
+        if let Some(tensor_path) = fused {
+            path = tensor_path;
+        }
 
         // Host-side preparation: norms, unit queries for cosine, f16 copies, gates.
         let q_norms: Vec<f64> = queries
@@ -340,10 +423,13 @@ impl<D: Driver> GpuRows<D> {
             for q in 0..nq {
                 self.radix_one(ws, &inputs, q, k, metric, &outputs, (gate_mul[q], gate_add[q]), q_norms[q])?;
             }
+        } else if fused.is_some() {
+            let thresholds = Thresholds { q_norms: &q_norms, gate_add: &gate_add };
+            self.fused_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile, &thresholds)?;
         } else if path == Approximation::Scan {
             self.scan_path(ws, &inputs, nq, k, metric, &outputs, &mut profile)?;
         } else {
-            self.tile_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile)?;
+            self.tile_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile, 1)?;
         }
         profile.mark(&*driver, &ws.stream, "candidates+finalize")?;
 
@@ -449,19 +535,21 @@ impl<D: Driver> GpuRows<D> {
         first_query: usize,
         count: usize,
         k: usize,
-        lists: DevicePtr,
-        evicted: DevicePtr,
-        segments: usize,
+        lists: Lists,
         kcap: usize,
         metric: GpuDistanceMetric,
         outputs: &Outputs,
     ) -> Result<()> {
         let driver = self.driver();
+        let segments = lists.segments;
         // Several lists per query: room for the lists' heads (which bound the k-th best) and
-        // for every list's prefix inside the first band.
+        // for every list's prefix inside the first band. An unsorted buffer is all head.
         let mut sortn = (2 * kcap).max(1024);
         let mut head = 0;
-        if segments > 1 {
+        if !lists.sorted {
+            head = lists.len;
+            sortn = sortn.max(lists.len.next_power_of_two());
+        } else if segments > 1 {
             head = (2 * k).div_ceil(segments).clamp(1, kcap);
             let roomy = (4 * kcap).max((segments * head).next_power_of_two()).max(1024);
             if roomy * 8 <= self.shared_limit() {
@@ -482,11 +570,12 @@ impl<D: Driver> GpuRows<D> {
             BLOCK,
             (sortn * 8) as u32,
             &[
-                Arg::Ptr(lists),
-                Arg::Ptr(evicted),
+                Arg::Ptr(lists.entries),
+                Arg::Ptr(lists.evicted),
                 Arg::U32(segments as u32),
                 Arg::U32(head as u32),
-                Arg::U32(kcap as u32),
+                Arg::U32(u32::from(lists.sorted)),
+                Arg::U32(lists.len as u32),
                 Arg::U32(k as u32),
                 Arg::U32(kcap as u32),
                 Arg::U32(sortn as u32),
@@ -559,7 +648,8 @@ impl<D: Driver> GpuRows<D> {
                 ],
             )?;
             profile.mark(&*driver, &ws.stream, "scan")?;
-            self.finalize(ws, inputs, q0, qn, k, lists, evicted, segments, kcap, metric, outputs)?;
+            let lists = Lists { entries: lists, evicted, segments, len: kcap, sorted: true };
+            self.finalize(ws, inputs, q0, qn, k, lists, kcap, metric, outputs)?;
             profile.mark(&*driver, &ws.stream, "finalize")?;
         }
         Ok(())
@@ -576,9 +666,11 @@ impl<D: Driver> GpuRows<D> {
         path: Approximation,
         outputs: &Outputs,
         profile: &mut Profiler,
+        stride: usize,
     ) -> Result<()> {
         let driver = self.driver().clone();
-        let (n, dim) = (self.len, self.dim);
+        // Every `stride`-th slot: a strided GEMM operand, and slots scaled back in the kernel.
+        let (n, dim) = (self.len.div_ceil(stride), self.dim);
         let kcap = self.path_list_size(k, path);
         let sortn = (2 * kcap).max(2048);
         let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq).min(MAX_GRID_Y);
@@ -626,8 +718,8 @@ impl<D: Driver> GpuRows<D> {
                         m: rt,
                         n: qc,
                         k: dim,
-                        a: rows + r0 as u64 * dim as u64 * row_element,
-                        lda: dim,
+                        a: rows + (r0 * stride) as u64 * dim as u64 * row_element,
+                        lda: dim * stride,
                         b: queries + q0 as u64 * dim as u64 * element,
                         ldb: dim,
                         c: tile,
@@ -649,6 +741,7 @@ impl<D: Driver> GpuRows<D> {
                         Arg::U32(tile_rows as u32),
                         Arg::U32(rt as u32),
                         Arg::U32(r0 as u32),
+                        Arg::U32(stride as u32),
                         Arg::U32(seg as u32),
                         Arg::Ptr(norms),
                         Arg::Ptr(dead),
@@ -667,10 +760,159 @@ impl<D: Driver> GpuRows<D> {
                 driver.record(select_done, &ws.stream)?;
                 profile.mark(&*driver, &ws.stream, "select")?;
             }
-            self.finalize(ws, inputs, q0, qc, k, lists, evicted, segments, kcap, metric, outputs)?;
+            let lists = Lists { entries: lists, evicted, segments, len: kcap, sorted: true };
+            self.finalize(ws, inputs, q0, qc, k, lists, kcap, metric, outputs)?;
             profile.mark(&*driver, &ws.stream, "finalize")?;
         }
         Ok(())
+    }
+
+    /// The fused filter: thresholds from an exact search of every `SAMPLE_STRIDE`-th row,
+    /// then one tensor-core kernel per query chunk that keeps the rows below them, then the
+    /// usual finalize over each query's buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_path(
+        &self,
+        ws: &mut Workspace<D>,
+        inputs: &Inputs,
+        nq: usize,
+        k: usize,
+        metric: GpuDistanceMetric,
+        path: Approximation,
+        outputs: &Outputs,
+        profile: &mut Profiler,
+        thresholds: &Thresholds<'_>,
+    ) -> Result<()> {
+        let driver = self.driver().clone();
+        let tensor = self.device.kernels.tensor.as_ref().ok_or_else(|| {
+            HiveGpuError::Internal("fused filter planned on a device without tensor-core kernels".into())
+        })?;
+        let (n, dim) = (self.len, self.dim);
+        let tau = self.sample_thresholds(ws, inputs, nq, k, metric, path, profile, thresholds)?;
+
+        // Thresholds, then every query's smallest dropped entry: the threshold itself, since
+        // only rows above it are dropped (slot 0 keeps the key at or below any such row's).
+        let state_bytes = align(nq * 4) + align(nq * 8);
+        let state = ws.fused_state.get(&driver, state_bytes)?;
+        let (tau_ptr, evicted_ptr) = (state, state + align(nq * 4) as u64);
+        let host = ws.staging.get(&*driver, state_bytes)?;
+        for (q, &t) in tau.iter().enumerate() {
+            host[q * 4..q * 4 + 4].copy_from_slice(&t.to_ne_bytes());
+            let at = align(nq * 4) + q * 8;
+            host[at..at + 8].copy_from_slice(&entry_key(t, 0).to_ne_bytes());
+        }
+        driver.upload(&ws.stream, state, host, state_bytes)?;
+
+        let kcap = self.path_list_size(k, path);
+        let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq);
+        let cand = ws.fused_cand.get(&driver, chunk * FUSED_CAP * 8)?;
+        let counts = ws.fused_counts.get(&driver, chunk * 4)?;
+        let (rows, norms, dead) = self.arrays_ptrs()?;
+        let (kernel, queries, element) = match path {
+            Approximation::GemmF16 { .. } => (tensor.f16, inputs.half, 2u64),
+            _ => (tensor.tf32, inputs.approx, 4),
+        };
+        let rows_per_launch = MAX_GRID_Y * MMA_TILE;
+        for q0 in (0..nq).step_by(chunk) {
+            let qc = chunk.min(nq - q0);
+            driver.fill(&ws.stream, cand, 0xff, qc * FUSED_CAP * 8)?;
+            driver.fill(&ws.stream, counts, 0, qc * 4)?;
+            let q = q0 as u64;
+            for row_base in (0..n).step_by(rows_per_launch) {
+                let span = rows_per_launch.min(n - row_base);
+                driver.launch(
+                    &ws.stream,
+                    kernel,
+                    (qc.div_ceil(MMA_TILE) as u32, span.div_ceil(MMA_TILE) as u32),
+                    BLOCK,
+                    MMA_SHARED_BYTES as u32,
+                    &[
+                        Arg::Ptr(rows),
+                        Arg::Ptr(norms),
+                        Arg::Ptr(dead),
+                        Arg::U32(n as u32),
+                        Arg::U32(row_base as u32),
+                        Arg::U32(dim as u32),
+                        Arg::Ptr(queries + q * dim as u64 * element),
+                        Arg::U32(qc as u32),
+                        Arg::Ptr(if inputs.inv_scale == 0 { 0 } else { inputs.inv_scale + q * 4 }),
+                        Arg::Ptr(tau_ptr + q * 4),
+                        Arg::I32(metric_code(metric)),
+                        Arg::U32(FUSED_CAP as u32),
+                        Arg::Ptr(cand),
+                        Arg::Ptr(counts),
+                        Arg::Ptr(evicted_ptr + q * 8),
+                    ],
+                )?;
+            }
+            profile.mark(&*driver, &ws.stream, "filter")?;
+            let lists = Lists {
+                entries: cand,
+                evicted: evicted_ptr + q * 8,
+                segments: 1,
+                len: FUSED_CAP,
+                sorted: false,
+            };
+            self.finalize(ws, inputs, q0, qc, k, lists, kcap, metric, outputs)?;
+            profile.mark(&*driver, &ws.stream, "finalize")?;
+        }
+        Ok(())
+    }
+
+    /// Each query's fused-filter threshold, in approximate-distance units: the exact distance
+    /// of its j-th nearest row in the sample, moved to the kernels' form and widened by the
+    /// gate's band, with j such that about 2k + 8 * SAMPLE_STRIDE rows of the collection are
+    /// expected below it. +inf where the sample is too small or its search failed (every row
+    /// then passes, and an overflowing buffer flags the query).
+    #[allow(clippy::too_many_arguments)]
+    fn sample_thresholds(
+        &self,
+        ws: &mut Workspace<D>,
+        inputs: &Inputs,
+        nq: usize,
+        k: usize,
+        metric: GpuDistanceMetric,
+        path: Approximation,
+        profile: &mut Profiler,
+        thresholds: &Thresholds<'_>,
+    ) -> Result<Vec<f32>> {
+        let driver = self.driver().clone();
+        let mut tau = vec![f32::INFINITY; nq];
+        let Some(j) = self.sample_rank(k) else {
+            return Ok(tau);
+        };
+        let (slots, dist, flags) = (align(nq * j * 4), align(nq * j * 8), align(nq * 4));
+        let base = ws.sample.get(&driver, slots + dist + flags)?;
+        let sample = Outputs {
+            slots: base,
+            dist: base + slots as u64,
+            flags: base + (slots + dist) as u64,
+            bytes: slots + dist + flags,
+            dist_offset: slots,
+            flags_offset: slots + dist,
+        };
+        // 0x7f bytes read as 1.4e306: "no distance" for a query whose sample search failed.
+        driver.fill(&ws.stream, sample.dist, 0x7f, nq * j * 8)?;
+        driver.fill(&ws.stream, sample.flags, 0, nq * 4)?;
+        self.tile_path(ws, inputs, nq, j, metric, path, &sample, profile, SAMPLE_STRIDE)?;
+        let host = ws.staging.get(&*driver, nq * j * 8)?;
+        driver.download(&ws.stream, host, sample.dist, nq * j * 8)?;
+        driver.synchronize(&ws.stream)?;
+        for (q, t) in tau.iter_mut().enumerate() {
+            let at = (q * j + j - 1) * 8;
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&host[at..at + 8]);
+            let exact = f64::from_ne_bytes(bytes);
+            if exact.is_finite() && exact.abs() < 1e30 {
+                // The L2 kernels leave out |q|^2, the same for every row of a query.
+                let shift =
+                    if metric == GpuDistanceMetric::Euclidean { thresholds.q_norms[q].powi(2) } else { 0.0 };
+                let approximate = (exact - shift) as f32;
+                *t = approximate + thresholds.gate_add[q] + approximate.abs() * 1e-6;
+            }
+        }
+        profile.mark(&*driver, &ws.stream, "sample")?;
+        Ok(tau)
     }
 
     /// The radix-select path for query `q`: any k, any band size.

@@ -199,7 +199,8 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
 #define HG_TILE_PER_THREAD (4 * HG_TILE_LOADS)
 
 // grid (S, qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
-// dimension ldc, covering slots [row0, row0 + tile_rows)) into each query's candidate lists.
+// dimension ldc, covering rows [row0, row0 + tile_rows) of a sample that takes every
+// `stride`-th slot: row r is slot r * stride) into each query's candidate lists.
 // Block (s, q) takes columns [s * seg, (s + 1) * seg) of the tile (seg a multiple of 4) and
 // keeps its own state (index q * S + s: list, smallest evicted entry, filter threshold) in
 // global memory, so few queries still fill the device. The list is only read and written when
@@ -210,7 +211,7 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
 // which is the common case, they are pushed with no further synchronization; otherwise the
 // round is pushed slice by slice with merges in between.
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float* dots, u32 ldc, u32 tile_rows,
-        u32 row0, u32 seg, const float* norms, const u32* dead, int metric, const float* inv_scale,
+        u32 row0, u32 stride, u32 seg, const float* norms, const u32* dead, int metric, const float* inv_scale,
         const float* gate_mul, const float* gate_add, u32 k, u32 kcap, u32 sortn, u64* lists, u64* evicted,
         float* thresholds) {
     extern __shared__ __align__(16) u64 hg_smem[];
@@ -234,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
     __syncthreads();
     const float* row = dots + (u64)q * ldc + col0;
     row0 += col0;
-    bool aligned = ((row0 | col0 | ldc) & 3u) == 0;
+    bool aligned = stride == 1 && ((row0 | col0 | ldc) & 3u) == 0;
     float dot_scale = inv_scale ? inv_scale[q] : 1.0f;
     u32 round = blockDim.x * HG_TILE_PER_THREAD;
     u32 bcap = sortn - kcap;
@@ -259,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     v[e] = j + e < cols ? row[j + e] : 0.0f;
-                    nv[e] = (j + e < cols && metric != HG_DOT) ? norms[row0 + j + e] : 0.0f;
+                    nv[e] = (j + e < cols && metric != HG_DOT) ? norms[(row0 + j + e) * stride] : 0.0f;
                 }
             }
 #pragma unroll
@@ -271,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
                 else if (metric == HG_DOT) d = -dot;
                 else d = -dot / sqrtf(nv[e]);
                 a[i] = d;
-                if (j + e < cols && d <= thr && !hg_dead(dead, row0 + j + e)) pass |= 1u << i;
+                if (j + e < cols && d <= thr && !hg_dead(dead, (row0 + j + e) * stride)) pass |= 1u << i;
             }
         }
         u32 mine = __popc(pass);
@@ -285,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
                 if ((pass >> i) & 1u) {
                     u32 j = base + ((i / 4) * blockDim.x + threadIdx.x) * 4 + i % 4;
                     u32 pos = atomicAdd(&st.count, 1u);
-                    sh[kcap + pos] = hg_entry(a[i], row0 + j);
+                    sh[kcap + pos] = hg_entry(a[i], (row0 + j) * stride);
                 }
             }
             count += pending;
@@ -301,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
                 }
                 if (((pass >> i) & 1u) && a[i] <= st.thr) {
                     u32 j = base + ((i / 4) * blockDim.x + threadIdx.x) * 4 + i % 4;
-                    hg_push(sh, &st, kcap, sortn, a[i], row0 + j);
+                    hg_push(sh, &st, kcap, sortn, a[i], (row0 + j) * stride);
                 }
                 __syncthreads();
             }
@@ -360,9 +361,6 @@ __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, dou
     return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
 }
 
-// grid (nq), block HG_BLOCK. Merges the S candidate lists of each query, checks that no row
-// inside the band was lost (else flags[q] = 1 and the host retries with more room), re-ranks
-// the band in f64 and writes the k best (slot, exact distance), ties by slot.
 // The k-th smallest (1 <= k <= count) of `count` keys in shared memory: four rounds of an
 // 8-bit radix select, each a histogram of the keys that match the digits found so far and a
 // prefix sum over its 256 bins. `bins` is shared room for 256 counters, `state` for two words.
@@ -403,8 +401,13 @@ __device__ u32 hg_block_kth(const u32* keys, u32 count, u32 k, u32* bins, u32* s
     return state[0];
 }
 
+// grid (nq), block HG_BLOCK. Merges the S candidate lists of each query, checks that no row
+// inside the band was lost (else flags[q] = 1 and the host retries with more room), re-ranks
+// the band in f64 and writes the k best (slot, exact distance), ties by slot.
+// Lists are sorted (`sorted`: each scan or tile block's) or not (the fused filter's candidate
+// buffers, with head = kcap_in so the band comes from a radix select over all of them).
 template <typename T>
-__device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 head, u32 kcap_in, u32 k, u32 kcap, u32 sortn,
+__device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn,
                             const float* gate_mul, const float* gate_add, const T* rows, u32 dim,
                             const float* queries, const double* q_norms, int metric, u32* out_slots,
                             double* out_dist, u32* flags) {
@@ -423,7 +426,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     }
     float mul = gate_mul[q], add = gate_add[q];
     const u64* in = lists + (u64)q * S * kcap_in;
-    if (S == 1 && kcap_in == kcap) {
+    if (S == 1 && kcap_in == kcap && sorted) {
         hg_init(sh, &st, kcap, in, evicted[q], k, mul, add);
     } else {
         hg_init(sh, &st, kcap, 0, HG_NONE, k, mul, add);
@@ -461,10 +464,20 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
         if (tau != HG_NONE) {
             float thr0 = hg_band(hg_entry_dist(tau), mul, add);
             u32 bcap = sortn - kcap;
-            for (u32 s = threadIdx.x; s < S; s += blockDim.x) {
-                for (u32 i = 0; i < kcap_in; i++) {
-                    u64 e = in[(u64)s * kcap_in + i];
-                    if (e == HG_NONE || hg_entry_dist(e) > thr0) break;
+            if (sorted) {
+                for (u32 s = threadIdx.x; s < S; s += blockDim.x) {
+                    for (u32 i = 0; i < kcap_in; i++) {
+                        u64 e = in[(u64)s * kcap_in + i];
+                        if (e == HG_NONE || hg_entry_dist(e) > thr0) break;
+                        u32 pos = atomicAdd(&st.count, 1u);
+                        if (pos < bcap) sh[kcap + pos] = e;
+                        else overflow = 1;
+                    }
+                }
+            } else {
+                for (u32 i = threadIdx.x; i < S * kcap_in; i += blockDim.x) {
+                    u64 e = in[i];
+                    if (e == HG_NONE || hg_entry_dist(e) > thr0) continue;
                     u32 pos = atomicAdd(&st.count, 1u);
                     if (pos < bcap) sh[kcap + pos] = e;
                     else overflow = 1;
@@ -480,7 +493,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
             }
         }
     }
-    if (!(S == 1 && kcap_in == kcap) && (tau == HG_NONE || overflow)) {
+    if (!(S == 1 && kcap_in == kcap && sorted) && (tau == HG_NONE || overflow)) {
         // The general merge: stream every entry of every list.
         u32 total = S * kcap_in;
         u32 bcap = sortn - kcap;
@@ -538,17 +551,17 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
 }
 
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f32(const u64* lists, const u64* evicted, u32 S,
-        u32 head, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const float* rows,
+        u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const float* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
         u32* flags) {
-    hg_finalize<float>(lists, evicted, S, head, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
+    hg_finalize<float>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
                        metric, out_slots, out_dist, flags);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f16(const u64* lists, const u64* evicted, u32 S,
-        u32 head, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u16* rows,
+        u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u16* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
         u32* flags) {
-    hg_finalize<u16>(lists, evicted, S, head, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
+    hg_finalize<u16>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
                      metric, out_slots, out_dist, flags);
 }
 
