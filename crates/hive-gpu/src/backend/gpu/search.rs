@@ -795,6 +795,8 @@ impl<D: Driver> GpuRows<D> {
         let state_bytes = align(nq * 4) + align(nq * 8);
         let state = ws.fused_state.get(&driver, state_bytes)?;
         let (tau_ptr, evicted_ptr) = (state, state + align(nq * 4) as u64);
+        // The staging buffer may still feed the inputs' upload (or be reallocated): wait.
+        driver.synchronize(&ws.stream)?;
         let host = ws.staging.get(&*driver, state_bytes)?;
         for (q, &t) in tau.iter().enumerate() {
             host[q * 4..q * 4 + 4].copy_from_slice(&t.to_ne_bytes());
@@ -895,6 +897,8 @@ impl<D: Driver> GpuRows<D> {
         driver.fill(&ws.stream, sample.dist, 0x7f, nq * j * 8)?;
         driver.fill(&ws.stream, sample.flags, 0, nq * 4)?;
         self.tile_path(ws, inputs, nq, j, metric, path, &sample, profile, SAMPLE_STRIDE)?;
+        // Growing the staging buffer frees the old one: nothing queued may still read it.
+        driver.synchronize(&ws.stream)?;
         let host = ws.staging.get(&*driver, nq * j * 8)?;
         driver.download(&ws.stream, host, sample.dist, nq * j * 8)?;
         driver.synchronize(&ws.stream)?;
