@@ -15,9 +15,13 @@ const FUSED: &str = include_str!("kernels/fused.cu");
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
 pub(crate) const TENSOR_NAMES: &[&str] = &["hg_mma_filter_tf32", "hg_mma_filter_f16"];
 
-/// Dynamic shared memory of the `hg_mma_filter` kernels: 3 stages of two 128-line tiles of
-/// 36 words.
-pub(crate) const MMA_SHARED_BYTES: usize = 3 * 2 * 128 * 36 * 4;
+/// Dynamic shared memory of the `hg_mma_filter` kernels for rows of `row_bytes` bytes: the
+/// resident query tile (128 lines of whole 128-byte steps plus 4 words) and 3 staged steps of
+/// 128 rows (36 words each), as `kernels/fused.cu` lays them out.
+pub(crate) fn mma_shared_bytes(row_bytes: usize) -> usize {
+    let query_pitch = row_bytes.div_ceil(128) * 32 + 4;
+    (MMA_TILE * query_pitch + 3 * MMA_TILE * 36) * 4
+}
 
 /// Rows (and queries) one `hg_mma_filter` block covers.
 pub(crate) const MMA_TILE: usize = 128;

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use super::bounds::{self, Approximation};
 use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
-use super::kernels::{BLOCK, MMA_SHARED_BYTES, MMA_TILE};
+use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
 use super::memory::Workspace;
 use super::rows::GpuRows;
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
@@ -33,7 +33,7 @@ const TILE_BYTES: usize = 256 << 20;
 /// sample search would be too small to give useful thresholds.
 const FUSED_MIN_ROWS: usize = 1 << 17;
 /// The fused filter's thresholds come from an exact search of every `SAMPLE_STRIDE`-th row.
-const SAMPLE_STRIDE: usize = 32;
+const SAMPLE_STRIDE: usize = 64;
 /// Candidate entries per query in the fused filter's buffer.
 const FUSED_CAP: usize = 2048;
 
@@ -225,7 +225,7 @@ impl<D: Driver> GpuRows<D> {
             // Without a sample every row passes: only small collections fit the buffers.
             && (self.sample_rank(k).is_some() || self.len <= FUSED_CAP)
             && Self::fused_sort_size(kcap) * 8 <= self.shared_limit()
-            && MMA_SHARED_BYTES <= self.driver().max_shared_bytes();
+            && mma_shared_bytes(self.dim * self.element_bytes()) <= self.driver().max_shared_bytes();
         fits.then_some(tensor_path)
     }
 
@@ -814,39 +814,41 @@ impl<D: Driver> GpuRows<D> {
             Approximation::GemmF16 { .. } => (tensor.f16, inputs.half, 2u64),
             _ => (tensor.tf32, inputs.approx, 4),
         };
-        let rows_per_launch = MAX_GRID_Y * MMA_TILE;
+        // Row tiles per block: enough to amortize loading its query tile, few enough that the
+        // grid has many blocks to balance.
+        let tiles =
+            env_usize("HIVE_GPU_FUSED_TILES").unwrap_or(32).max(n.div_ceil(MMA_TILE).div_ceil(MAX_GRID_Y));
+        let row_groups = n.div_ceil(MMA_TILE).div_ceil(tiles);
+        let shared = mma_shared_bytes(dim * self.element_bytes());
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
             driver.fill(&ws.stream, cand, 0xff, qc * FUSED_CAP * 8)?;
             driver.fill(&ws.stream, counts, 0, qc * 4)?;
             let q = q0 as u64;
-            for row_base in (0..n).step_by(rows_per_launch) {
-                let span = rows_per_launch.min(n - row_base);
-                driver.launch(
-                    &ws.stream,
-                    kernel,
-                    (qc.div_ceil(MMA_TILE) as u32, span.div_ceil(MMA_TILE) as u32),
-                    BLOCK,
-                    MMA_SHARED_BYTES as u32,
-                    &[
-                        Arg::Ptr(rows),
-                        Arg::Ptr(norms),
-                        Arg::Ptr(dead),
-                        Arg::U32(n as u32),
-                        Arg::U32(row_base as u32),
-                        Arg::U32(dim as u32),
-                        Arg::Ptr(queries + q * dim as u64 * element),
-                        Arg::U32(qc as u32),
-                        Arg::Ptr(if inputs.inv_scale == 0 { 0 } else { inputs.inv_scale + q * 4 }),
-                        Arg::Ptr(tau_ptr + q * 4),
-                        Arg::I32(metric_code(metric)),
-                        Arg::U32(FUSED_CAP as u32),
-                        Arg::Ptr(cand),
-                        Arg::Ptr(counts),
-                        Arg::Ptr(evicted_ptr + q * 8),
-                    ],
-                )?;
-            }
+            driver.launch(
+                &ws.stream,
+                kernel,
+                (qc.div_ceil(MMA_TILE) as u32, row_groups as u32),
+                BLOCK,
+                shared as u32,
+                &[
+                    Arg::Ptr(rows),
+                    Arg::Ptr(norms),
+                    Arg::Ptr(dead),
+                    Arg::U32(n as u32),
+                    Arg::U32(tiles as u32),
+                    Arg::U32(dim as u32),
+                    Arg::Ptr(queries + q * dim as u64 * element),
+                    Arg::U32(qc as u32),
+                    Arg::Ptr(if inputs.inv_scale == 0 { 0 } else { inputs.inv_scale + q * 4 }),
+                    Arg::Ptr(tau_ptr + q * 4),
+                    Arg::I32(metric_code(metric)),
+                    Arg::U32(FUSED_CAP as u32),
+                    Arg::Ptr(cand),
+                    Arg::Ptr(counts),
+                    Arg::Ptr(evicted_ptr + q * 8),
+                ],
+            )?;
             profile.mark(&*driver, &ws.stream, "filter")?;
             let lists = Lists {
                 entries: cand,

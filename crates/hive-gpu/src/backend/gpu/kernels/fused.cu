@@ -1,17 +1,19 @@
 // Batch search fused with its filter on tensor cores (CUDA, compute capability 8.0 and later;
-// only compiled there). A block multiplies 128 stored rows by 128 queries with mma.sync, turns
-// the products into approximate distances in registers and appends each one at or below its
-// query's threshold to that query's candidate buffer. No distance matrix is ever written: the
+// only compiled there). A block keeps 128 queries in shared memory, multiplies them by tiles of
+// 128 stored rows with mma.sync, turns the products into approximate distances in registers and
+// appends each one at or below its query's threshold to that query's candidate buffer. No distance matrix is ever written: the
 // host picks thresholds from an exact search of a sample of the rows, so few rows pass, and the
 // finalize kernel proves afterwards that no row inside the band was left out (search.rs).
 
 #define HG_MMA_TILE 128
 // Bytes of every row staged per pipeline step (32 f32 or 64 f16 components), and the padded
 // pitch of a staged row: 36 words put the 8 rows x 4 columns of a fragment load in 32 banks.
+// Shared memory: the query tile (hg_mma_query_pitch words per line), then the stages; the host
+// computes the same size (kernels.rs, mma_shared_bytes).
 #define HG_MMA_STEP_BYTES 128
 #define HG_MMA_PITCH_WORDS 36
 #define HG_MMA_STAGES 3
-#define HG_MMA_STAGE_WORDS (2 * HG_MMA_TILE * HG_MMA_PITCH_WORDS)
+#define HG_MMA_STAGE_WORDS (HG_MMA_TILE * HG_MMA_PITCH_WORDS)
 
 __device__ __forceinline__ u32 hg_shared_address(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -41,45 +43,84 @@ template <> __device__ __forceinline__ void hg_mma<u16>(float* c, const u32* a, 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Queues step `step` (bytes [step * 128, +128) of every row) of the row and query tiles into
-// `stage`. Both tiles are 128 lines of 8 16-byte pieces; 256 threads copy 4 pieces of each.
-__device__ __forceinline__ void hg_mma_stage(u32 stage, const char* rows, u32 row0, u32 n, const char* queries,
-                                             u32 q0, u32 nq, u32 row_bytes, u32 step) {
+// Queues step `step` (bytes [step * 128, +128) of every row) of the 128-row tile at row0 into
+// `stage`: 128 lines of 8 16-byte pieces, 4 per thread.
+__device__ __forceinline__ void hg_mma_stage(u32 stage, const char* rows, u32 row0, u32 n, u32 row_bytes, u32 step) {
 #pragma unroll
     for (int l = 0; l < 4; l++) {
         u32 piece = threadIdx.x + l * HG_BLOCK;
         u32 line = piece / 8, col = (piece % 8) * 16;
         u32 byte = step * HG_MMA_STEP_BYTES + col;
-        u32 dst = stage + (line * HG_MMA_PITCH_WORDS) * 4 + col;
-        bool row_ok = row0 + line < n && byte < row_bytes;
-        bool query_ok = q0 + line < nq && byte < row_bytes;
+        bool ok = row0 + line < n && byte < row_bytes;
         // Invalid pieces still need a mapped address; the copy reads nothing from it.
-        hg_copy16(dst, rows + (row_ok ? (u64)(row0 + line) * row_bytes + byte : 0), row_ok);
-        hg_copy16(dst + HG_MMA_TILE * HG_MMA_PITCH_WORDS * 4,
-                  queries + (query_ok ? (u64)(q0 + line) * row_bytes + byte : 0), query_ok);
+        hg_copy16(stage + (line * HG_MMA_PITCH_WORDS) * 4 + col, rows + (ok ? (u64)(row0 + line) * row_bytes + byte : 0),
+                  ok);
     }
 }
 
-// grid (query tiles, row tiles), block HG_BLOCK, HG_MMA_STAGES * HG_MMA_STAGE_WORDS * 4 bytes
-// of dynamic shared memory. Block (x, y) covers queries [x * 128, +128) and rows
-// [row_base + y * 128, +128). Eight warps in 2 (rows) x 4 (queries) each own 64 x 32 products.
+// Words of one resident query line: whole steps plus 4, which keeps fragment loads free of
+// bank conflicts as in the staged rows.
+__device__ __forceinline__ u32 hg_mma_query_pitch(u32 steps) { return steps * (HG_MMA_STEP_BYTES / 4) + 4; }
+
+// grid (query tiles, row groups), block HG_BLOCK, dynamic shared memory for the resident query
+// tile (128 lines of hg_mma_query_pitch words) and HG_MMA_STAGES staged row steps. Block (x, y)
+// keeps queries [x * 128, +128) in shared memory and streams the 128-row tiles
+// [y * tiles, (y + 1) * tiles) through a pipeline that runs across tile boundaries. Blocks
+// with consecutive x run together on the same rows, which they then share in L2.
+// Eight warps in 2 (rows) x 4 (queries) each own 64 x 32 products of a tile.
 // Distances follow hg_tile_topk's formulas exactly, so the host's gate applies unchanged.
 // row_bytes = dim * sizeof(T) must be a multiple of 16. Candidate q's buffer holds `cap` entries;
 // an entry that finds it full lowers evicted[q] instead, so finalize flags the query if that
 // entry was inside the band.
 template <typename T>
-__device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead, u32 n, u32 row_base, u32 dim,
+__device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead, u32 n, u32 tiles, u32 dim,
                               const T* queries, u32 nq, const float* inv_scale, const float* tau, int metric,
                               u32 cap, u64* cand, u32* counts, u64* evicted) {
     extern __shared__ __align__(16) u64 hg_smem[];
     u32* words = (u32*)hg_smem;
-    u32 base = hg_shared_address(words);
-    u32 row0 = row_base + blockIdx.y * HG_MMA_TILE, q0 = blockIdx.x * HG_MMA_TILE;
     u32 row_bytes = dim * (u32)sizeof(T);
     u32 steps = (row_bytes + HG_MMA_STEP_BYTES - 1) / HG_MMA_STEP_BYTES;
+    u32 qpitch = hg_mma_query_pitch(steps);
+    u32* staged = words + HG_MMA_TILE * qpitch;
+    u32 staged_base = hg_shared_address(staged);
+    u32 q0 = blockIdx.x * HG_MMA_TILE;
+    u32 first_tile = blockIdx.y * tiles;
+    u32 row_tiles = (n + HG_MMA_TILE - 1) / HG_MMA_TILE;
+    u32 my_tiles = first_tile < row_tiles ? min(tiles, row_tiles - first_tile) : 0;
     u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     u32 g = lane / 4, t = lane % 4;
     u32 warp_row = (warp % 2) * 64, warp_query = (warp / 2) * 32;
+    const char* row_src = (const char*)rows;
+
+    // The query tile, zero-filled past the dimension and past the last query.
+    u32 query_base = hg_shared_address(words);
+    u32 pieces_per_line = steps * (HG_MMA_STEP_BYTES / 16);
+    for (u32 piece = threadIdx.x; piece < HG_MMA_TILE * pieces_per_line; piece += HG_BLOCK) {
+        u32 line = piece / pieces_per_line, byte = (piece % pieces_per_line) * 16;
+        bool ok = q0 + line < nq && byte < row_bytes;
+        hg_copy16(query_base + (line * qpitch) * 4 + byte,
+                  (const char*)queries + (ok ? (u64)(q0 + line) * row_bytes + byte : 0), ok);
+    }
+    hg_copy_commit();
+
+    u32 total = my_tiles * steps;
+#pragma unroll
+    for (int s = 0; s < HG_MMA_STAGES - 1; s++) {
+        if ((u32)s < total)
+            hg_mma_stage(staged_base + s * HG_MMA_STAGE_WORDS * 4, row_src, (first_tile + s / steps) * HG_MMA_TILE, n,
+                         row_bytes, s % steps);
+        hg_copy_commit();
+    }
+    // Per query of this thread: its threshold, read once (the f16 path's scales are read per
+    // tile, from L1: registers for them would spill).
+    float limit[4][2];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            u32 q = q0 + warp_query + nt * 8 + 2 * t + e2;
+            limit[nt][e2] = q < nq ? tau[q] : -__uint_as_float(0x7f800000u);
+        }
     float acc[4][4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -88,25 +129,19 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
-    const char* row_src = (const char*)rows;
-    const char* query_src = (const char*)queries;
-#pragma unroll
-    for (int s = 0; s < HG_MMA_STAGES - 1; s++) {
-        if ((u32)s < steps) hg_mma_stage(base + s * HG_MMA_STAGE_WORDS * 4, row_src, row0, n, query_src, q0, nq, row_bytes, s);
-        hg_copy_commit();
-    }
-    for (u32 step = 0; step < steps; step++) {
+    for (u32 it = 0; it < total; it++) {
         hg_copy_wait<HG_MMA_STAGES - 2>();
         // The stage read below is complete for every thread, and the one refilled next was
         // last read in the previous step, which every thread has finished.
         __syncthreads();
-        u32 ahead = step + HG_MMA_STAGES - 1;
-        if (ahead < steps)
-            hg_mma_stage(base + (ahead % HG_MMA_STAGES) * HG_MMA_STAGE_WORDS * 4, row_src, row0, n, query_src, q0,
-                         nq, row_bytes, ahead);
+        u32 ahead = it + HG_MMA_STAGES - 1;
+        if (ahead < total)
+            hg_mma_stage(staged_base + (ahead % HG_MMA_STAGES) * HG_MMA_STAGE_WORDS * 4, row_src,
+                         (first_tile + ahead / steps) * HG_MMA_TILE, n, row_bytes, ahead % steps);
         hg_copy_commit();
-        const u32* r = words + (step % HG_MMA_STAGES) * HG_MMA_STAGE_WORDS;
-        const u32* qs = r + HG_MMA_TILE * HG_MMA_PITCH_WORDS;
+        u32 step = it % steps;
+        const u32* r = staged + (it % HG_MMA_STAGES) * HG_MMA_STAGE_WORDS;
+        const u32* qs = words + step * (HG_MMA_STEP_BYTES / 4);
 #pragma unroll
         for (u32 kk = 0; kk < 4; kk++) {
             u32 a[4][4], b[4][2];
@@ -120,7 +155,7 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
-                const u32* p = qs + (warp_query + nt * 8 + g) * HG_MMA_PITCH_WORDS + kk * 8 + t;
+                const u32* p = qs + (warp_query + nt * 8 + g) * qpitch + kk * 8 + t;
                 b[nt][0] = p[0];
                 b[nt][1] = p[4];
             }
@@ -129,50 +164,52 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) hg_mma<T>(acc[mt][nt], a[mt], b[nt]);
         }
-    }
-    hg_copy_wait<0>();
+        if (step + 1 < steps) continue;
 
-    // Accumulator e of (mt, nt) is row g (e < 2) or g + 8 of the m tile, query 2t + e % 2.
+        // The tile is complete: accumulator e of (mt, nt) is row g (e < 2) or g + 8 of the m
+        // tile, query 2t + e % 2. Filter, then clear for the next tile.
+        u32 row0 = (first_tile + it / steps) * HG_MMA_TILE;
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++) {
+        for (int mt = 0; mt < 4; mt++) {
 #pragma unroll
-        for (int e2 = 0; e2 < 2; e2++) {
-            u32 q = q0 + warp_query + nt * 8 + 2 * t + e2;
-            if (q >= nq) continue;
-            float limit = tau[q];
-            float scale = inv_scale ? inv_scale[q] : 1.0f;
+            for (int half = 0; half < 2; half++) {
+                u32 row = row0 + warp_row + mt * 16 + g + half * 8;
+                float norm = row < n && metric != HG_DOT ? norms[row] : 0.0f;
 #pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
+                for (int nt = 0; nt < 4; nt++) {
 #pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    u32 row = row0 + warp_row + mt * 16 + g + half * 8;
-                    if (row >= n) continue;
-                    float dot = acc[mt][nt][half * 2 + e2] * scale;
-                    float d;
-                    if (metric == HG_L2) d = fmaf(-2.0f, dot, norms[row]);
-                    else if (metric == HG_DOT) d = -dot;
-                    else d = -dot / sqrtf(norms[row]);
-                    if (d <= limit && !hg_dead(dead, row)) {
-                        u64 entry = hg_entry(d, row);
-                        u32 pos = atomicAdd(&counts[q], 1u);
-                        if (pos < cap) cand[(u64)q * cap + pos] = entry;
-                        else atomicMin(&evicted[q], entry);
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        u32 q = q0 + warp_query + nt * 8 + 2 * t + e2;
+                        float scale = (inv_scale && q < nq) ? inv_scale[q] : 1.0f;
+                        float dot = acc[mt][nt][half * 2 + e2] * scale;
+                        acc[mt][nt][half * 2 + e2] = 0.0f;
+                        float d;
+                        if (metric == HG_L2) d = fmaf(-2.0f, dot, norm);
+                        else if (metric == HG_DOT) d = -dot;
+                        else d = -dot / sqrtf(norm);
+                        if (d <= limit[nt][e2] && row < n && !hg_dead(dead, row)) {
+                            u64 entry = hg_entry(d, row);
+                            u32 pos = atomicAdd(&counts[q], 1u);
+                            if (pos < cap) cand[(u64)q * cap + pos] = entry;
+                            else atomicMin(&evicted[q], entry);
+                        }
                     }
                 }
             }
         }
     }
+    hg_copy_wait<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(HG_BLOCK, 2) hg_mma_filter_tf32(const float* rows, const float* norms,
-        const u32* dead, u32 n, u32 row_base, u32 dim, const float* queries, u32 nq, const float* inv_scale,
+extern "C" __global__ void __launch_bounds__(HG_BLOCK, 1) hg_mma_filter_tf32(const float* rows, const float* norms,
+        const u32* dead, u32 n, u32 tiles, u32 dim, const float* queries, u32 nq, const float* inv_scale,
         const float* tau, int metric, u32 cap, u64* cand, u32* counts, u64* evicted) {
-    hg_mma_filter<float>(rows, norms, dead, n, row_base, dim, queries, nq, inv_scale, tau, metric, cap, cand, counts,
+    hg_mma_filter<float>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, metric, cap, cand, counts,
                          evicted);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK, 2) hg_mma_filter_f16(const u16* rows, const float* norms,
-        const u32* dead, u32 n, u32 row_base, u32 dim, const u16* queries, u32 nq, const float* inv_scale,
+        const u32* dead, u32 n, u32 tiles, u32 dim, const u16* queries, u32 nq, const float* inv_scale,
         const float* tau, int metric, u32 cap, u64* cand, u32* counts, u64* evicted) {
-    hg_mma_filter<u16>(rows, norms, dead, n, row_base, dim, queries, nq, inv_scale, tau, metric, cap, cand, counts,
+    hg_mma_filter<u16>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, metric, cap, cand, counts,
                        evicted);
 }
