@@ -33,7 +33,7 @@ const TILE_BYTES: usize = 256 << 20;
 /// sample search would be too small to give useful thresholds.
 const FUSED_MIN_ROWS: usize = 1 << 17;
 /// The fused filter's thresholds come from an exact search of every `SAMPLE_STRIDE`-th row.
-const SAMPLE_STRIDE: usize = 64;
+const SAMPLE_STRIDE: usize = 32;
 /// Candidate entries per query in the fused filter's buffer.
 const FUSED_CAP: usize = 2048;
 

@@ -62,20 +62,32 @@ __device__ __forceinline__ void hg_mma_stage(u32 stage, const char* rows, u32 ro
 // bank conflicts as in the staged rows.
 __device__ __forceinline__ u32 hg_mma_query_pitch(u32 steps) { return steps * (HG_MMA_STEP_BYTES / 4) + 4; }
 
+// A row that passed its query's threshold (rare): skip padding and removed rows, else append.
+__device__ __noinline__ void hg_mma_push(u32 q, u32 row, float d, u32 n, const u32* dead, u32 cap, u64* cand,
+                                         u32* counts, u64* evicted) {
+    if (row >= n || hg_dead(dead, row)) return;
+    u64 entry = hg_entry(d, row);
+    u32 pos = atomicAdd(&counts[q], 1u);
+    if (pos < cap) cand[(u64)q * cap + pos] = entry;
+    else atomicMin(&evicted[q], entry);
+}
+
 // grid (query tiles, row groups), block HG_BLOCK, dynamic shared memory for the resident query
 // tile (128 lines of hg_mma_query_pitch words) and HG_MMA_STAGES staged row steps. Block (x, y)
 // keeps queries [x * 128, +128) in shared memory and streams the 128-row tiles
 // [y * tiles, (y + 1) * tiles) through a pipeline that runs across tile boundaries. Blocks
 // with consecutive x run together on the same rows, which they then share in L2.
 // Eight warps in 2 (rows) x 4 (queries) each own 64 x 32 products of a tile.
-// Distances follow hg_tile_topk's formulas exactly, so the host's gate applies unchanged.
-// row_bytes = dim * sizeof(T) must be a multiple of 16. Candidate q's buffer holds `cap` entries;
-// an entry that finds it full lowers evicted[q] instead, so finalize flags the query if that
-// entry was inside the band.
-template <typename T>
+// Distances follow hg_tile_topk's formulas exactly, so the host's gate applies unchanged (the
+// f16 path's scale is a power of two, so folding it into the -2 of L2 changes no bit). The
+// metric is a template parameter: the filter runs once per product and must stay a few
+// instructions. row_bytes = dim * sizeof(T) must be a multiple of 16. Candidate q's buffer holds
+// `cap` entries; an entry that finds it full lowers evicted[q] instead, so finalize flags the
+// query if that entry was inside the band.
+template <typename T, int METRIC>
 __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead, u32 n, u32 tiles, u32 dim,
-                              const T* queries, u32 nq, const float* inv_scale, const float* tau, int metric,
-                              u32 cap, u64* cand, u32* counts, u64* evicted) {
+                              const T* queries, u32 nq, const float* inv_scale, const float* tau, u32 cap,
+                              u64* cand, u32* counts, u64* evicted) {
     extern __shared__ __align__(16) u64 hg_smem[];
     u32* words = (u32*)hg_smem;
     u32 row_bytes = dim * (u32)sizeof(T);
@@ -103,23 +115,33 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
     }
     hg_copy_commit();
 
-    u32 total = my_tiles * steps;
-#pragma unroll
-    for (int s = 0; s < HG_MMA_STAGES - 1; s++) {
-        if ((u32)s < total)
-            hg_mma_stage(staged_base + s * HG_MMA_STAGE_WORDS * 4, row_src, (first_tile + s / steps) * HG_MMA_TILE, n,
-                         row_bytes, s % steps);
+    // The pipeline's next load: (tile, step) pairs in order, HG_MMA_STAGES - 1 ahead.
+    u32 load_tile = 0, load_step = 0, load_stage = 0;
+    auto load_next = [&]() {
+        if (load_tile < my_tiles)
+            hg_mma_stage(staged_base + load_stage * HG_MMA_STAGE_WORDS * 4, row_src,
+                         (first_tile + load_tile) * HG_MMA_TILE, n, row_bytes, load_step);
         hg_copy_commit();
-    }
-    // Per query of this thread: its threshold, read once (the f16 path's scales are read per
-    // tile, from L1: registers for them would spill).
-    float limit[4][2];
+        if (++load_step == steps) {
+            load_step = 0;
+            load_tile++;
+        }
+        load_stage = load_stage + 1 == HG_MMA_STAGES ? 0 : load_stage + 1;
+    };
+#pragma unroll
+    for (int s = 0; s < HG_MMA_STAGES - 1; s++) load_next();
+
+    // Per query of this thread: its threshold (-inf past the last query: nothing passes) and
+    // the factor of its products (-2 / scale for L2, -1 / scale otherwise).
+    float limit[4][2], factor[4][2];
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int e2 = 0; e2 < 2; e2++) {
             u32 q = q0 + warp_query + nt * 8 + 2 * t + e2;
+            float scale = (q < nq && inv_scale) ? inv_scale[q] : 1.0f;
             limit[nt][e2] = q < nq ? tau[q] : -__uint_as_float(0x7f800000u);
+            factor[nt][e2] = (METRIC == HG_L2 ? -2.0f : -1.0f) * scale;
         }
     float acc[4][4][4];
 #pragma unroll
@@ -129,70 +151,64 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
-    for (u32 it = 0; it < total; it++) {
-        hg_copy_wait<HG_MMA_STAGES - 2>();
-        // The stage read below is complete for every thread, and the one refilled next was
-        // last read in the previous step, which every thread has finished.
-        __syncthreads();
-        u32 ahead = it + HG_MMA_STAGES - 1;
-        if (ahead < total)
-            hg_mma_stage(staged_base + (ahead % HG_MMA_STAGES) * HG_MMA_STAGE_WORDS * 4, row_src,
-                         (first_tile + ahead / steps) * HG_MMA_TILE, n, row_bytes, ahead % steps);
-        hg_copy_commit();
-        u32 step = it % steps;
-        const u32* r = staged + (it % HG_MMA_STAGES) * HG_MMA_STAGE_WORDS;
-        const u32* qs = words + step * (HG_MMA_STEP_BYTES / 4);
+    u32 stage = 0;
+    for (u32 tile = 0; tile < my_tiles; tile++) {
+        for (u32 step = 0; step < steps; step++) {
+            hg_copy_wait<HG_MMA_STAGES - 2>();
+            // The stage read below is complete for every thread, and the one refilled next
+            // was last read in the previous step, which every thread has finished.
+            __syncthreads();
+            load_next();
+            const u32* r = staged + stage * HG_MMA_STAGE_WORDS;
+            const u32* qs = words + step * (HG_MMA_STEP_BYTES / 4);
+            stage = stage + 1 == HG_MMA_STAGES ? 0 : stage + 1;
 #pragma unroll
-        for (u32 kk = 0; kk < 4; kk++) {
-            u32 a[4][4], b[4][2];
+            for (u32 kk = 0; kk < 4; kk++) {
+                u32 a[4][4], b[4][2];
 #pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
-                const u32* p = r + (warp_row + mt * 16 + g) * HG_MMA_PITCH_WORDS + kk * 8 + t;
-                a[mt][0] = p[0];
-                a[mt][1] = p[8 * HG_MMA_PITCH_WORDS];
-                a[mt][2] = p[4];
-                a[mt][3] = p[8 * HG_MMA_PITCH_WORDS + 4];
+                for (int mt = 0; mt < 4; mt++) {
+                    const u32* p = r + (warp_row + mt * 16 + g) * HG_MMA_PITCH_WORDS + kk * 8 + t;
+                    a[mt][0] = p[0];
+                    a[mt][1] = p[8 * HG_MMA_PITCH_WORDS];
+                    a[mt][2] = p[4];
+                    a[mt][3] = p[8 * HG_MMA_PITCH_WORDS + 4];
+                }
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const u32* p = qs + (warp_query + nt * 8 + g) * qpitch + kk * 8 + t;
+                    b[nt][0] = p[0];
+                    b[nt][1] = p[4];
+                }
+#pragma unroll
+                for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) hg_mma<T>(acc[mt][nt], a[mt], b[nt]);
             }
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const u32* p = qs + (warp_query + nt * 8 + g) * qpitch + kk * 8 + t;
-                b[nt][0] = p[0];
-                b[nt][1] = p[4];
-            }
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) hg_mma<T>(acc[mt][nt], a[mt], b[nt]);
         }
-        if (step + 1 < steps) continue;
 
         // The tile is complete: accumulator e of (mt, nt) is row g (e < 2) or g + 8 of the m
         // tile, query 2t + e % 2. Filter, then clear for the next tile.
-        u32 row0 = (first_tile + it / steps) * HG_MMA_TILE;
+        u32 row0 = (first_tile + tile) * HG_MMA_TILE + warp_row + g;
 #pragma unroll
         for (int mt = 0; mt < 4; mt++) {
 #pragma unroll
             for (int half = 0; half < 2; half++) {
-                u32 row = row0 + warp_row + mt * 16 + g + half * 8;
-                float norm = row < n && metric != HG_DOT ? norms[row] : 0.0f;
+                u32 row = row0 + mt * 16 + half * 8;
+                float norm = (METRIC != HG_DOT && row < n) ? norms[row] : 0.0f;
+                float root = METRIC == HG_COS ? sqrtf(norm) : 1.0f;
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) {
 #pragma unroll
                     for (int e2 = 0; e2 < 2; e2++) {
-                        u32 q = q0 + warp_query + nt * 8 + 2 * t + e2;
-                        float scale = (inv_scale && q < nq) ? inv_scale[q] : 1.0f;
-                        float dot = acc[mt][nt][half * 2 + e2] * scale;
+                        float p = acc[mt][nt][half * 2 + e2];
                         acc[mt][nt][half * 2 + e2] = 0.0f;
                         float d;
-                        if (metric == HG_L2) d = fmaf(-2.0f, dot, norm);
-                        else if (metric == HG_DOT) d = -dot;
-                        else d = -dot / sqrtf(norm);
-                        if (d <= limit[nt][e2] && row < n && !hg_dead(dead, row)) {
-                            u64 entry = hg_entry(d, row);
-                            u32 pos = atomicAdd(&counts[q], 1u);
-                            if (pos < cap) cand[(u64)q * cap + pos] = entry;
-                            else atomicMin(&evicted[q], entry);
-                        }
+                        if (METRIC == HG_L2) d = fmaf(factor[nt][e2], p, norm);
+                        else if (METRIC == HG_DOT) d = factor[nt][e2] * p;
+                        else d = (factor[nt][e2] * p) / root;
+                        if (d <= limit[nt][e2])
+                            hg_mma_push(q0 + warp_query + nt * 8 + 2 * t + e2, row, d, n, dead, cap, cand, counts,
+                                        evicted);
                     }
                 }
             }
@@ -201,15 +217,27 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
     hg_copy_wait<0>();
 }
 
+template <typename T>
+__device__ __forceinline__ void hg_mma_filter_metric(const T* rows, const float* norms, const u32* dead, u32 n,
+        u32 tiles, u32 dim, const T* queries, u32 nq, const float* inv_scale, const float* tau, int metric, u32 cap,
+        u64* cand, u32* counts, u64* evicted) {
+    if (metric == HG_L2)
+        hg_mma_filter<T, HG_L2>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, cap, cand, counts, evicted);
+    else if (metric == HG_DOT)
+        hg_mma_filter<T, HG_DOT>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, cap, cand, counts, evicted);
+    else
+        hg_mma_filter<T, HG_COS>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, cap, cand, counts, evicted);
+}
+
 extern "C" __global__ void __launch_bounds__(HG_BLOCK, 1) hg_mma_filter_tf32(const float* rows, const float* norms,
         const u32* dead, u32 n, u32 tiles, u32 dim, const float* queries, u32 nq, const float* inv_scale,
         const float* tau, int metric, u32 cap, u64* cand, u32* counts, u64* evicted) {
-    hg_mma_filter<float>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, metric, cap, cand, counts,
-                         evicted);
+    hg_mma_filter_metric<float>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, metric, cap, cand,
+                                counts, evicted);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK, 2) hg_mma_filter_f16(const u16* rows, const float* norms,
         const u32* dead, u32 n, u32 tiles, u32 dim, const u16* queries, u32 nq, const float* inv_scale,
         const float* tau, int metric, u32 cap, u64* cand, u32* counts, u64* evicted) {
-    hg_mma_filter<u16>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, metric, cap, cand, counts,
-                       evicted);
+    hg_mma_filter_metric<u16>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, metric, cap, cand,
+                              counts, evicted);
 }
