@@ -15,12 +15,14 @@ const FUSED: &str = include_str!("kernels/fused.cu");
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
 pub(crate) const TENSOR_NAMES: &[&str] = &["hg_mma_filter_tf32", "hg_mma_filter_f16"];
 
-/// Dynamic shared memory of the `hg_mma_filter` kernels for rows of `row_bytes` bytes: the
-/// resident query tile (128 lines of whole 128-byte steps plus 4 words) and 3 staged steps of
-/// 128 rows (36 words each), as `kernels/fused.cu` lays them out.
-pub(crate) fn mma_shared_bytes(row_bytes: usize) -> usize {
-    let query_pitch = row_bytes.div_ceil(128) * 32 + 4;
-    (MMA_TILE * query_pitch + 3 * MMA_TILE * 36) * 4
+/// Dynamic shared memory of the `hg_mma_filter` kernels for elements of `element` bytes and
+/// rows of `dim` of them: the resident query tile (128 lines of whole 128-byte steps plus 4
+/// words) and the staged steps of 128 rows (36 words each; 2 stages for f32, 3 for f16), as
+/// `kernels/fused.cu` lays them out.
+pub(crate) fn mma_shared_bytes(element: usize, dim: usize) -> usize {
+    let query_pitch = (element * dim).div_ceil(128) * 32 + 4;
+    let stages = if element == 4 { 2 } else { 3 };
+    (MMA_TILE * query_pitch + stages * MMA_TILE * 36) * 4
 }
 
 /// Rows (and queries) one `hg_mma_filter` block covers.

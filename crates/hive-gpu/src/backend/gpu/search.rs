@@ -225,7 +225,7 @@ impl<D: Driver> GpuRows<D> {
             // Without a sample every row passes: only small collections fit the buffers.
             && (self.sample_rank(k).is_some() || self.len <= FUSED_CAP)
             && Self::fused_sort_size(kcap) * 8 <= self.shared_limit()
-            && mma_shared_bytes(self.dim * self.element_bytes()) <= self.driver().max_shared_bytes();
+            && mma_shared_bytes(self.element_bytes(), self.dim) <= self.driver().max_shared_bytes();
         fits.then_some(tensor_path)
     }
 
@@ -819,7 +819,7 @@ impl<D: Driver> GpuRows<D> {
         let tiles =
             env_usize("HIVE_GPU_FUSED_TILES").unwrap_or(32).max(n.div_ceil(MMA_TILE).div_ceil(MAX_GRID_Y));
         let row_groups = n.div_ceil(MMA_TILE).div_ceil(tiles);
-        let shared = mma_shared_bytes(dim * self.element_bytes());
+        let shared = mma_shared_bytes(self.element_bytes(), dim);
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
             driver.fill(&ws.stream, cand, 0xff, qc * FUSED_CAP * 8)?;

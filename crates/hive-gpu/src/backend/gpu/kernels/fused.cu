@@ -12,7 +12,9 @@
 // computes the same size (kernels.rs, mma_shared_bytes).
 #define HG_MMA_STEP_BYTES 128
 #define HG_MMA_PITCH_WORDS 36
-#define HG_MMA_STAGES 3
+// Stages of the row pipeline: 3, or 2 for f32 rows, whose larger query tile would otherwise
+// leave room for one block per multiprocessor (8 warps do not hide the loads' latency).
+#define HG_MMA_STAGES(T) (sizeof(T) == 4 ? 2 : 3)
 #define HG_MMA_STAGE_WORDS (HG_MMA_TILE * HG_MMA_PITCH_WORDS)
 
 __device__ __forceinline__ u32 hg_shared_address(const void* p) { return (u32)__cvta_generic_to_shared(p); }
@@ -73,7 +75,7 @@ __device__ __noinline__ void hg_mma_push(u32 q, u32 row, float d, u32 n, const u
 }
 
 // grid (query tiles, row groups), block HG_BLOCK, dynamic shared memory for the resident query
-// tile (128 lines of hg_mma_query_pitch words) and HG_MMA_STAGES staged row steps. Block (x, y)
+// tile (128 lines of hg_mma_query_pitch words) and HG_MMA_STAGES(T) staged row steps. Block (x, y)
 // keeps queries [x * 128, +128) in shared memory and streams the 128-row tiles
 // [y * tiles, (y + 1) * tiles) through a pipeline that runs across tile boundaries. Blocks
 // with consecutive x run together on the same rows, which they then share in L2.
@@ -115,7 +117,7 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
     }
     hg_copy_commit();
 
-    // The pipeline's next load: (tile, step) pairs in order, HG_MMA_STAGES - 1 ahead.
+    // The pipeline's next load: (tile, step) pairs in order, HG_MMA_STAGES(T) - 1 ahead.
     u32 load_tile = 0, load_step = 0, load_stage = 0;
     auto load_next = [&]() {
         if (load_tile < my_tiles)
@@ -126,10 +128,10 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
             load_step = 0;
             load_tile++;
         }
-        load_stage = load_stage + 1 == HG_MMA_STAGES ? 0 : load_stage + 1;
+        load_stage = load_stage + 1 == HG_MMA_STAGES(T) ? 0 : load_stage + 1;
     };
 #pragma unroll
-    for (int s = 0; s < HG_MMA_STAGES - 1; s++) load_next();
+    for (int s = 0; s < HG_MMA_STAGES(T) - 1; s++) load_next();
 
     // Per query of this thread: its threshold (-inf past the last query: nothing passes) and
     // the factor of its products (-2 / scale for L2, -1 / scale otherwise).
@@ -154,14 +156,14 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
     u32 stage = 0;
     for (u32 tile = 0; tile < my_tiles; tile++) {
         for (u32 step = 0; step < steps; step++) {
-            hg_copy_wait<HG_MMA_STAGES - 2>();
+            hg_copy_wait<HG_MMA_STAGES(T) - 2>();
             // The stage read below is complete for every thread, and the one refilled next
             // was last read in the previous step, which every thread has finished.
             __syncthreads();
             load_next();
             const u32* r = staged + stage * HG_MMA_STAGE_WORDS;
             const u32* qs = words + step * (HG_MMA_STEP_BYTES / 4);
-            stage = stage + 1 == HG_MMA_STAGES ? 0 : stage + 1;
+            stage = stage + 1 == HG_MMA_STAGES(T) ? 0 : stage + 1;
 #pragma unroll
             for (u32 kk = 0; kk < 4; kk++) {
                 u32 a[4][4], b[4][2];
@@ -229,7 +231,7 @@ __device__ __forceinline__ void hg_mma_filter_metric(const T* rows, const float*
         hg_mma_filter<T, HG_COS>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, cap, cand, counts, evicted);
 }
 
-extern "C" __global__ void __launch_bounds__(HG_BLOCK, 1) hg_mma_filter_tf32(const float* rows, const float* norms,
+extern "C" __global__ void __launch_bounds__(HG_BLOCK, 2) hg_mma_filter_tf32(const float* rows, const float* norms,
         const u32* dead, u32 n, u32 tiles, u32 dim, const float* queries, u32 nq, const float* inv_scale,
         const float* tau, int metric, u32 cap, u64* cand, u32* counts, u64* evicted) {
     hg_mma_filter_metric<float>(rows, norms, dead, n, tiles, dim, queries, nq, inv_scale, tau, metric, cap, cand,
