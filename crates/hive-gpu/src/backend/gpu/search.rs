@@ -84,6 +84,27 @@ struct Lists {
     sorted: bool,
 }
 
+impl Outputs {
+    /// Bytes of the results of `nq` queries of `k` neighbors: slots, f64 distances, flags.
+    fn bytes_for(nq: usize, k: usize) -> usize {
+        align(nq * k * 4) + align(nq * k * 8) + align(nq * 4)
+    }
+
+    /// The layout of [`Outputs::bytes_for`] at device address `base`.
+    fn at(base: DevicePtr, nq: usize, k: usize) -> Self {
+        let dist_offset = align(nq * k * 4);
+        let flags_offset = dist_offset + align(nq * k * 8);
+        Self {
+            slots: base,
+            dist: base + dist_offset as u64,
+            flags: base + flags_offset as u64,
+            bytes: Self::bytes_for(nq, k),
+            dist_offset,
+            flags_offset,
+        }
+    }
+}
+
 /// The bits of the device's `hg_entry(distance, slot)`: the distance's sortable key, then
 /// the slot.
 fn entry_key(distance: f32, slot: u32) -> u64 {
@@ -367,14 +388,9 @@ impl<D: Driver> GpuRows<D> {
             align(nq * 4),
         ];
         let input_bytes: usize = sizes.iter().sum();
-        let outputs_layout = {
-            let slots = align(nq * k * 4);
-            let dist = align(nq * k * 8);
-            let flags = align(nq * 4);
-            (slots, slots + dist, slots + dist + flags)
-        };
+        let output_bytes = Outputs::bytes_for(nq, k);
         let base = ws.inputs.get(&driver, input_bytes)?;
-        let staging = ws.staging.get(&*driver, input_bytes.max(outputs_layout.2))?;
+        let staging = ws.staging.get(&*driver, input_bytes.max(output_bytes))?;
         let mut offset = 0usize;
         let mut put = |bytes: &[u8], size: usize| -> DevicePtr {
             staging[offset..offset + bytes.len()].copy_from_slice(bytes);
@@ -407,15 +423,7 @@ impl<D: Driver> GpuRows<D> {
             gate_mul: gate_mul_ptr,
             gate_add: gate_add_ptr,
         };
-        let out_base = ws.outputs.get(&driver, outputs_layout.2)?;
-        let outputs = Outputs {
-            slots: out_base,
-            dist: out_base + outputs_layout.0 as u64,
-            flags: out_base + outputs_layout.1 as u64,
-            bytes: outputs_layout.2,
-            dist_offset: outputs_layout.0,
-            flags_offset: outputs_layout.1,
-        };
+        let outputs = Outputs::at(ws.outputs.get(&driver, output_bytes)?, nq, k);
         driver.fill(&ws.stream, outputs.flags, 0, nq * 4)?;
         profile.mark(&*driver, &ws.stream, "prepare+upload")?;
 
@@ -885,16 +893,7 @@ impl<D: Driver> GpuRows<D> {
         let Some(j) = self.sample_rank(k) else {
             return Ok(tau);
         };
-        let (slots, dist, flags) = (align(nq * j * 4), align(nq * j * 8), align(nq * 4));
-        let base = ws.sample.get(&driver, slots + dist + flags)?;
-        let sample = Outputs {
-            slots: base,
-            dist: base + slots as u64,
-            flags: base + (slots + dist) as u64,
-            bytes: slots + dist + flags,
-            dist_offset: slots,
-            flags_offset: slots + dist,
-        };
+        let sample = Outputs::at(ws.sample.get(&driver, Outputs::bytes_for(nq, j))?, nq, j);
         // 0x7f bytes read as 1.4e306: "no distance" for a query whose sample search failed.
         driver.fill(&ws.stream, sample.dist, 0x7f, nq * j * 8)?;
         driver.fill(&ws.stream, sample.flags, 0, nq * 4)?;

@@ -80,8 +80,9 @@ __device__ __noinline__ void hg_mma_push(u32 q, u32 row, float d, u32 n, const u
 // [y * tiles, (y + 1) * tiles) through a pipeline that runs across tile boundaries. Blocks
 // with consecutive x run together on the same rows, which they then share in L2.
 // Eight warps in 2 (rows) x 4 (queries) each own 64 x 32 products of a tile.
-// Distances follow hg_tile_topk's formulas exactly, so the host's gate applies unchanged (the
-// f16 path's scale is a power of two, so folding it into the -2 of L2 changes no bit). The
+// Distances follow hg_tile_topk's formulas, so the host's gate applies unchanged. The f16
+// path's scale is a power of two: folding it into L2's -2 changes no bit, except where the
+// scaled product is subnormal, and there it only removes a rounding. The
 // metric is a template parameter: the filter runs once per product and must stay a few
 // instructions. row_bytes = dim * sizeof(T) must be a multiple of 16. Candidate q's buffer holds
 // `cap` entries; an entry that finds it full lowers evicted[q] instead, so finalize flags the
