@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
 use rayon::prelude::*;
+use smol_str::SmolStr;
 
 use crate::backend::RowStore;
 use crate::error::{HiveGpuError, Result};
@@ -33,26 +34,26 @@ type IdMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Debug)]
 struct Entry {
-    /// Shared with the key in `slot_of`: one allocation per id.
-    id: Arc<str>,
-    /// None for an empty payload (the common case), which then takes 8 bytes instead of a
-    /// 48-byte empty map.
-    metadata: Option<Box<Metadata>>,
+    /// Also the key in `slot_of`. Ids of up to 23 bytes live inline; longer ones share one
+    /// allocation. Either way a search result's copy costs no allocation.
+    id: SmolStr,
+    /// None for an empty payload (the common case). Shared with the results that return it.
+    metadata: Option<Arc<Metadata>>,
 }
 
 impl Entry {
     fn new(id: &str, metadata: &Metadata) -> Self {
-        Self { id: Arc::from(id), metadata: boxed(metadata) }
+        Self { id: SmolStr::new(id), metadata: shared(metadata) }
     }
 
-    fn metadata(&self) -> &Metadata {
-        static EMPTY: LazyLock<Metadata> = LazyLock::new(Metadata::new);
-        self.metadata.as_deref().unwrap_or(&EMPTY)
+    fn metadata(&self) -> &Arc<Metadata> {
+        static EMPTY: LazyLock<Arc<Metadata>> = LazyLock::new(Arc::default);
+        self.metadata.as_ref().unwrap_or(&EMPTY)
     }
 }
 
-fn boxed(metadata: &Metadata) -> Option<Box<Metadata>> {
-    (!metadata.is_empty()).then(|| Box::new(metadata.clone()))
+fn shared(metadata: &Metadata) -> Option<Arc<Metadata>> {
+    (!metadata.is_empty()).then(|| Arc::new(metadata.clone()))
 }
 
 /// A collection: a row store plus the bookkeeping that maps ids to its slots.
@@ -62,7 +63,7 @@ pub(crate) struct Collection {
     rows: Box<dyn RowStore>,
     /// One per slot; None for a removed (tombstoned) slot.
     entries: Vec<Option<Entry>>,
-    slot_of: IdMap<Arc<str>, usize>,
+    slot_of: IdMap<SmolStr, usize>,
     removed: usize,
 }
 
@@ -179,8 +180,8 @@ impl Collection {
     }
 
     /// Id and payload of a live slot.
-    pub(crate) fn entry(&self, slot: usize) -> Option<(&str, &Metadata)> {
-        self.entries.get(slot)?.as_ref().map(|e| (&*e.id, e.metadata()))
+    pub(crate) fn entry(&self, slot: usize) -> Option<(&SmolStr, &Arc<Metadata>)> {
+        self.entries.get(slot)?.as_ref().map(|e| (&e.id, e.metadata()))
     }
 
     /// Inserts new ids and replaces existing ones. Validates the whole batch first: a batch
@@ -227,7 +228,7 @@ impl Collection {
         for (slot, v) in updates {
             self.rows.overwrite(slot, &v.data)?;
             if let Some(entry) = &mut self.entries[slot] {
-                entry.metadata = boxed(&v.metadata);
+                entry.metadata = shared(&v.metadata);
             }
         }
         let dim = self.config.dimension;
@@ -312,7 +313,7 @@ impl Collection {
         let Some(&slot) = self.slot_of.get(id) else { return Ok(None) };
         let Some(entry) = self.entries[slot].as_ref() else { return Ok(None) };
         let data = self.rows.read_row(slot)?;
-        Ok(Some(GpuVector { id: entry.id.to_string(), data, metadata: entry.metadata().clone() }))
+        Ok(Some(GpuVector { id: entry.id.to_string(), data, metadata: Metadata::clone(entry.metadata()) }))
     }
 
     pub(crate) fn contains(&self, id: &str) -> bool {

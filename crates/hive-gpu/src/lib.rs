@@ -53,7 +53,7 @@ pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, sel
 pub use error::{HiveGpuError, Result};
 pub use types::{
     BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector, Metadata,
-    SearchOptions, SearchPrecision, StorageConfig, StoragePrecision,
+    SearchOptions, SearchPrecision, SmolStr, StorageConfig, StoragePrecision,
 };
 
 use collection::Collection;

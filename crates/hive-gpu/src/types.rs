@@ -3,6 +3,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+
+pub use smol_str::SmolStr;
 
 use crate::error::HiveGpuError;
 
@@ -43,15 +46,17 @@ impl GpuVector {
 /// the vectors were stored, so the order is deterministic.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSearchResult {
-    /// The id of the neighbour.
-    pub id: String,
+    /// The id of the neighbour. A [`SmolStr`] derefs to `str` and compares with `&str` and
+    /// `String`; ids of up to 23 bytes are stored inline, so results cost no allocation per id.
+    pub id: SmolStr,
     /// The metric's score (see the type's documentation).
     pub score: f32,
     /// The neighbour's slot in storage at the time of the search. Slots change when removed
     /// vectors are compacted away; use `id` to refer to a vector.
     pub index: usize,
-    /// The neighbour's payload, when the search asked for it.
-    pub metadata: Option<Metadata>,
+    /// The neighbour's payload, when the search asked for it (shared with the collection, not
+    /// copied; an empty payload when the vector has none).
+    pub metadata: Option<Arc<Metadata>>,
 }
 
 /// How vectors are compared.

@@ -331,17 +331,17 @@ fn ties_are_ordered_by_storage_order() {
             storage.add_vectors(&vectors).expect("add");
             storage.add_vectors(&[GpuVector::new("far", vec![-9.0, 0.5, 7.0, -1.0])]).expect("add");
             let single: Vec<String> =
-                storage.search(&same, 5).expect("search").into_iter().map(|r| r.id).collect();
+                storage.search(&same, 5).expect("search").into_iter().map(|r| r.id.to_string()).collect();
             assert_eq!(single, ids, "{metric}: single search ties");
             let queries: Vec<f32> = same.iter().cycle().take(4 * 6).copied().collect();
             for list in storage.search_batch(&queries, 5).expect("batch") {
-                let got: Vec<String> = list.into_iter().map(|r| r.id).collect();
+                let got: Vec<String> = list.into_iter().map(|r| r.id.to_string()).collect();
                 assert_eq!(got, ids, "{metric}: batch search ties");
             }
             storage.remove_vectors(&["a", "far"]).expect("remove");
             storage.compact().expect("compact");
             let got: Vec<String> =
-                storage.search(&same, 4).expect("search").into_iter().map(|r| r.id).collect();
+                storage.search(&same, 4).expect("search").into_iter().map(|r| r.id.to_string()).collect();
             assert_eq!(got, ["e", "d", "b", "c"], "{metric}: ties after compaction");
         }
     }
@@ -361,7 +361,7 @@ fn ground_truth_recall(name: &str) {
         for (i, list) in batch.iter().chain(&singles).enumerate() {
             let qi = if i < queries.rows { i } else { i - queries.rows };
             let want: Vec<String> = truth.row(qi)[..10].iter().map(|id| format!("v{id}")).collect();
-            let got: Vec<String> = list.iter().map(|r| r.id.clone()).collect();
+            let got: Vec<String> = list.iter().map(|r| r.id.to_string()).collect();
             assert_eq!(got, want, "{} {name}: query {qi} (recall@10 must be 1.0)", context.backend_type());
         }
     }
@@ -393,8 +393,8 @@ fn payloads_are_returned_on_request() {
         assert_eq!(plain[0].metadata, None);
         let options = hive_gpu::SearchOptions { with_metadata: true };
         let rich = storage.search_with(&[1.0, 0.0], 2, options).expect("search");
-        assert_eq!(rich[0].metadata.as_ref(), Some(&meta));
-        assert_eq!(rich[1].metadata.as_ref(), Some(&hive_gpu::Metadata::new()));
+        assert_eq!(rich[0].metadata.as_deref(), Some(&meta));
+        assert_eq!(rich[1].metadata.as_deref(), Some(&hive_gpu::Metadata::new()));
         assert_eq!(rich[0].score, 1.0, "dot product score is q.x");
     }
 }

@@ -6,6 +6,7 @@ use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, GpuSearchResult, SearchOptions};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// The public score of a canonical distance (see [`GpuSearchResult`] for the meanings).
 pub(crate) fn score(metric: GpuDistanceMetric, distance: f64) -> f32 {
@@ -54,10 +55,10 @@ pub(crate) fn search(
                     HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot))
                 })?;
                 Ok(GpuSearchResult {
-                    id: id.to_string(),
+                    id: id.clone(),
                     score: score(config.metric, n.distance),
                     index: n.slot,
-                    metadata: options.with_metadata.then(|| metadata.clone()),
+                    metadata: options.with_metadata.then(|| Arc::clone(metadata)),
                 })
             })
             .collect()

@@ -10,6 +10,7 @@ pub(crate) mod driver;
 pub(crate) mod hip;
 mod kernels;
 mod memory;
+mod prepare;
 mod rows;
 mod search;
 

@@ -11,13 +11,13 @@
 //!
 //! Only k (slot, distance) pairs per query come back to the host.
 
-use half::f16;
 use rayon::prelude::*;
 
-use super::bounds::{self, Approximation};
+use super::bounds::Approximation;
 use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
 use super::memory::Workspace;
+use super::prepare::{Prepared, prepare};
 use super::rows::GpuRows;
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::error::{HiveGpuError, Result};
@@ -51,6 +51,16 @@ fn metric_code(metric: GpuDistanceMetric) -> i32 {
 
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0)
+}
+
+/// Copies into the pinned staging buffer, on several threads for a big batch's queries.
+fn copy_bytes(to: &mut [u8], from: &[u8]) {
+    const CHUNK: usize = 1 << 20;
+    if from.len() >= 4 * CHUNK {
+        to.par_chunks_mut(CHUNK).zip(from.par_chunks(CHUNK)).for_each(|(t, f)| t.copy_from_slice(f));
+    } else {
+        to.copy_from_slice(from);
+    }
 }
 
 /// Candidate list size for k: room for the band's extra rows beyond k.
@@ -322,58 +332,12 @@ impl<D: Driver> GpuRows<D> {
             path = tensor_path;
         }
 
-        // Host-side preparation: norms, unit queries for cosine, f16 copies, gates.
-        let q_norms: Vec<f64> = queries
-            .chunks_exact(dim)
-            .map(|q| q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt())
-            .collect();
         let cosine = metric == GpuDistanceMetric::Cosine;
-        let approx: Vec<f32> = if cosine {
-            queries
-                .chunks_exact(dim)
-                .zip(&q_norms)
-                .flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let approx_queries: &[f32] = if cosine { &approx } else { queries };
         let half = matches!(path, Approximation::GemmF16 { .. });
-        let mut scales = vec![1.0f64; nq];
-        let mut halves: Vec<u16> = Vec::new();
-        if half {
-            halves.reserve(nq * dim);
-            for (q, scale) in approx_queries.chunks_exact(dim).zip(scales.iter_mut()) {
-                *scale = bounds::f16_scale(q);
-                halves.extend(q.iter().map(|&x| f16::from_f64(f64::from(x) * *scale).to_bits()));
-            }
-        }
-        let max_sq_norm = f64::from(self.max_sq_norm);
-        // Norms of the vectors the kernels see (the unit queries for cosine), computed once for
-        // both gates below.
-        let kernel_norms: Vec<f64> = if cosine {
-            approx
-                .chunks_exact(dim)
-                .map(|q| q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt())
-                .collect()
-        } else {
-            q_norms.clone()
-        };
-        let gate_for = |path: Approximation| -> (Vec<f32>, Vec<f32>) {
-            kernel_norms
-                .iter()
-                .zip(&scales)
-                .map(|(&norm, &scale)| {
-                    let p = match path {
-                        Approximation::GemmF16 { .. } => Approximation::GemmF16 { scale },
-                        other => other,
-                    };
-                    bounds::gate(metric, p, norm, max_sq_norm, dim)
-                })
-                .unzip()
-        };
-        let (gate_mul, gate_add) = gate_for(if radix_only { Approximation::Scan } else { path });
-        let (scan_mul, scan_add) = gate_for(Approximation::Scan);
+        let gate_path = if radix_only { Approximation::Scan } else { path };
+        let prepared = prepare(queries, dim, metric, path, gate_path, f64::from(self.max_sq_norm));
+        let Prepared { q_norms, gate_mul, gate_add, scan_mul, scan_add, .. } = &prepared;
+        let inv_scale: Vec<f32> = prepared.scales.iter().map(|&s| (1.0 / s) as f32).collect();
 
         // One upload of every input.
         let sizes = [
@@ -393,26 +357,20 @@ impl<D: Driver> GpuRows<D> {
         let staging = ws.staging.get(&*driver, input_bytes.max(output_bytes))?;
         let mut offset = 0usize;
         let mut put = |bytes: &[u8], size: usize| -> DevicePtr {
-            staging[offset..offset + bytes.len()].copy_from_slice(bytes);
+            copy_bytes(&mut staging[offset..offset + bytes.len()], bytes);
             let at = base + offset as u64;
             offset += size;
             at
         };
-        let to_bytes_f32 = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
-        let exact = put(&to_bytes_f32(queries), sizes[0]);
-        let approx_ptr = if cosine { put(&to_bytes_f32(&approx), sizes[1]) } else { exact };
-        let half_ptr = if half {
-            put(&halves.iter().flat_map(|h| h.to_ne_bytes()).collect::<Vec<u8>>(), sizes[2])
-        } else {
-            0
-        };
-        let inv_scale: Vec<f32> = scales.iter().map(|&s| (1.0 / s) as f32).collect();
-        let inv_scale_ptr = put(&to_bytes_f32(&inv_scale), sizes[3]);
-        let q_norms_ptr = put(&q_norms.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(), sizes[4]);
-        let gate_mul_ptr = put(&to_bytes_f32(&gate_mul), sizes[5]);
-        let gate_add_ptr = put(&to_bytes_f32(&gate_add), sizes[6]);
-        let scan_mul_ptr = put(&to_bytes_f32(&scan_mul), sizes[7]);
-        let scan_add_ptr = put(&to_bytes_f32(&scan_add), sizes[8]);
+        let exact = put(bytemuck::cast_slice(queries), sizes[0]);
+        let approx_ptr = if cosine { put(bytemuck::cast_slice(&prepared.unit), sizes[1]) } else { exact };
+        let half_ptr = if half { put(bytemuck::cast_slice(&prepared.halves), sizes[2]) } else { 0 };
+        let inv_scale_ptr = put(bytemuck::cast_slice(&inv_scale), sizes[3]);
+        let q_norms_ptr = put(bytemuck::cast_slice(q_norms), sizes[4]);
+        let gate_mul_ptr = put(bytemuck::cast_slice(gate_mul), sizes[5]);
+        let gate_add_ptr = put(bytemuck::cast_slice(gate_add), sizes[6]);
+        let scan_mul_ptr = put(bytemuck::cast_slice(scan_mul), sizes[7]);
+        let scan_add_ptr = put(bytemuck::cast_slice(scan_add), sizes[8]);
         driver.upload(&ws.stream, base, staging, input_bytes)?;
         let inputs = Inputs {
             exact,
@@ -432,7 +390,7 @@ impl<D: Driver> GpuRows<D> {
                 self.radix_one(ws, &inputs, q, k, metric, &outputs, (gate_mul[q], gate_add[q]), q_norms[q])?;
             }
         } else if fused.is_some() {
-            let thresholds = Thresholds { q_norms: &q_norms, gate_add: &gate_add };
+            let thresholds = Thresholds { q_norms, gate_add };
             self.fused_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile, &thresholds)?;
         } else if path == Approximation::Scan {
             self.scan_path(ws, &inputs, nq, k, metric, &outputs, &mut profile)?;

@@ -1,0 +1,112 @@
+//! The host's share of a search before anything runs on the device: each query's f64 norm,
+//! unit queries for cosine, scaled f16 copies, and the error gates of the paths the search may
+//! take. Big batches spread it over threads: on one thread it cost more than the device's
+//! filter for 10,000 f16 queries.
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::bounds::{self, Approximation};
+use crate::types::GpuDistanceMetric;
+
+/// Batches of at least this many queries are prepared on several threads.
+const PARALLEL_QUERIES: usize = 64;
+
+/// Per-query values the kernels take, computed on the host.
+pub(super) struct Prepared {
+    /// |q| in f64 (before cosine's normalisation).
+    pub q_norms: Vec<f64>,
+    /// The unit queries under cosine, row-major; empty otherwise (the kernels read the queries).
+    pub unit: Vec<f32>,
+    /// f16 copies of the queries the kernels see, each scaled by its `scales` entry; empty
+    /// unless the path multiplies in f16.
+    pub halves: Vec<u16>,
+    /// Each query's f16 scale (1 where no f16 copy is made).
+    pub scales: Vec<f64>,
+    /// The chosen path's gate, per query (multiplier, addend).
+    pub gate_mul: Vec<f32>,
+    /// See `gate_mul`.
+    pub gate_add: Vec<f32>,
+    /// The exact scan's gate, for queries that fall back to it.
+    pub scan_mul: Vec<f32>,
+    /// See `scan_mul`.
+    pub scan_add: Vec<f32>,
+}
+
+/// One value per query, computed on several threads for big batches.
+fn per_query<T: Send>(nq: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+    if nq >= PARALLEL_QUERIES { (0..nq).into_par_iter().map(f).collect() } else { (0..nq).map(f).collect() }
+}
+
+/// One row of `dim` values per query, filled in place.
+fn per_row<T: Send + Copy + Default>(
+    nq: usize,
+    dim: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) -> Vec<T> {
+    let mut out = vec![T::default(); nq * dim];
+    if nq >= PARALLEL_QUERIES {
+        out.par_chunks_exact_mut(dim).enumerate().for_each(|(q, row)| f(q, row));
+    } else {
+        out.chunks_exact_mut(dim).enumerate().for_each(|(q, row)| f(q, row));
+    }
+    out
+}
+
+fn norm(v: &[f32]) -> f64 {
+    v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()
+}
+
+/// Prepares `queries` (row-major, `dim` values each) for a search on `path`; `gate_path` is
+/// the path whose gate the kernels apply (the scan's where lists do not fit on chip).
+pub(super) fn prepare(
+    queries: &[f32],
+    dim: usize,
+    metric: GpuDistanceMetric,
+    path: Approximation,
+    gate_path: Approximation,
+    max_sq_norm: f64,
+) -> Prepared {
+    let nq = queries.len() / dim;
+    let row = |q: usize| &queries[q * dim..(q + 1) * dim];
+    let q_norms = per_query(nq, |q| norm(row(q)));
+    let cosine = metric == GpuDistanceMetric::Cosine;
+    let unit = if cosine {
+        per_row(nq, dim, |q, out: &mut [f32]| {
+            for (o, &x) in out.iter_mut().zip(row(q)) {
+                *o = (f64::from(x) / q_norms[q]) as f32;
+            }
+        })
+    } else {
+        Vec::new()
+    };
+    let seen = |q: usize| if cosine { &unit[q * dim..(q + 1) * dim] } else { row(q) };
+    // Norms of the vectors the kernels see: the unit queries' are not exactly 1.
+    let kernel_norms = if cosine { per_query(nq, |q| norm(seen(q))) } else { q_norms.clone() };
+    let half = matches!(path, Approximation::GemmF16 { .. });
+    let (scales, halves) = if half {
+        let scales = per_query(nq, |q| bounds::f16_scale(seen(q)));
+        let halves = per_row(nq, dim, |q, out: &mut [u16]| {
+            for (o, &x) in out.iter_mut().zip(seen(q)) {
+                *o = f16::from_f64(f64::from(x) * scales[q]).to_bits();
+            }
+        });
+        (scales, halves)
+    } else {
+        (vec![1.0; nq], Vec::new())
+    };
+    let gates = |path: Approximation| -> (Vec<f32>, Vec<f32>) {
+        per_query(nq, |q| {
+            let p = match path {
+                Approximation::GemmF16 { .. } => Approximation::GemmF16 { scale: scales[q] },
+                other => other,
+            };
+            bounds::gate(metric, p, kernel_norms[q], max_sq_norm, dim)
+        })
+        .into_iter()
+        .unzip()
+    };
+    let (gate_mul, gate_add) = gates(gate_path);
+    let (scan_mul, scan_add) = gates(Approximation::Scan);
+    Prepared { q_norms, unit, halves, scales, gate_mul, gate_add, scan_mul, scan_add }
+}
