@@ -289,8 +289,11 @@ impl<D: Driver> GpuRows<D> {
         self.driver().max_shared_bytes().saturating_sub(1024)
     }
 
+    /// The scan's shared list plus buffer; a larger buffer means more passes between merge
+    /// checks (`HIVE_GPU_SCAN_SORT` sets a floor, for tuning).
     fn scan_sort_size(k: usize) -> usize {
-        (2 * list_size(k)).max(512)
+        let floor = env_usize("HIVE_GPU_SCAN_SORT").map_or(512, usize::next_power_of_two);
+        (2 * list_size(k)).max(floor)
     }
 
     fn scan_shared_bytes(&self, k: usize) -> usize {

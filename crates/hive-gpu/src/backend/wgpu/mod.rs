@@ -24,6 +24,7 @@ use crate::types::{GpuBackendType, GpuDeviceInfo, SearchPrecision, StoragePrecis
 const COMMON_WGSL: &str = include_str!("kernels/common.wgsl");
 const SEARCH_WGSL: &str = include_str!("kernels/search.wgsl");
 const SELECT_WGSL: &str = include_str!("kernels/select.wgsl");
+const SCAN_WIDE_WGSL: &str = include_str!("kernels/scan_wide.wgsl");
 
 fn backends() -> wgpu::Backends {
     let mut b = wgpu::Backends::VULKAN;
@@ -124,6 +125,9 @@ pub(crate) struct Kernels {
     distances: [wgpu::ComputePipeline; 2],
     scan: [wgpu::ComputePipeline; 2],
     scan_select: [wgpu::ComputePipeline; 2],
+    /// `scan_select` with eight lanes per row, where the adapter has fixed-size subgroups of at
+    /// least 8 lanes (unless `HIVE_GPU_WGPU_SUBGROUPS=0`); rows of a length divisible by 4.
+    scan_select_wide: Option<[wgpu::ComputePipeline; 2]>,
     merge_lists: wgpu::ComputePipeline,
     radix_hist: wgpu::ComputePipeline,
     radix_pick: wgpu::ComputePipeline,
@@ -208,9 +212,18 @@ impl WgpuBackend {
         let unavailable =
             |reason: String| HiveGpuError::BackendUnavailable { backend: GpuBackendType::Vulkan, reason };
         let limits = adapter.limits();
+        let details = adapter.get_info();
+        // Subgroups of one fixed size of at least 8 lanes: every group of 8 lanes of
+        // `scan_select_wide` lies inside one subgroup.
+        let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
+            && details.subgroup_min_size >= 8
+            && details.subgroup_min_size == details.subgroup_max_size
+            && 256 % details.subgroup_min_size == 0
+            && std::env::var("HIVE_GPU_WGPU_SUBGROUPS").as_deref() != Ok("0");
+        let required_features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("hive-gpu"),
-            required_features: wgpu::Features::empty(),
+            required_features,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -219,19 +232,30 @@ impl WgpuBackend {
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             if let Ok(mut slot) = sink.lock() {
-                slot.get_or_insert_with(|| e.to_string());
+                // The description carries the cause (a shader's compile error, say); the
+                // error's own text is only its kind.
+                slot.get_or_insert_with(|| match e {
+                    wgpu::Error::Validation { description, .. }
+                    | wgpu::Error::Internal { description, .. } => description,
+                    other => other.to_string(),
+                });
             }
         }));
-        let kernels = Self::kernels(&device);
+        let kernels = Self::kernels(&device, subgroups);
         let info = adapter_info(
             adapter,
             ordinal,
-            Some("f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16"),
+            Some(if subgroups {
+                "f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16; \
+                 single queries scan 8 lanes per row (subgroups)"
+            } else {
+                "f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16"
+            }),
         );
         Ok(WgpuDevice { device, queue, info, limits, kernels, uncaptured, staging: Mutex::new(None) })
     }
 
-    fn kernels(device: &wgpu::Device) -> Kernels {
+    fn kernels(device: &wgpu::Device, subgroups: bool) -> Kernels {
         let search_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("search"),
             entries: &[
@@ -277,18 +301,33 @@ impl WgpuBackend {
         let select = format!("{COMMON_WGSL}\n{SELECT_WGSL}");
         // Rows are bound as 16-byte (f32) or 8-byte (f16) vectors of 4 components, so that a
         // row of a length divisible by 4 loads in wide pieces; buffers are sized to whole vectors.
-        let f32_source = search
-            .replace("ROW_TYPE", "vec4<f32>")
-            .replace("ROW(i)", "rows[i >> 2u][i & 3u]")
-            .replace("ROW4(base + w)", "rows[base + w]");
-        let f16_source = search
-            .replace("ROW_TYPE", "vec2<u32>")
-            .replace("ROW(i)", "unpack2x16float(rows[i >> 2u][(i >> 1u) & 1u])[i & 1u]")
-            .replace(
-                "ROW4(base + w)",
-                "vec4<f32>(unpack2x16float(rows[base + w].x), unpack2x16float(rows[base + w].y))",
-            );
+        let f32_rows = |source: &str| {
+            source
+                .replace("ROW_TYPE", "vec4<f32>")
+                .replace("ROW(i)", "rows[i >> 2u][i & 3u]")
+                .replace("ROW4(base + w)", "rows[base + w]")
+        };
+        let f16_rows = |source: &str| {
+            source
+                .replace("ROW_TYPE", "vec2<u32>")
+                .replace("ROW(i)", "unpack2x16float(rows[i >> 2u][(i >> 1u) & 1u])[i & 1u]")
+                .replace(
+                    "ROW4(base + w)",
+                    "vec4<f32>(unpack2x16float(rows[base + w].x), unpack2x16float(rows[base + w].y))",
+                )
+        };
+        let f32_source = f32_rows(&search);
+        let f16_source = f16_rows(&search);
+        let scan_select_wide = subgroups.then(|| {
+            // Naga takes the subgroup built-ins without `enable subgroups;` (which it rejects).
+            let wide = format!("{search}\n{SCAN_WIDE_WGSL}");
+            [
+                pipeline(&search_layout, &f32_rows(&wide), "scan_select_wide"),
+                pipeline(&search_layout, &f16_rows(&wide), "scan_select_wide"),
+            ]
+        });
         Kernels {
+            scan_select_wide,
             distances: [
                 pipeline(&search_layout, &f32_source, "distances"),
                 pipeline(&search_layout, &f16_source, "distances"),

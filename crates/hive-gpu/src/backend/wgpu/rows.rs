@@ -589,7 +589,8 @@ impl WgpuRows {
                 }
                 pass.set_bind_group(0, group, &[offset]);
                 if lists.is_some() {
-                    pass.set_pipeline(&device.kernels.scan_select[variant]);
+                    let wide = device.kernels.scan_select_wide.as_ref().filter(|_| dim.is_multiple_of(4));
+                    pass.set_pipeline(wide.map_or(&device.kernels.scan_select[variant], |w| &w[variant]));
                     pass.dispatch_workgroups(rows_here.div_ceil(SELECT_ROWS) as u32, 1, 1);
                 } else if t == 1 {
                     pass.set_pipeline(&device.kernels.scan[variant]);

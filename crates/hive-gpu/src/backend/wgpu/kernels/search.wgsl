@@ -232,23 +232,16 @@ fn local_kth(lid: u32, k: u32) -> u32 {
     return sel_prefix;
 }
 
-@compute @workgroup_size(256)
-fn scan_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let first = wg.x * SELECT_ROWS;
-    for (var i = lid; i < SELECT_ROWS; i += 256u) {
-        let row = first + i;
-        var key = DEAD_KEY;
-        if (row < p.n_rows && !is_dead(p.row_offset + row)) {
-            key = key_of(row_distance(row, 0u));
-        }
-        sel_keys[i] = key;
-    }
+// The second half of `scan_select` (and of `scan_select_wide`), once `sel_keys` holds the
+// workgroup's keys: its k-th, and its list of the rows inside that k-th's band.
+fn list_band(group: u32, lid: u32) {
     if (lid == 0u) { atomicStore(&sel_count, 0u); }
     workgroupBarrier();
     let kth = local_kth(lid, p.k);
     var band = bitcast<f32>(0x7f800000u);
     if (kth != DEAD_KEY) { band = band_of(value_of(kth), p.gate_mul, p.gate_add); }
-    let list = (p.list_base + wg.x) * p.list_words;
+    let first = group * SELECT_ROWS;
+    let list = (p.list_base + group) * p.list_words;
     for (var i = lid; i < SELECT_ROWS; i += 256u) {
         let key = sel_keys[i];
         if (key != DEAD_KEY && value_of(key) <= band) {
@@ -261,4 +254,18 @@ fn scan_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
     workgroupBarrier();
     if (lid == 0u) { dist[list] = bitcast<f32>(atomicLoad(&sel_count)); }
+}
+
+@compute @workgroup_size(256)
+fn scan_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let first = wg.x * SELECT_ROWS;
+    for (var i = lid; i < SELECT_ROWS; i += 256u) {
+        let row = first + i;
+        var key = DEAD_KEY;
+        if (row < p.n_rows && !is_dead(p.row_offset + row)) {
+            key = key_of(row_distance(row, 0u));
+        }
+        sel_keys[i] = key;
+    }
+    list_band(wg.x, lid);
 }
