@@ -4,6 +4,7 @@
 //! filter for 10,000 f16 queries.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::bounds::{self, Approximation};
@@ -20,7 +21,7 @@ pub(super) struct Prepared {
     pub unit: Vec<f32>,
     /// f16 copies of the queries the kernels see, each scaled by its `scales` entry; empty
     /// unless the path multiplies in f16.
-    pub halves: Vec<u16>,
+    pub halves: Vec<f16>,
     /// Each query's f16 scale (1 where no f16 copy is made).
     pub scales: Vec<f64>,
     /// The chosen path's gate, per query (multiplier, addend).
@@ -86,10 +87,13 @@ pub(super) fn prepare(
     let half = matches!(path, Approximation::GemmF16 { .. });
     let (scales, halves) = if half {
         let scales = per_query(nq, |q| bounds::f16_scale(seen(q)));
-        let halves = per_row(nq, dim, |q, out: &mut [u16]| {
-            for (o, &x) in out.iter_mut().zip(seen(q)) {
-                *o = f16::from_f64(f64::from(x) * scales[q]).to_bits();
-            }
+        let halves = per_row(nq, dim, |q, out: &mut [f16]| {
+            // The scale is a power of two within f32's normal range, so the f32 product is
+            // exact unless it falls below 2^-126, where f16 rounds it to zero either way: the
+            // halves are the correctly rounded f64 products, converted many at a time (F16C).
+            let scale = scales[q] as f32;
+            let scaled: Vec<f32> = seen(q).iter().map(|&x| x * scale).collect();
+            out.convert_from_f32_slice(&scaled);
         });
         (scales, halves)
     } else {
@@ -109,4 +113,33 @@ pub(super) fn prepare(
     let (gate_mul, gate_add) = gates(gate_path);
     let (scan_mul, scan_add) = gates(Approximation::Scan);
     Prepared { q_norms, unit, halves, scales, gate_mul, gate_add, scan_mul, scan_add }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_copies_are_the_correctly_rounded_scaled_queries() {
+        // Components across f32's range, subnormals and ties of f16 included.
+        let dim = 8;
+        let mut queries = Vec::new();
+        for base in [1e-30f32, 3e-8, 1e-5, 0.1, 1.0, 7.5, 1e3, 6e4, 1e20, 3e38] {
+            for (i, m) in
+                [1.0f32, -1.0, 1.000_061, -0.999_94, 1e-7, -3e-12, 0.5, 2.000_976_6].iter().enumerate()
+            {
+                queries.push(base * m * (1.0 + i as f32 * 1e-3));
+            }
+        }
+        let half = Approximation::GemmF16 { scale: 1.0 };
+        let prepared = prepare(&queries, dim, GpuDistanceMetric::DotProduct, half, half, 1e30);
+        for (q, row) in queries.chunks_exact(dim).enumerate() {
+            let scale = bounds::f16_scale(row);
+            for (c, &x) in row.iter().enumerate() {
+                let want = f16::from_f64(f64::from(x) * scale);
+                let got = prepared.halves[q * dim + c];
+                assert_eq!(got.to_bits(), want.to_bits(), "query {q} component {c}: {x} x {scale}");
+            }
+        }
+    }
 }

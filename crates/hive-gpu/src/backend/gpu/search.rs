@@ -22,6 +22,7 @@ use super::rows::GpuRows;
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
+use half::slice::HalfFloatSliceExt;
 
 /// Largest on-chip candidate list (entries); larger k take the radix path.
 const MAX_LIST: usize = 4096;
@@ -263,8 +264,14 @@ impl<D: Driver> GpuRows<D> {
     /// The rank j whose sample distance gives the fused filter's thresholds, if the sample
     /// holds enough live rows for one.
     fn sample_rank(&self, k: usize) -> Option<usize> {
-        let j = (2 * k).div_ceil(SAMPLE_STRIDE) + 8;
-        (self.len.div_ceil(SAMPLE_STRIDE) >= 4 * j && self.live() >= self.len / 2).then_some(j)
+        let stride = Self::sample_stride();
+        let j = (2 * k).div_ceil(stride) + 8;
+        (self.len.div_ceil(stride) >= 4 * j && self.live() >= self.len / 2).then_some(j)
+    }
+
+    /// The sample's stride (`HIVE_GPU_SAMPLE_STRIDE` overrides, for tuning).
+    fn sample_stride() -> usize {
+        env_usize("HIVE_GPU_SAMPLE_STRIDE").unwrap_or(SAMPLE_STRIDE)
     }
 
     fn fused_sort_size(kcap: usize) -> usize {
@@ -289,11 +296,8 @@ impl<D: Driver> GpuRows<D> {
         self.driver().max_shared_bytes().saturating_sub(1024)
     }
 
-    /// The scan's shared list plus buffer; a larger buffer means more passes between merge
-    /// checks (`HIVE_GPU_SCAN_SORT` sets a floor, for tuning).
     fn scan_sort_size(k: usize) -> usize {
-        let floor = env_usize("HIVE_GPU_SCAN_SORT").map_or(512, usize::next_power_of_two);
-        (2 * list_size(k)).max(floor)
+        (2 * list_size(k)).max(512)
     }
 
     fn scan_shared_bytes(&self, k: usize) -> usize {
@@ -367,7 +371,8 @@ impl<D: Driver> GpuRows<D> {
         };
         let exact = put(bytemuck::cast_slice(queries), sizes[0]);
         let approx_ptr = if cosine { put(bytemuck::cast_slice(&prepared.unit), sizes[1]) } else { exact };
-        let half_ptr = if half { put(bytemuck::cast_slice(&prepared.halves), sizes[2]) } else { 0 };
+        let half_ptr =
+            if half { put(bytemuck::cast_slice(prepared.halves.reinterpret_cast()), sizes[2]) } else { 0 };
         let inv_scale_ptr = put(bytemuck::cast_slice(&inv_scale), sizes[3]);
         let q_norms_ptr = put(bytemuck::cast_slice(q_norms), sizes[4]);
         let gate_mul_ptr = put(bytemuck::cast_slice(gate_mul), sizes[5]);
@@ -858,7 +863,7 @@ impl<D: Driver> GpuRows<D> {
         // 0x7f bytes read as 1.4e306: "no distance" for a query whose sample search failed.
         driver.fill(&ws.stream, sample.dist, 0x7f, nq * j * 8)?;
         driver.fill(&ws.stream, sample.flags, 0, nq * 4)?;
-        self.tile_path(ws, inputs, nq, j, metric, path, &sample, profile, SAMPLE_STRIDE)?;
+        self.tile_path(ws, inputs, nq, j, metric, path, &sample, profile, Self::sample_stride())?;
         // Growing the staging buffer frees the old one: nothing queued may still read it.
         driver.synchronize(&ws.stream)?;
         let host = ws.staging.get(&*driver, nq * j * 8)?;
