@@ -264,14 +264,8 @@ impl<D: Driver> GpuRows<D> {
     /// The rank j whose sample distance gives the fused filter's thresholds, if the sample
     /// holds enough live rows for one.
     fn sample_rank(&self, k: usize) -> Option<usize> {
-        let stride = Self::sample_stride();
-        let j = (2 * k).div_ceil(stride) + 8;
-        (self.len.div_ceil(stride) >= 4 * j && self.live() >= self.len / 2).then_some(j)
-    }
-
-    /// The sample's stride (`HIVE_GPU_SAMPLE_STRIDE` overrides, for tuning).
-    fn sample_stride() -> usize {
-        env_usize("HIVE_GPU_SAMPLE_STRIDE").unwrap_or(SAMPLE_STRIDE)
+        let j = (2 * k).div_ceil(SAMPLE_STRIDE) + 8;
+        (self.len.div_ceil(SAMPLE_STRIDE) >= 4 * j && self.live() >= self.len / 2).then_some(j)
     }
 
     fn fused_sort_size(kcap: usize) -> usize {
@@ -863,7 +857,7 @@ impl<D: Driver> GpuRows<D> {
         // 0x7f bytes read as 1.4e306: "no distance" for a query whose sample search failed.
         driver.fill(&ws.stream, sample.dist, 0x7f, nq * j * 8)?;
         driver.fill(&ws.stream, sample.flags, 0, nq * 4)?;
-        self.tile_path(ws, inputs, nq, j, metric, path, &sample, profile, Self::sample_stride())?;
+        self.tile_path(ws, inputs, nq, j, metric, path, &sample, profile, SAMPLE_STRIDE)?;
         // Growing the staging buffer frees the old one: nothing queued may still read it.
         driver.synchronize(&ws.stream)?;
         let host = ws.staging.get(&*driver, nq * j * 8)?;
