@@ -9,10 +9,11 @@ macro_rules! out {
     }};
 }
 
-/// A search returns one `Vec` per query, built on worker threads and freed by the caller: with
-/// glibc's allocator, building and freeing the results of 10,000 queries at k = 100 took about
-/// a fifth of a batch's time on the GPU machine (fresh pages each time). The library leaves the
-/// allocator to the application; this binary picks mimalloc.
+/// A search returns one `Vec` per query, built on worker threads and freed by the caller. With
+/// glibc's allocator every batch faulted fresh pages in again: mimalloc made 10,000-query
+/// batches a few percent faster on the GPU machine (`docs/PERFORMANCE.md`), and building a
+/// million results twice as fast on two cores. The library leaves the allocator to the
+/// application; this binary picks mimalloc.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

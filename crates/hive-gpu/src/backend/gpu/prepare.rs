@@ -90,10 +90,15 @@ pub(super) fn prepare(
         let halves = per_row(nq, dim, |q, out: &mut [f16]| {
             // The scale is a power of two within f32's normal range, so the f32 product is
             // exact unless it falls below 2^-126, where f16 rounds it to zero either way: the
-            // halves are the correctly rounded f64 products, converted many at a time (F16C).
+            // halves are the correctly rounded products, converted many at a time (F16C).
             let scale = scales[q] as f32;
-            let scaled: Vec<f32> = seen(q).iter().map(|&x| x * scale).collect();
-            out.convert_from_f32_slice(&scaled);
+            let mut scaled = [0f32; 64];
+            for (from, to) in seen(q).chunks(64).zip(out.chunks_mut(64)) {
+                for (s, &x) in scaled.iter_mut().zip(from) {
+                    *s = x * scale;
+                }
+                to.convert_from_f32_slice(&scaled[..from.len()]);
+            }
         });
         (scales, halves)
     } else {
@@ -119,16 +124,69 @@ pub(super) fn prepare(
 mod tests {
     use super::*;
 
+    /// The f16 nearest to `v` (ties to an even last bit), by search over the finite f16s,
+    /// which f64 holds exactly; independent of `half`'s conversions.
+    fn nearest_f16(v: f64) -> u16 {
+        let sign = if v.is_sign_negative() { 0x8000 } else { 0 };
+        let a = v.abs();
+        let value = |bits: u16| f16::from_bits(bits).to_f64();
+        // Finite non-negative f16s grow with their bits, 0 to 0x7bff (65504); the scaled
+        // queries stay below 32768, so overflow never comes up.
+        let (mut lo, mut hi) = (0u16, 0x7bffu16);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if value(mid) <= a { lo = mid } else { hi = mid - 1 }
+        }
+        if lo == 0x7bff {
+            return sign | lo;
+        }
+        let (below, above) = (a - value(lo), value(lo + 1) - a);
+        let pick = if below < above || (below == above && lo % 2 == 0) { lo } else { lo + 1 };
+        sign | pick
+    }
+
     #[test]
     fn f16_copies_are_the_correctly_rounded_scaled_queries() {
-        // Components across f32's range, subnormals and ties of f16 included.
         let dim = 8;
-        let mut queries = Vec::new();
-        for base in [1e-30f32, 3e-8, 1e-5, 0.1, 1.0, 7.5, 1e3, 6e4, 1e20, 3e38] {
-            for (i, m) in
-                [1.0f32, -1.0, 1.000_061, -0.999_94, 1e-7, -3e-12, 0.5, 2.000_976_6].iter().enumerate()
-            {
-                queries.push(base * m * (1.0 + i as f32 * 1e-3));
+        let mut queries: Vec<f32> = vec![
+            // Exact ties between two f16s once scaled by 2^14 (the largest component is 1.5),
+            // near-ties, a signed zero.
+            1.5,
+            1.0 + 2f32.powi(-11),
+            1.0 + 3.0 * 2f32.powi(-11),
+            f32::from_bits(0x3F80_1001),
+            f32::from_bits(0x3F80_0FFF),
+            -(1.0 + 2f32.powi(-11)),
+            -0.0,
+            2f32.powi(-24) * 1.5 * 2f32.powi(-14),
+            // Products below f32's normal range, and f16 subnormals.
+            1e3,
+            1e-38,
+            -1e-38,
+            3e-8,
+            -6e-5,
+            1e-40,
+            0.0,
+            -0.0,
+            // A scale of 2^-85: the small components' f32 products fall below 2^-126.
+            1e30,
+            1e-30,
+            -1e-36,
+            3e-38,
+            1e-20,
+            -1e-25,
+            5e-39,
+            -0.0,
+        ];
+        // Magnitudes across f32's range, from a fixed generator.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for base in [1e-30f32, 3e-8, 1e-5, 0.1, 1.0, 7.5, 1e3, 6e4, 1e20, 1.5e38] {
+            for _ in 0..dim * 64 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+                queries.push(base * (2.0 * unit - 1.0));
             }
         }
         let half = Approximation::GemmF16 { scale: 1.0 };
@@ -136,9 +194,9 @@ mod tests {
         for (q, row) in queries.chunks_exact(dim).enumerate() {
             let scale = bounds::f16_scale(row);
             for (c, &x) in row.iter().enumerate() {
-                let want = f16::from_f64(f64::from(x) * scale);
-                let got = prepared.halves[q * dim + c];
-                assert_eq!(got.to_bits(), want.to_bits(), "query {q} component {c}: {x} x {scale}");
+                let want = nearest_f16(f64::from(x) * scale);
+                let got = prepared.halves[q * dim + c].to_bits();
+                assert_eq!(got, want, "query {q} component {c}: {x:e} x {scale:e}");
             }
         }
     }

@@ -7,7 +7,9 @@
 //!   distance over the tile and a collect pass.
 //! - Single queries with k <= 256: one fused pass in which each workgroup keeps the rows within
 //!   the band of its own k-th (`scan_select`), and a one-workgroup merge (`merge_lists`).
-//!   Larger k takes the batch's radix passes over a plain scan.
+//!   Where the adapter has subgroups of one fixed size of at least 8 lanes, eight lanes share a
+//!   row (`scan_select_wide`), so that loads are contiguous. Larger k takes the batch's radix
+//!   passes over a plain scan.
 //!
 //! Only the candidates come back; the exact f64 re-rank runs on the host copy of the rows,
 //! with the CPU backend's code.
@@ -220,32 +222,35 @@ impl WgpuBackend {
             && details.subgroup_min_size == details.subgroup_max_size
             && 256 % details.subgroup_min_size == 0
             && std::env::var("HIVE_GPU_WGPU_SUBGROUPS").as_deref() != Ok("0");
-        let required_features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("hive-gpu"),
-            required_features,
-            required_limits: limits.clone(),
-            ..Default::default()
-        }))
-        .map_err(|e| unavailable(format!("the adapter refused a device: {e}")))?;
+        let request = |features: wgpu::Features| {
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                label: Some("hive-gpu"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            }))
+        };
+        // Subgroups only speed up single queries: an adapter that refuses them still serves.
+        let (device, queue, subgroups) = match subgroups.then(|| request(wgpu::Features::SUBGROUP)) {
+            Some(Ok((device, queue))) => (device, queue, true),
+            _ => {
+                let (device, queue) = request(wgpu::Features::empty())
+                    .map_err(|e| unavailable(format!("the adapter refused a device: {e}")))?;
+                (device, queue, false)
+            }
+        };
         let uncaptured = Arc::new(Mutex::new(None));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             if let Ok(mut slot) = sink.lock() {
-                // The description carries the cause (a shader's compile error, say); the
-                // error's own text is only its kind.
-                slot.get_or_insert_with(|| match e {
-                    wgpu::Error::Validation { description, .. }
-                    | wgpu::Error::Internal { description, .. } => description,
-                    other => other.to_string(),
-                });
+                slot.get_or_insert_with(|| e.to_string());
             }
         }));
         let kernels = Self::kernels(&device, subgroups);
         let info = adapter_info(
             adapter,
             ordinal,
-            Some(if subgroups {
+            Some(if kernels.scan_select_wide.is_some() {
                 "f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16; \
                  single queries scan 8 lanes per row (subgroups)"
             } else {
@@ -318,14 +323,19 @@ impl WgpuBackend {
         };
         let f32_source = f32_rows(&search);
         let f16_source = f16_rows(&search);
-        let scan_select_wide = subgroups.then(|| {
-            // Naga takes the subgroup built-ins without `enable subgroups;` (which it rejects).
-            let wide = format!("{search}\n{SCAN_WIDE_WGSL}");
-            [
-                pipeline(&search_layout, &f32_rows(&wide), "scan_select_wide"),
-                pipeline(&search_layout, &f16_rows(&wide), "scan_select_wide"),
-            ]
-        });
+        // A driver that fails the subgroup kernels leaves single queries on `scan_select`.
+        let scan_select_wide = subgroups
+            .then(|| {
+                let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+                // Naga takes the subgroup built-ins without `enable subgroups;` (which it rejects).
+                let wide = format!("{search}\n{SCAN_WIDE_WGSL}");
+                let pipelines = [
+                    pipeline(&search_layout, &f32_rows(&wide), "scan_select_wide"),
+                    pipeline(&search_layout, &f16_rows(&wide), "scan_select_wide"),
+                ];
+                pollster::block_on(scope.pop()).is_none().then_some(pipelines)
+            })
+            .flatten();
         Kernels {
             scan_select_wide,
             distances: [

@@ -10,21 +10,9 @@ fn wide_partial(row: u32, part: u32, words: u32) -> f32 {
     var acc = 0.0;
     let base = row * words;
     for (var w = part; w < words; w += 8u) {
-        let b = ROW4(base + w);
         let c = 4u * w;
         let a = vec4<f32>(queries[c], queries[c + 1u], queries[c + 2u], queries[c + 3u]);
-        if (p.metric == 0u) {
-            let d = a - b;
-            acc = acc + d.x * d.x;
-            acc = acc + d.y * d.y;
-            acc = acc + d.z * d.z;
-            acc = acc + d.w * d.w;
-        } else {
-            acc = acc + a.x * b.x;
-            acc = acc + a.y * b.y;
-            acc = acc + a.z * b.z;
-            acc = acc + a.w * b.w;
-        }
+        acc = accumulate4(acc, a, ROW4(base + w));
     }
     return acc;
 }
@@ -58,18 +46,24 @@ fn scan_select_wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     let per_subgroup = width >> 3u;
     let group = subgroup * per_subgroup + (lane >> 3u);
     let groups = subgroups * per_subgroup;
-    // Every lane runs the same rounds, so the shuffles see whole subgroups.
-    for (var base = 0u; base < SELECT_ROWS; base += 2u * groups) {
-        let r0 = base + group;
-        let r1 = r0 + groups;
-        var a0 = 0.0;
-        var a1 = 0.0;
-        if (r0 < SELECT_ROWS && first + r0 < p.n_rows) { a0 = wide_partial(first + r0, part, words); }
-        if (r1 < SELECT_ROWS && first + r1 < p.n_rows) { a1 = wide_partial(first + r1, part, words); }
-        a0 = wide_sum(a0);
-        a1 = wide_sum(a1);
-        if (part == 0u && r0 < SELECT_ROWS) { wide_key(r0, first, a0); }
-        if (part == 0u && r1 < SELECT_ROWS) { wide_key(r1, first, a1); }
+    if (groups * 8u != 256u) {
+        // Partial subgroups (which no driver is known to form here) would leave rows
+        // unassigned: then a thread per row, as `scan_select`.
+        keys_per_thread(first, lid);
+    } else {
+        // Every lane runs the same rounds, so the shuffles see whole subgroups.
+        for (var base = 0u; base < SELECT_ROWS; base += 2u * groups) {
+            let r0 = base + group;
+            let r1 = r0 + groups;
+            var a0 = 0.0;
+            var a1 = 0.0;
+            if (r0 < SELECT_ROWS && first + r0 < p.n_rows) { a0 = wide_partial(first + r0, part, words); }
+            if (r1 < SELECT_ROWS && first + r1 < p.n_rows) { a1 = wide_partial(first + r1, part, words); }
+            a0 = wide_sum(a0);
+            a1 = wide_sum(a1);
+            if (part == 0u && r0 < SELECT_ROWS) { wide_key(r0, first, a0); }
+            if (part == 0u && r1 < SELECT_ROWS) { wide_key(r1, first, a1); }
+        }
     }
     list_band(wg.x, lid);
 }

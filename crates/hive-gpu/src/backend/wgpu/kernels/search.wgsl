@@ -159,6 +159,24 @@ var<workgroup> sel_prefix: u32;
 var<workgroup> sel_mask: u32;
 var<workgroup> sel_remaining: u32;
 
+// `acc` plus four terms of one query (`a`) against one row (`b`), in component order.
+fn accumulate4(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    var sum = acc;
+    if (p.metric == 0u) {
+        let d = a - b;
+        sum = sum + d.x * d.x;
+        sum = sum + d.y * d.y;
+        sum = sum + d.z * d.z;
+        sum = sum + d.w * d.w;
+    } else {
+        sum = sum + a.x * b.x;
+        sum = sum + a.y * b.y;
+        sum = sum + a.z * b.z;
+        sum = sum + a.w * b.w;
+    }
+    return sum;
+}
+
 // One row against one query. Rows whose length is a multiple of 4 are read 4 components per
 // load (`ROW4`): a thread per row touches a different cache line per thread and load, so
 // fewer, wider loads are what makes the scan fast. The sum runs over the components in order
@@ -169,21 +187,9 @@ fn row_distance(row: u32, qbase: u32) -> f32 {
         let words = p.dim >> 2u;
         let base = row * words;
         for (var w = 0u; w < words; w++) {
-            let b = ROW4(base + w);
             let c = qbase + 4u * w;
             let a = vec4<f32>(queries[c], queries[c + 1u], queries[c + 2u], queries[c + 3u]);
-            if (p.metric == 0u) {
-                let d = a - b;
-                acc = acc + d.x * d.x;
-                acc = acc + d.y * d.y;
-                acc = acc + d.z * d.z;
-                acc = acc + d.w * d.w;
-            } else {
-                acc = acc + a.x * b.x;
-                acc = acc + a.y * b.y;
-                acc = acc + a.z * b.z;
-                acc = acc + a.w * b.w;
-            }
+            acc = accumulate4(acc, a, ROW4(base + w));
         }
         return finish(acc, row);
     }
@@ -256,9 +262,8 @@ fn list_band(group: u32, lid: u32) {
     if (lid == 0u) { dist[list] = bitcast<f32>(atomicLoad(&sel_count)); }
 }
 
-@compute @workgroup_size(256)
-fn scan_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let first = wg.x * SELECT_ROWS;
+// The keys of the workgroup's rows (from `first`) into `sel_keys`, a thread per row.
+fn keys_per_thread(first: u32, lid: u32) {
     for (var i = lid; i < SELECT_ROWS; i += 256u) {
         let row = first + i;
         var key = DEAD_KEY;
@@ -267,5 +272,10 @@ fn scan_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         }
         sel_keys[i] = key;
     }
+}
+
+@compute @workgroup_size(256)
+fn scan_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    keys_per_thread(wg.x * SELECT_ROWS, lid);
     list_band(wg.x, lid);
 }
