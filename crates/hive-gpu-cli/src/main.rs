@@ -10,7 +10,7 @@ macro_rules! out {
 }
 
 /// A search returns one `Vec` per query, built on worker threads and freed by the caller. With
-/// glibc's allocator every batch faulted fresh pages in again: mimalloc made 10,000-query
+/// glibc's allocator each batch faulted fresh pages in (a perf profile): mimalloc made 10,000-query
 /// batches a few percent faster on the GPU machine (`docs/PERFORMANCE.md`), and building a
 /// million results twice as fast on two cores. The library leaves the allocator to the
 /// application; this binary picks mimalloc.

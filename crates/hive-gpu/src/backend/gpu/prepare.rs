@@ -8,6 +8,7 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::bounds::{self, Approximation};
+use crate::backend::cpu::simd::squared_norm_f64;
 use crate::types::GpuDistanceMetric;
 
 /// Batches of at least this many queries are prepared on several threads.
@@ -55,7 +56,7 @@ fn per_row<T: Send + Copy + Default>(
 }
 
 fn norm(v: &[f32]) -> f64 {
-    v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()
+    squared_norm_f64(v).sqrt()
 }
 
 /// Prepares `queries` (row-major, `dim` values each) for a search on `path`; `gate_path` is
