@@ -398,3 +398,27 @@ fn payloads_are_returned_on_request() {
         assert_eq!(rich[0].score, 1.0, "dot product score is q.x");
     }
 }
+
+/// A batch of several thousand queries is searched in pieces that overlap host and device
+/// work; every query must still get its own exact list, in the batch's order.
+#[test]
+fn large_batches_searched_in_pieces_keep_their_order() {
+    let (dim, n, nq, k) = (8, 300, 4500, 5);
+    for context in contexts() {
+        let mut rng = Rng::new(11);
+        let base = rng.normals(n * dim);
+        let queries = rng.normals(nq * dim);
+        let metric = GpuDistanceMetric::Euclidean;
+        let storage = context.create_storage(dim, metric).expect("storage");
+        let vectors = fill(&storage, &base, dim, StoragePrecision::F32);
+        let by_id: HashMap<&str, &[f32]> =
+            vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+        let batch = storage.search_batch(&queries, k).expect("batch search");
+        assert_eq!(batch.len(), nq, "{}: one list per query", context.backend_type());
+        for (qi, q) in queries.chunks_exact(dim).enumerate() {
+            let want = reference(metric, &vectors, q, k);
+            let what = format!("{} large batch, query {qi}", context.backend_type());
+            assert_exact(&what, metric, &batch[qi], &want, &by_id, q);
+        }
+    }
+}

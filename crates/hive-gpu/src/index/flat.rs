@@ -6,7 +6,8 @@ use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, GpuSearchResult, SearchOptions};
 use rayon::prelude::*;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// The public score of a canonical distance (see [`GpuSearchResult`] for the meanings).
 pub(crate) fn score(metric: GpuDistanceMetric, distance: f64) -> f32 {
@@ -45,10 +46,104 @@ pub(crate) fn search(
         return Err(HiveGpuError::EmptyCollection);
     }
     let k = k.min(collection.len());
-    let neighbours = collection.rows().knn(queries, k, config.metric)?;
+    let pieces = Pieces::of(queries.len() / dim);
+    if pieces.count == 1 {
+        let neighbours = collection.rows().knn(queries, k, config.metric)?;
+        return to_results(collection, neighbours, k, options);
+    }
+    // Pieces are searched by `WORKERS` threads in turn, and each piece's results are built on
+    // other threads while its worker searches the next: the device is not left idle while
+    // the host prepares queries or builds result structures.
+    let done: Vec<OnceLock<Result<Vec<Vec<GpuSearchResult>>>>> =
+        (0..pieces.count).map(|_| OnceLock::new()).collect();
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    rayon::scope(|scope| {
+        for _ in 0..pieces.workers {
+            scope.spawn(|scope| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= pieces.count || failed.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let range = pieces.range(i, queries.len() / dim);
+                    let piece = &queries[range.start * dim..range.end * dim];
+                    match collection.rows().knn(piece, k, config.metric) {
+                        Ok(neighbours) => {
+                            let slot = &done[i];
+                            scope.spawn(move |_| {
+                                let _ = slot.set(to_results(collection, neighbours, k, options));
+                            });
+                        }
+                        Err(e) => {
+                            failed.store(true, Ordering::Relaxed);
+                            let _ = done[i].set(Err(e));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let nq = queries.len() / dim;
+    let mut results = Vec::with_capacity(nq);
+    for (i, piece) in done.into_iter().enumerate() {
+        let found = match piece.into_inner() {
+            Some(Ok(found)) => found,
+            // Pieces side by side need more device memory than one alone: a piece that ran
+            // out of it, and those skipped after it, run again on their own.
+            Some(Err(HiveGpuError::VramLimitExceeded { .. })) | None => {
+                let range = pieces.range(i, nq);
+                let piece = &queries[range.start * dim..range.end * dim];
+                to_results(collection, collection.rows().knn(piece, k, config.metric)?, k, options)?
+            }
+            Some(Err(e)) => return Err(e),
+        };
+        results.extend(found);
+    }
+    Ok(results)
+}
+
+/// How a batch is cut for [`search`]: `count` pieces of at most `size` queries, searched by
+/// `workers` threads.
+struct Pieces {
+    count: usize,
+    size: usize,
+    workers: usize,
+}
+
+impl Pieces {
+    fn of(nq: usize) -> Self {
+        if nq < 2 * PIECE_QUERIES {
+            return Self { count: 1, size: nq, workers: 1 };
+        }
+        let count = nq.div_ceil(PIECE_QUERIES);
+        Self { count, size: nq.div_ceil(count), workers: WORKERS }
+    }
+
+    fn range(&self, i: usize, nq: usize) -> std::ops::Range<usize> {
+        i * self.size..((i + 1) * self.size).min(nq)
+    }
+}
+
+/// Queries per piece of a large batch: enough to fill a big GPU (2,048 queries are 16 x 245
+/// blocks of the fused filter over a million rows), few enough that pieces overlap host and
+/// device work. Measured on the H200 against 1,024 and 3,334 (docs/PERFORMANCE.md).
+const PIECE_QUERIES: usize = 2048;
+/// Pieces searched at once: with 3 or 4, one piece's host work always has a device
+/// piece beside it (1 and 2 left the device idle; docs/PERFORMANCE.md).
+const WORKERS: usize = 4;
+
+/// The public results of one piece's neighbours.
+fn to_results(
+    collection: &Collection,
+    neighbours: Vec<Vec<Neighbor>>,
+    k: usize,
+    options: SearchOptions,
+) -> Result<Vec<Vec<GpuSearchResult>>> {
+    let config = *collection.config();
     let began = std::time::Instant::now();
     // Built on one thread, a big batch's results cost more than the GPU search itself.
-    let to_results = |list: Vec<Neighbor>| -> Result<Vec<GpuSearchResult>> {
+    let one = |list: Vec<Neighbor>| -> Result<Vec<GpuSearchResult>> {
         list.into_iter()
             .map(|n| {
                 let (id, metadata) = collection.entry(n.slot).ok_or_else(|| {
@@ -64,9 +159,9 @@ pub(crate) fn search(
             .collect()
     };
     let results = if neighbours.len() * k >= PARALLEL_RESULTS {
-        neighbours.into_par_iter().map(to_results).collect()
+        neighbours.into_par_iter().map(one).collect()
     } else {
-        neighbours.into_iter().map(to_results).collect()
+        neighbours.into_iter().map(one).collect()
     };
     if profiling() {
         eprintln!("hive-gpu profile (results, ms): {:.3}", began.elapsed().as_secs_f64() * 1e3);

@@ -17,8 +17,8 @@ pub(crate) const TENSOR_NAMES: &[&str] = &["hg_mma_filter_tf32", "hg_mma_filter_
 
 /// Dynamic shared memory of the `hg_mma_filter` kernels for elements of `element` bytes and
 /// rows of `dim` of them: the resident query tile (128 lines of whole 128-byte steps plus 4
-/// words) and the staged steps of 128 rows (36 words each; 2 stages for f32, 3 for f16), as
-/// `kernels/fused.cu` lays them out.
+/// words) and the staged steps of 128 rows (36 words each, the last 4 holding norms; 2 stages
+/// for f32, 3 for f16), as `kernels/fused.cu` lays them out.
 pub(crate) fn mma_shared_bytes(element: usize, dim: usize) -> usize {
     let query_pitch = (element * dim).div_ceil(128) * 32 + 4;
     let stages = if element == 4 { 2 } else { 3 };

@@ -89,6 +89,31 @@ __device__ void hg_bitonic(u64* keys, u32* vals, u32 n) {
     }
 }
 
+// Ascending sort of n <= blockDim.x (key, value) pairs in shared memory by rank: each thread
+// counts the pairs before its own and moves it there. Two barriers instead of the bitonic
+// network's log2(n)^2 / 2, for a lone block whose barriers nothing else overlaps; more
+// instructions, so blocks that share a multiprocessor keep the bitonic sort. Every thread of
+// the block must call it.
+__device__ void hg_rank_sort(u64* keys, u32* vals, u32 n) {
+    u32 i = threadIdx.x, rank = 0, val = 0;
+    u64 key = 0;
+    if (i < n) {
+        key = keys[i];
+        val = vals[i];
+        for (u32 j = 0; j < n; j++) {
+            u64 other = keys[j];
+            u32 ov = vals[j];
+            rank += other < key || (other == key && (ov < val || (ov == val && j < i)));
+        }
+    }
+    __syncthreads();
+    if (i < n) {
+        keys[rank] = key;
+        vals[rank] = val;
+    }
+    __syncthreads();
+}
+
 // Block-wide top-k with an error band. Shared layout: sh[0, kcap) is the sorted list,
 // sh[kcap, sortn) the buffer of new candidates. `state` lives in shared memory.
 struct HgTopK {

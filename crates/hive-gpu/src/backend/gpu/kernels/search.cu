@@ -5,7 +5,7 @@
 // Vector path (dimension a multiple of 4): HG_LPR lanes share a row and load 4 elements at a
 // time (16 bytes of f32, 8 of f16); a warp covers HG_WARP / HG_LPR rows HG_RPL times per pass.
 #define HG_LPR 8
-#define HG_RPL 2
+#define HG_RPL 4
 
 // Approximate distance of `rows_n` consecutive rows starting at `first` (warp-cooperative;
 // every lane gets every result). The element type is a template so f32 and f16 share it.
@@ -15,11 +15,26 @@ template <> __device__ __forceinline__ float hg_load<u16>(const u16* p, u64 i) {
 
 // Four consecutive elements from a 4-element-aligned index.
 template <typename T> __device__ __forceinline__ float4 hg_load4(const T* p, u64 i);
+// Stored rows are read once per search: on CUDA 8.0+ they bypass L1 and ask L2 to fetch
+// 256-byte blocks, which keeps more of DRAM's bandwidth busy for a streaming scan.
 template <> __device__ __forceinline__ float4 hg_load4<float>(const float* p, u64 i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+        : "l"(p + i));
+    return v;
+#else
     return *(const float4*)(p + i);
+#endif
 }
 template <> __device__ __forceinline__ float4 hg_load4<u16>(const u16* p, u64 i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p + i));
+#else
     uint2 v = *(const uint2*)(p + i);
+#endif
     return make_float4(hg_h2f((u16)(v.x & 0xffffu)), hg_h2f((u16)(v.x >> 16)), hg_h2f((u16)(v.y & 0xffffu)),
                        hg_h2f((u16)(v.y >> 16)));
 }
@@ -361,6 +376,46 @@ __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, dou
     return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
 }
 
+// The same exact f64 distance as hg_exact, by one thread: the terms are summed in the same
+// order, so the two agree bit for bit. Finalize gives each candidate its own thread, which
+// has a chain of dim dependent additions instead of dim shuffles and additions per warp.
+template <typename T>
+__device__ double hg_exact_thread(const T* rows, u32 dim, u32 slot, const float* q, double q_norm, int metric) {
+    const T* x = rows + (u64)slot * dim;
+    double acc = 0.0, rr = 0.0;
+    for (u32 c0 = 0; c0 < dim; c0 += 4) {
+        float xs[4], qs[4];
+        if ((dim & 3u) == 0) {
+            float4 xv = hg_load4<T>(x, c0);
+            float4 qv = *(const float4*)(q + c0);
+            xs[0] = xv.x; xs[1] = xv.y; xs[2] = xv.z; xs[3] = xv.w;
+            qs[0] = qv.x; qs[1] = qv.y; qs[2] = qv.z; qs[3] = qv.w;
+        } else {
+#pragma unroll
+            for (u32 j = 0; j < 4; j++) {
+                xs[j] = c0 + j < dim ? hg_load<T>(x, c0 + j) : 0.0f;
+                qs[j] = c0 + j < dim ? q[c0 + j] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (u32 j = 0; j < 4; j++) {
+            if (c0 + j >= dim) break;
+            double xv = (double)xs[j], qv = (double)qs[j];
+            if (metric == HG_L2) {
+                double d = __dsub_rn(qv, xv);
+                acc = __dadd_rn(acc, __dmul_rn(d, d));
+            } else {
+                acc = __dadd_rn(acc, __dmul_rn(qv, xv));
+                if (metric == HG_COS) rr = __dadd_rn(rr, __dmul_rn(xv, xv));
+            }
+        }
+    }
+    if (metric == HG_L2) return acc;
+    if (metric == HG_DOT) return __dadd_rn(-acc, 0.0);
+    double norm = sqrt(rr);
+    return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
+}
+
 // The k-th smallest (1 <= k <= count) of `count` keys in shared memory: four rounds of an
 // 8-bit radix select, each a histogram of the keys that match the digits found so far and a
 // prefix sum over its 256 bins. `bins` is shared room for 256 counters, `state` for two words.
@@ -369,6 +424,7 @@ __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, dou
 #error "hg_block_kth gives each of its 256 bins to one thread"
 #endif
 __device__ u32 hg_block_kth(const u32* keys, u32 count, u32 k, u32* bins, u32* state) {
+    __shared__ u32 totals[HG_BLOCK / 32];
     u32 t = threadIdx.x;
     if (t == 0) {
         state[0] = 0;
@@ -384,15 +440,20 @@ __device__ u32 hg_block_kth(const u32* keys, u32 count, u32 k, u32* bins, u32* s
             if ((key & high) == prefix) atomicAdd(&bins[(key >> shift) & 255u], 1u);
         }
         __syncthreads();
-        for (u32 offset = 1; offset < 256; offset <<= 1) {
-            u32 add = t >= offset ? bins[t - offset] : 0u;
-            __syncthreads();
-            bins[t] += add;
-            __syncthreads();
+        // Inclusive prefix sum of the bins: within each warp by shuffles, then over the
+        // warps' totals (three barriers a round instead of sixteen).
+        u32 count_t = bins[t], lane = t % HG_WARP, w = t / HG_WARP;
+        u32 incl = count_t;
+        for (u32 o = 1; o < HG_WARP; o <<= 1) {
+            u32 y = HG_SHFL(incl, (lane + HG_WARP - o) % HG_WARP);
+            if (lane >= o) incl += y;
         }
+        if (lane == HG_WARP - 1) totals[w] = incl;
+        __syncthreads();
+        for (u32 i = 0; i < w; i++) incl += totals[i];
         // Exactly one bin holds the rem-th matching key: the digit of this round.
-        u32 below = t == 0 ? 0u : bins[t - 1];
-        if (below < rem && bins[t] >= rem) {
+        u32 below = incl - count_t;
+        if (below < rem && incl >= rem) {
             state[0] = prefix | (t << shift);
             state[1] = rem - below;
         }
@@ -536,14 +597,13 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     __syncthreads();
     for (u32 i = threadIdx.x; i < cp; i += blockDim.x) sh[i] = HG_NONE;
     __syncthreads();
-    u32 warps = blockDim.x / HG_WARP, warp = threadIdx.x / HG_WARP, lane = threadIdx.x % HG_WARP;
     const float* qv = queries + (u64)q * dim;
-    for (u32 i = warp; i < c; i += warps) {
-        double d = hg_exact<T>(rows, dim, slots[i], qv, q_norms[q], metric);
-        if (lane == 0) sh[i] = hg_f64_key(d);
-    }
+    double q_norm = q_norms[q];
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) sh[i] = hg_f64_key(hg_exact_thread<T>(rows, dim, slots[i], qv, q_norm, metric));
     __syncthreads();
-    hg_bitonic(sh, slots, cp);
+    // One query per launch leaves the block alone on the device: fewer barriers win.
+    if (gridDim.x == 1 && cp <= blockDim.x) hg_rank_sort(sh, slots, cp);
+    else hg_bitonic(sh, slots, cp);
     for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
         out_slots[(u64)q * k + i] = slots[i];
         out_dist[(u64)q * k + i] = hg_key_f64(sh[i]);
