@@ -96,6 +96,7 @@ kernel_table!(
     norms_f32,
     norms_f16,
     gather,
+    strided_norms,
     gemm_tn_f32,
     gemm_tn_f16,
 );

@@ -102,6 +102,8 @@ pub(super) struct Workspace<D: Driver> {
     pub(super) radix: Scratch<D>,
     /// Results of the fused filter's sample search.
     pub(super) sample: Scratch<D>,
+    /// The sample's norms, side by side.
+    pub(super) sample_norms: Scratch<D>,
     /// The fused filter's per-query thresholds and smallest dropped entries.
     pub(super) fused_state: Scratch<D>,
     /// The fused filter's candidate buffers and their fill counts.
@@ -128,6 +130,7 @@ impl<D: Driver> Workspace<D> {
             slots: Scratch::new(),
             radix: Scratch::new(),
             sample: Scratch::new(),
+            sample_norms: Scratch::new(),
             fused_state: Scratch::new(),
             fused_cand: Scratch::new(),
             fused_counts: Scratch::new(),

@@ -659,6 +659,21 @@ impl<D: Driver> GpuRows<D> {
         let evicted = ws.evicted.get(&driver, states * 8)?;
         let thresholds = ws.thresholds.get(&driver, states * 4)?;
         let (rows, norms, dead) = self.arrays_ptrs()?;
+        // The selection reads a sample's norms by sample row: gather them side by side.
+        let norms = if stride > 1 && metric != GpuDistanceMetric::DotProduct {
+            let gathered = ws.sample_norms.get(&driver, n * 4)?;
+            driver.launch(
+                &ws.stream,
+                self.device.kernels.strided_norms,
+                (n.div_ceil(BLOCK as usize).min(1024) as u32, 1),
+                BLOCK,
+                0,
+                &[Arg::Ptr(norms), Arg::U32(stride as u32), Arg::U32(n as u32), Arg::Ptr(gathered)],
+            )?;
+            gathered
+        } else {
+            norms
+        };
         let (inputs_kind, queries, element) = match path {
             Approximation::GemmF16 { .. } => (GemmInputs::F16, inputs.half, 2u64),
             Approximation::GemmTf32 => (GemmInputs::Tf32, inputs.approx, 4),

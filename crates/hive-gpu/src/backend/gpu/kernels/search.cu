@@ -215,7 +215,8 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
 
 // grid (S, qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
 // dimension ldc, covering rows [row0, row0 + tile_rows) of a sample that takes every
-// `stride`-th slot: row r is slot r * stride) into each query's candidate lists.
+// `stride`-th slot: row r is slot r * stride) into each query's candidate lists. `norms` are
+// the sample's, indexed by sample row (the collection's own when stride = 1).
 // Block (s, q) takes columns [s * seg, (s + 1) * seg) of the tile (seg a multiple of 4) and
 // keeps its own state (index q * S + s: list, smallest evicted entry, filter threshold) in
 // global memory, so few queries still fill the device. The list is only read and written when
@@ -250,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
     __syncthreads();
     const float* row = dots + (u64)q * ldc + col0;
     row0 += col0;
-    bool aligned = stride == 1 && ((row0 | col0 | ldc) & 3u) == 0;
+    bool aligned = ((row0 | col0 | ldc) & 3u) == 0;
     float dot_scale = inv_scale ? inv_scale[q] : 1.0f;
     u32 round = blockDim.x * HG_TILE_PER_THREAD;
     u32 bcap = sortn - kcap;
@@ -275,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     v[e] = j + e < cols ? row[j + e] : 0.0f;
-                    nv[e] = (j + e < cols && metric != HG_DOT) ? norms[(row0 + j + e) * stride] : 0.0f;
+                    nv[e] = (j + e < cols && metric != HG_DOT) ? norms[row0 + j + e] : 0.0f;
                 }
             }
 #pragma unroll

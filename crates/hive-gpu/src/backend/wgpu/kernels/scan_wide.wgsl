@@ -4,7 +4,7 @@
 // contiguous stretches of rows; with a thread per row every load touched a different cache
 // line per thread. The eight partial sums meet by shuffles in the CUDA scan's order (piece
 // s + 8j in lane s, then xor 4, 2, 1), which the host's error bound for scans covers.
-// Each group of eight takes two rows per round, so more loads are in flight.
+// Each group of eight takes four rows per round, so more loads are in flight.
 
 fn wide_partial(row: u32, part: u32, words: u32) -> f32 {
     var acc = 0.0;
@@ -52,17 +52,27 @@ fn scan_select_wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         keys_per_thread(first, lid);
     } else {
         // Every lane runs the same rounds, so the shuffles see whole subgroups.
-        for (var base = 0u; base < SELECT_ROWS; base += 2u * groups) {
+        for (var base = 0u; base < SELECT_ROWS; base += 4u * groups) {
             let r0 = base + group;
             let r1 = r0 + groups;
+            let r2 = r1 + groups;
+            let r3 = r2 + groups;
             var a0 = 0.0;
             var a1 = 0.0;
+            var a2 = 0.0;
+            var a3 = 0.0;
             if (r0 < SELECT_ROWS && first + r0 < p.n_rows) { a0 = wide_partial(first + r0, part, words); }
             if (r1 < SELECT_ROWS && first + r1 < p.n_rows) { a1 = wide_partial(first + r1, part, words); }
+            if (r2 < SELECT_ROWS && first + r2 < p.n_rows) { a2 = wide_partial(first + r2, part, words); }
+            if (r3 < SELECT_ROWS && first + r3 < p.n_rows) { a3 = wide_partial(first + r3, part, words); }
             a0 = wide_sum(a0);
             a1 = wide_sum(a1);
+            a2 = wide_sum(a2);
+            a3 = wide_sum(a3);
             if (part == 0u && r0 < SELECT_ROWS) { wide_key(r0, first, a0); }
             if (part == 0u && r1 < SELECT_ROWS) { wide_key(r1, first, a1); }
+            if (part == 0u && r2 < SELECT_ROWS) { wide_key(r2, first, a2); }
+            if (part == 0u && r3 < SELECT_ROWS) { wide_key(r3, first, a3); }
         }
     }
     list_band(wg.x, lid);
