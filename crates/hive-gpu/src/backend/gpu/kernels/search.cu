@@ -477,7 +477,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     __shared__ HgTopK st;
     __shared__ u32 band_count;
     __shared__ u64 tau;
-    __shared__ u32 overflow, lost;
+    __shared__ u32 overflow, lost, direct;
     __shared__ u32 radix_state[2];
     u64* sh = hg_smem;
     u32 q = blockIdx.x;
@@ -485,6 +485,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
         tau = HG_NONE;
         overflow = 0;
         lost = 0;
+        direct = 0;
     }
     float mul = gate_mul[q], add = gate_add[q];
     const u64* in = lists + (u64)q * S * kcap_in;
@@ -546,7 +547,13 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
                 }
             }
             __syncthreads();
-            if (!overflow) {
+            if (!overflow && !sorted && st.count <= kcap) {
+                // tau is the k-th smallest entry of all, so what was collected is the band
+                // itself: it goes to the re-rank unsorted (in sh[0, count)), without a merge.
+                for (u32 i = threadIdx.x; i < st.count; i += blockDim.x) sh[i] = sh[kcap + i];
+                if (threadIdx.x == 0) direct = 1;
+                __syncthreads();
+            } else if (!overflow) {
                 if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
             } else {
                 __syncthreads();
@@ -575,9 +582,9 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
         if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
     }
     __syncthreads();
-    float band = hg_band(hg_entry_dist(sh[k - 1]), mul, add);
+    float band = hg_band(hg_entry_dist(direct ? tau : sh[k - 1]), mul, add);
     if (threadIdx.x == 0) {
-        band_count = 0;
+        band_count = direct ? st.count : 0;
         if (st.evicted != HG_NONE && hg_entry_dist(st.evicted) <= band) {
             flags[q] = 1;
             lost = 1;
@@ -585,7 +592,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     }
     __syncthreads();
     if (lost) return;
-    for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) {
+    for (u32 i = threadIdx.x; i < kcap && !direct; i += blockDim.x) {
         if (sh[i] != HG_NONE && hg_entry_dist(sh[i]) <= band) atomicMax(&band_count, i + 1);
     }
     __syncthreads();
