@@ -170,12 +170,15 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
             factor[nt][e2] = (METRIC == HG_L2 ? -2.0f : -1.0f) * scale;
         }
     float acc[4][4][4];
+    auto clear = [&]() {
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+        for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+            for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+                for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    };
+    clear();
 
     // ldmatrix row addresses of this lane: lanes 8i..8i+7 name the rows of matrix i. For the
     // row fragment, matrices are (rows 0-7 | 8-15) x (words 0-3 | 4-7), row half first; for a
@@ -255,12 +258,7 @@ __device__ void hg_mma_filter(const T* rows, const float* norms, const u32* dead
                                             dead, cap, cand, counts, evicted);
                         }
         }
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+        clear();
     }
     hg_copy_wait<0>();
 }

@@ -341,6 +341,15 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
     }
 }
 
+// The canonical distance from the sums in component order: acc of the squared differences
+// (L2) or of the products, rr of the row's squares (cosine only).
+__device__ __forceinline__ double hg_exact_finish(double acc, double rr, double q_norm, int metric) {
+    if (metric == HG_L2) return acc;
+    if (metric == HG_DOT) return __dadd_rn(-acc, 0.0);
+    double norm = sqrt(rr);
+    return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
+}
+
 // Exact f64 canonical distance of a stored row (warp-cooperative; every lane gets it). The
 // arithmetic is the host reference's, operation for operation: each term rounded on its own
 // (no fused multiply-add) and the terms summed in component order, so distances that differ
@@ -371,10 +380,7 @@ __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, dou
             if (metric == HG_COS) rr = __dadd_rn(rr, HG_SHFL(square, j));
         }
     }
-    if (metric == HG_L2) return acc;
-    if (metric == HG_DOT) return __dadd_rn(-acc, 0.0);
-    double norm = sqrt(rr);
-    return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
+    return hg_exact_finish(acc, rr, q_norm, metric);
 }
 
 // The same exact f64 distance as hg_exact, by one thread: the terms are summed in the same
@@ -411,10 +417,7 @@ __device__ double hg_exact_thread(const T* rows, u32 dim, u32 slot, const float*
             }
         }
     }
-    if (metric == HG_L2) return acc;
-    if (metric == HG_DOT) return __dadd_rn(-acc, 0.0);
-    double norm = sqrt(rr);
-    return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
+    return hg_exact_finish(acc, rr, q_norm, metric);
 }
 
 // The k-th smallest (1 <= k <= count) of `count` keys in shared memory: four rounds of an
