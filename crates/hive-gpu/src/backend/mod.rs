@@ -88,6 +88,9 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// Exact k nearest live rows for each query of a row-major batch, best first, ties by slot.
     /// `k` must be at least 1 and at most the number of live rows.
     fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>>;
+    /// Frees the scratch memory idle searches keep for reuse (a GPU backend's workspaces).
+    /// Called before a search that ran out of device memory beside others runs again alone.
+    fn release_scratch(&self) {}
 }
 
 /// The argument check every [`GpuBackend::new_rows`] starts with.

@@ -92,6 +92,8 @@ pub(crate) fn search(
             // Pieces side by side need more device memory than one alone: a piece that ran
             // out of it, and those skipped after it, run again on their own.
             Some(Err(HiveGpuError::VramLimitExceeded { .. })) | None => {
+                // The other pieces' idle workspaces would keep their memory: free them first.
+                collection.rows().release_scratch();
                 let range = pieces.range(i, nq);
                 let piece = &queries[range.start * dim..range.end * dim];
                 to_results(collection, collection.rows().knn(piece, k, config.metric)?, k, options)?

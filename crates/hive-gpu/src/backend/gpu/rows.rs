@@ -175,9 +175,7 @@ impl<D: Driver> GpuRows<D> {
         match attempt {
             // Idle search workspaces hold scratch memory: release them and try once more.
             Err(HiveGpuError::VramLimitExceeded { .. }) => {
-                if let Ok(mut pool) = self.pool.lock() {
-                    pool.clear();
-                }
+                self.release_scratch();
                 self.grow_to(needed)
             }
             other => other,
@@ -447,6 +445,12 @@ impl<D: Driver> RowStore for GpuRows<D> {
             }
         }
         self.search(queries, k, metric)
+    }
+
+    fn release_scratch(&self) {
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.clear();
+        }
     }
 }
 
