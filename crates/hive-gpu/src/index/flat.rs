@@ -46,7 +46,8 @@ pub(crate) fn search(
         return Err(HiveGpuError::EmptyCollection);
     }
     let k = k.min(collection.len());
-    let pieces = Pieces::of(queries.len() / dim);
+    let nq = queries.len() / dim;
+    let pieces = Pieces::of(nq);
     if pieces.count == 1 {
         let neighbours = collection.rows().knn(queries, k, config.metric)?;
         return to_results(collection, neighbours, k, options);
@@ -66,7 +67,7 @@ pub(crate) fn search(
                     if i >= pieces.count || failed.load(Ordering::Relaxed) {
                         break;
                     }
-                    let range = pieces.range(i, queries.len() / dim);
+                    let range = pieces.range(i, nq);
                     let piece = &queries[range.start * dim..range.end * dim];
                     match collection.rows().knn(piece, k, config.metric) {
                         Ok(neighbours) => {
@@ -84,7 +85,6 @@ pub(crate) fn search(
             });
         }
     });
-    let nq = queries.len() / dim;
     let mut results = Vec::with_capacity(nq);
     for (i, piece) in done.into_iter().enumerate() {
         let found = match piece.into_inner() {
@@ -129,10 +129,10 @@ impl Pieces {
 
 /// Queries per piece of a large batch: enough to fill a big GPU (2,048 queries are 16 x 245
 /// blocks of the fused filter over a million rows), few enough that pieces overlap host and
-/// device work. Measured on the H200 against 1,024 and 3,334 (docs/PERFORMANCE.md).
+/// device work. Measured on the H200 against 1,024, 1,536 and 3,334 (docs/PERFORMANCE.md).
 const PIECE_QUERIES: usize = 2048;
-/// Pieces searched at once: with 3 or 4, one piece's host work always has a device
-/// piece beside it (1 and 2 left the device idle; docs/PERFORMANCE.md).
+/// Pieces searched at once, so that one piece's host work has others' device work beside it.
+/// On the H200, 1 and 2 were slower than 3 and 4, and 5 to 8 no faster (docs/PERFORMANCE.md).
 const WORKERS: usize = 4;
 
 /// The public results of one piece's neighbours.

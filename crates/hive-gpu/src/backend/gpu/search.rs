@@ -989,7 +989,7 @@ impl<D: Driver> GpuRows<D> {
         let padded = count.next_power_of_two();
         let keys = ws.keys.get(&driver, padded * 8)?;
         let slots = ws.slots.get(&driver, padded * 4)?;
-        let rerank_grid = padded.div_ceil((BLOCK / driver.warp_size()) as usize).min(65535) as u32;
+        let rerank_grid = padded.div_ceil(BLOCK as usize).min(65535) as u32;
         driver.launch(
             &ws.stream,
             if f16_rows { kernels.rerank_list_f16 } else { kernels.rerank_list_f32 },

@@ -350,44 +350,12 @@ __device__ __forceinline__ double hg_exact_finish(double acc, double rr, double 
     return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
 }
 
-// Exact f64 canonical distance of a stored row (warp-cooperative; every lane gets it). The
-// arithmetic is the host reference's, operation for operation: each term rounded on its own
-// (no fused multiply-add) and the terms summed in component order, so distances that differ
-// only in their last bits order the same way on every backend. Lanes load and form the terms
-// of HG_WARP components at a time; every lane then adds them in order (shuffles). Zero is
-// returned as +0, never -0 (keys would tell them apart).
+// Exact f64 canonical distance of a stored row, by one thread. The arithmetic is the host
+// reference's, operation for operation: each term rounded on its own (no fused multiply-add)
+// and the terms summed in component order, so distances that differ only in their last bits
+// order the same way on every backend. Re-ranks give each candidate its own thread.
 template <typename T>
 __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, double q_norm, int metric) {
-    u32 lane = threadIdx.x % HG_WARP;
-    const T* x = rows + (u64)slot * dim;
-    double acc = 0.0, rr = 0.0;
-    for (u32 c0 = 0; c0 < dim; c0 += HG_WARP) {
-        u32 c = c0 + lane;
-        double term = 0.0, square = 0.0;
-        if (c < dim) {
-            double xv = (double)hg_load<T>(x, c), qv = (double)q[c];
-            if (metric == HG_L2) {
-                double d = __dsub_rn(qv, xv);
-                term = __dmul_rn(d, d);
-            } else {
-                term = __dmul_rn(qv, xv);
-                square = __dmul_rn(xv, xv);
-            }
-        }
-        u32 count = min((u32)HG_WARP, dim - c0);
-        for (u32 j = 0; j < count; j++) {
-            acc = __dadd_rn(acc, HG_SHFL(term, j));
-            if (metric == HG_COS) rr = __dadd_rn(rr, HG_SHFL(square, j));
-        }
-    }
-    return hg_exact_finish(acc, rr, q_norm, metric);
-}
-
-// The same exact f64 distance as hg_exact, by one thread: the terms are summed in the same
-// order, so the two agree bit for bit. Finalize gives each candidate its own thread, which
-// has a chain of dim dependent additions instead of dim shuffles and additions per warp.
-template <typename T>
-__device__ double hg_exact_thread(const T* rows, u32 dim, u32 slot, const float* q, double q_norm, int metric) {
     const T* x = rows + (u64)slot * dim;
     double acc = 0.0, rr = 0.0;
     for (u32 c0 = 0; c0 < dim; c0 += 4) {
@@ -610,7 +578,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     __syncthreads();
     const float* qv = queries + (u64)q * dim;
     double q_norm = q_norms[q];
-    for (u32 i = threadIdx.x; i < c; i += blockDim.x) sh[i] = hg_f64_key(hg_exact_thread<T>(rows, dim, slots[i], qv, q_norm, metric));
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) sh[i] = hg_f64_key(hg_exact<T>(rows, dim, slots[i], qv, q_norm, metric));
     __syncthreads();
     // One query per launch leaves the block alone on the device: fewer barriers win.
     if (gridDim.x == 1 && cp <= blockDim.x) hg_rank_sort(sh, slots, cp);
@@ -674,18 +642,15 @@ extern "C" __global__ void hg_radix_collect(const float* dist, u32 n, u32* state
     }
 }
 
-// Exact f64 key of each candidate (warp per candidate); pads keys up to `padded` with HG_NONE.
+// Exact f64 key of each candidate (thread per candidate); pads keys up to `padded` with HG_NONE.
 template <typename T>
 __device__ void hg_rerank_list(const u32* cand, u32 count, u32 padded, const T* rows, u32 dim, const float* q,
                                double q_norm, int metric, u64* keys, u32* slots) {
-    u32 warps_total = gridDim.x * (blockDim.x / HG_WARP);
-    u32 warp = blockIdx.x * (blockDim.x / HG_WARP) + threadIdx.x / HG_WARP;
-    u32 lane = threadIdx.x % HG_WARP;
-    for (u32 i = warp; i < padded; i += warps_total) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < padded; i += gridDim.x * blockDim.x) {
         if (i < count) {
-            double d = hg_exact<T>(rows, dim, cand[i], q, q_norm, metric);
-            if (lane == 0) { keys[i] = hg_f64_key(d); slots[i] = cand[i]; }
-        } else if (lane == 0) {
+            keys[i] = hg_f64_key(hg_exact<T>(rows, dim, cand[i], q, q_norm, metric));
+            slots[i] = cand[i];
+        } else {
             keys[i] = HG_NONE;
             slots[i] = 0xffffffffu;
         }
