@@ -29,12 +29,13 @@ for suite in conformance fuzz_exactness; do
     (cd crates/hive-gpu && HIVE_GPU_OWN_GEMM=1 HIVE_GPU_TEST_BACKENDS=cuda HIVE_GPU_REQUIRE=cuda "../../.gpu/bin/$exe") 2>&1 |
         tee -a "$out/own-gemm.log"
 done
-# The fused tensor-core filter (compute capability 8.0+) on every batch, not only on
-# collections of 131,072 rows and more, with 3 row tiles per block so that small collections
-# cross tiles and blocks too: the conformance suite and the fuzzer again.
+# The fused tensor-core filters on every batch, not only on collections of 131,072 rows and
+# more: CUDA's (compute capability 8.0+, with 3 row tiles per block so that small collections
+# cross tiles and blocks too) and wgpu's cooperative-matrix filter on NVIDIA's Vulkan driver.
+# The conformance suite and the fuzzer again.
 for suite in conformance fuzz_exactness; do
     exe=$(awk -F'\t' -v s="$suite" 'index($1, s "-") == 1 {print $1; exit}' .gpu/tests.tsv)
     echo "== fused filter on every batch: $suite ($exe)"
-    (cd crates/hive-gpu && HIVE_GPU_FUSED_MIN_ROWS=1 HIVE_GPU_FUSED_TILES=3 HIVE_GPU_TEST_BACKENDS=cuda HIVE_GPU_REQUIRE=cuda "../../.gpu/bin/$exe") 2>&1 |
+    (cd crates/hive-gpu && HIVE_GPU_FUSED_MIN_ROWS=1 HIVE_GPU_FUSED_TILES=3 HIVE_GPU_TEST_BACKENDS=cuda,vulkan HIVE_GPU_REQUIRE=cuda,vulkan "../../.gpu/bin/$exe") 2>&1 |
         tee -a "$out/fused.log"
 done

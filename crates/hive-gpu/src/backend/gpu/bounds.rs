@@ -17,6 +17,9 @@ pub(crate) enum Approximation {
     GemmTf32,
     /// GEMM on f16 tensor cores with the query scaled by `scale` (a power of two).
     GemmF16 { scale: f64 },
+    /// wgpu cooperative matrices: f16 operands, the query scaled by `scale` (a power of two);
+    /// with `rows_rounded`, f32 rows are rounded to f16 too. Any f16 subnormal may be flushed.
+    CoopF16 { scale: f64, rows_rounded: bool },
 }
 
 /// `(mul, add)` of the gate for one query, given the query's norm (of the vector the kernels
@@ -42,11 +45,19 @@ pub(crate) fn gate(
         Approximation::Scan | Approximation::GemmF32 => gamma,
         // Operands truncated to 10 mantissa bits, accumulation possibly truncating.
         Approximation::GemmTf32 => 2.0 * 2f64.powi(-10) + 2f64.powi(-20) + 2.0 * gamma,
-        Approximation::GemmF16 { .. } => 2f64.powi(-11) * (1.0 + 2f64.powi(-11)) + 2.0 * gamma,
+        Approximation::GemmF16 { .. } | Approximation::CoopF16 { rows_rounded: false, .. } => {
+            2f64.powi(-11) * (1.0 + 2f64.powi(-11)) + 2.0 * gamma
+        }
+        // Both operands rounded to nearest: (1 + 2^-11)^2 - 1.
+        Approximation::CoopF16 { rows_rounded: true, .. } => {
+            2.0 * 2f64.powi(-11) + 2f64.powi(-22) + 2.0 * gamma
+        }
     };
-    // f16 query rounding below the subnormal step: 2^-25 per component of the scaled query.
+    // f16 query rounding below the subnormal step: 2^-25 per component of the scaled query,
+    // or 2^-14 where subnormals may be flushed.
     let f16_floor = |norm_x: f64| match path {
         Approximation::GemmF16 { scale } => 2f64.powi(-25) * d.sqrt() * norm_x / scale,
+        Approximation::CoopF16 { scale, .. } => 2f64.powi(-14) * d.sqrt() * norm_x / scale,
         _ => 0.0,
     };
     if path == Approximation::Scan && metric == GpuDistanceMetric::Euclidean {
@@ -65,7 +76,7 @@ pub(crate) fn gate(
 
 /// The power of two that brings the query's largest component near 2^15, so its f16 copy
 /// neither overflows (65504) nor loses more than it must to subnormals.
-pub(super) fn f16_scale(query: &[f32]) -> f64 {
+pub(crate) fn f16_scale(query: &[f32]) -> f64 {
     let max = query.iter().fold(0f32, |m, &x| m.max(x.abs()));
     if max == 0.0 {
         return 1.0;
@@ -93,6 +104,9 @@ mod tests {
         let g = |p| gate(GpuDistanceMetric::DotProduct, p, 10.0, 100.0, 128).1;
         assert!(g(Approximation::GemmF32) < g(Approximation::GemmF16 { scale: 1.0 }));
         assert!(g(Approximation::GemmF16 { scale: 1.0 }) < g(Approximation::GemmTf32));
+        let coop = |rows_rounded| g(Approximation::CoopF16 { scale: 1024.0, rows_rounded });
+        assert!(g(Approximation::GemmF16 { scale: 1024.0 }) <= coop(false));
+        assert!(coop(false) < coop(true) && coop(true) < g(Approximation::GemmTf32));
         let (mul, add) = gate(GpuDistanceMetric::Euclidean, Approximation::Scan, 1.0, 1.0, 128);
         assert!(mul > 1.0 && add >= 0.0);
     }

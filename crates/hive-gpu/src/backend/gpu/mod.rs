@@ -12,7 +12,7 @@ mod kernels;
 mod memory;
 mod prepare;
 mod rows;
-mod search;
+pub(crate) mod search;
 
 use std::sync::Arc;
 

@@ -33,10 +33,29 @@ const TILE_BYTES: usize = 256 << 20;
 /// Collections smaller than this take the GEMM tiles rather than the fused filter, whose
 /// sample search would be too small to give useful thresholds.
 const FUSED_MIN_ROWS: usize = 1 << 17;
-/// The fused filter's thresholds come from an exact search of every `SAMPLE_STRIDE`-th row.
-const SAMPLE_STRIDE: usize = 32;
+/// The fused filter's thresholds come from a search of every `SAMPLE_STRIDE`-th row.
+pub(crate) const SAMPLE_STRIDE: usize = 32;
 /// Candidate entries per query in the fused filter's buffer.
-const FUSED_CAP: usize = 2048;
+pub(crate) const FUSED_CAP: usize = 2048;
+
+/// The rank j in the sample (every `SAMPLE_STRIDE`-th of `len` slots, `live` of them live)
+/// whose distance gives a filter threshold for k neighbors: about 2k + 8 * SAMPLE_STRIDE rows
+/// of the collection are expected below it. None where the sample is too small for one.
+pub(crate) fn sample_rank(len: usize, live: usize, k: usize) -> Option<usize> {
+    let j = (2 * k).div_ceil(SAMPLE_STRIDE) + 8;
+    (len.div_ceil(SAMPLE_STRIDE) >= 4 * j && live >= len / 2).then_some(j)
+}
+
+/// The collection size from which batches take a fused filter: `FUSED_MIN_ROWS`, or
+/// `HIVE_GPU_FUSED_MIN_ROWS` (tests use 1 to run the filter on small collections).
+pub(crate) fn fused_min_rows() -> usize {
+    env_usize("HIVE_GPU_FUSED_MIN_ROWS").unwrap_or(FUSED_MIN_ROWS)
+}
+
+/// The candidate list size of a tensor-core path for k: room for its wider band.
+pub(crate) fn wide_list_size(k: usize) -> usize {
+    (k + (2 * k).max(128)).next_power_of_two()
+}
 
 fn align(bytes: usize) -> usize {
     bytes.div_ceil(256) * 256
@@ -246,9 +265,9 @@ impl<D: Driver> GpuRows<D> {
         let tensor_path = match path {
             Approximation::GemmF32 | Approximation::GemmTf32 => Approximation::GemmTf32,
             Approximation::GemmF16 { scale } => Approximation::GemmF16 { scale },
-            Approximation::Scan => return None,
+            Approximation::Scan | Approximation::CoopF16 { .. } => return None,
         };
-        let min_rows = env_usize("HIVE_GPU_FUSED_MIN_ROWS").unwrap_or(FUSED_MIN_ROWS);
+        let min_rows = fused_min_rows();
         let kcap = self.path_list_size(k, tensor_path);
         let fits = nq >= GEMM_MIN_QUERIES
             && self.len >= min_rows
@@ -264,8 +283,7 @@ impl<D: Driver> GpuRows<D> {
     /// The rank j whose sample distance gives the fused filter's thresholds, if the sample
     /// holds enough live rows for one.
     fn sample_rank(&self, k: usize) -> Option<usize> {
-        let j = (2 * k).div_ceil(SAMPLE_STRIDE) + 8;
-        (self.len.div_ceil(SAMPLE_STRIDE) >= 4 * j && self.live() >= self.len / 2).then_some(j)
+        sample_rank(self.len, self.live(), k)
     }
 
     fn fused_sort_size(kcap: usize) -> usize {
@@ -279,7 +297,7 @@ impl<D: Driver> GpuRows<D> {
 
     /// The list size on `path`: tensor-core passes have wider bands, so more room where it fits.
     fn path_list_size(&self, k: usize, path: Approximation) -> usize {
-        let wide = (k + (2 * k).max(128)).next_power_of_two();
+        let wide = wide_list_size(k);
         match path {
             Approximation::GemmTf32 | Approximation::GemmF16 { .. } if self.list_fits(wide) => wide,
             _ => list_size(k),

@@ -14,6 +14,7 @@
 //! Only the candidates come back; the exact f64 re-rank runs on the host copy of the rows,
 //! with the CPU backend's code.
 
+mod filter;
 mod rows;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use crate::backend::{GpuBackend, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuBackendType, GpuDeviceInfo, SearchPrecision, StoragePrecision};
 
+const KEYS_WGSL: &str = include_str!("kernels/keys.wgsl");
 const COMMON_WGSL: &str = include_str!("kernels/common.wgsl");
 const SEARCH_WGSL: &str = include_str!("kernels/search.wgsl");
 const SELECT_WGSL: &str = include_str!("kernels/select.wgsl");
@@ -134,6 +136,9 @@ pub(crate) struct Kernels {
     radix_hist: wgpu::ComputePipeline,
     radix_pick: wgpu::ComputePipeline,
     collect: wgpu::ComputePipeline,
+    /// Filter thresholds from the sample's radix select, and the selection of filter lists.
+    thresholds: wgpu::ComputePipeline,
+    select_lists: wgpu::ComputePipeline,
 }
 
 /// The device a wgpu collection lives on.
@@ -144,6 +149,8 @@ pub(crate) struct WgpuDevice {
     info: GpuDeviceInfo,
     limits: wgpu::Limits,
     kernels: Kernels,
+    /// The tensor-core filter, where the adapter has cooperative matrices.
+    filter: Option<filter::FilterKernels>,
     /// Errors wgpu reports outside an error scope (kept, never a panic).
     uncaptured: Arc<Mutex<Option<String>>>,
     /// The host-visible buffer every upload goes through, shared by the device's collections.
@@ -222,23 +229,48 @@ impl WgpuBackend {
             && details.subgroup_min_size == details.subgroup_max_size
             && 256 % details.subgroup_min_size == 0
             && std::env::var("HIVE_GPU_WGPU_SUBGROUPS").as_deref() != Ok("0");
+        let coop = filter::adapter_supports(adapter);
         let request = |features: wgpu::Features| {
+            let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                // SAFETY: wgpu calls cooperative matrices experimental (possible bugs in its
+                // implementation, not in the caller's use). The filter kernel only loads and
+                // stores fragments inside its workgroup arrays and bound buffers, and every
+                // candidate it yields is re-ranked in f64 and proven complete on the host's
+                // bounds, so a wrong product can cost a re-run, never a wrong answer.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            };
             pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some("hive-gpu"),
                 required_features: features,
                 required_limits: limits.clone(),
+                experimental_features: experimental,
                 ..Default::default()
             }))
         };
-        // Subgroups only speed up single queries: an adapter that refuses them still serves.
-        let (device, queue, subgroups) = match subgroups.then(|| request(wgpu::Features::SUBGROUP)) {
-            Some(Ok((device, queue))) => (device, queue, true),
-            _ => {
+        // The filter and subgroups only speed searches up: an adapter that refuses them still
+        // serves, with what it grants.
+        let mut wishes = Vec::new();
+        if coop {
+            wishes.push(filter::features());
+        }
+        if subgroups {
+            wishes.push(wgpu::Features::SUBGROUP);
+        }
+        let granted = wishes.into_iter().find_map(|features| request(features).ok().map(|d| (d, features)));
+        let (device, queue, features) = match granted {
+            Some(((device, queue), features)) => (device, queue, features),
+            None => {
                 let (device, queue) = request(wgpu::Features::empty())
                     .map_err(|e| unavailable(format!("the adapter refused a device: {e}")))?;
-                (device, queue, false)
+                (device, queue, wgpu::Features::empty())
             }
         };
+        let subgroups = subgroups && features.contains(wgpu::Features::SUBGROUP);
+        let filter = features
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            .then(|| filter::FilterKernels::new(&device));
         let uncaptured = Arc::new(Mutex::new(None));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -247,17 +279,18 @@ impl WgpuBackend {
             }
         }));
         let kernels = Self::kernels(&device, subgroups);
-        let info = adapter_info(
-            adapter,
-            ordinal,
-            Some(if kernels.scan_select_wide.is_some() {
-                "f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16; \
-                 single queries scan 8 lanes per row (subgroups)"
-            } else {
-                "f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16"
-            }),
-        );
-        Ok(WgpuDevice { device, queue, info, limits, kernels, uncaptured, staging: Mutex::new(None) })
+        let mut note =
+            String::from("f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16");
+        if kernels.scan_select_wide.is_some() {
+            note.push_str("; single queries scan 8 lanes per row (subgroups)");
+        }
+        if filter.is_some() {
+            note.push_str(
+                "; batches filter on cooperative matrices (f16 tensor cores), then re-rank exactly",
+            );
+        }
+        let info = adapter_info(adapter, ordinal, Some(&note));
+        Ok(WgpuDevice { device, queue, info, limits, kernels, filter, uncaptured, staging: Mutex::new(None) })
     }
 
     fn kernels(device: &wgpu::Device, subgroups: bool) -> Kernels {
@@ -302,8 +335,8 @@ impl WgpuBackend {
                 cache: None,
             })
         };
-        let search = format!("{COMMON_WGSL}\n{SEARCH_WGSL}");
-        let select = format!("{COMMON_WGSL}\n{SELECT_WGSL}");
+        let search = format!("{KEYS_WGSL}\n{COMMON_WGSL}\n{SEARCH_WGSL}");
+        let select = format!("{KEYS_WGSL}\n{COMMON_WGSL}\n{SELECT_WGSL}");
         // Rows are bound as 16-byte (f32) or 8-byte (f16) vectors of 4 components, so that a
         // row of a length divisible by 4 loads in wide pieces; buffers are sized to whole vectors.
         let f32_rows = |source: &str| {
@@ -354,6 +387,8 @@ impl WgpuBackend {
             radix_hist: pipeline(&select_layout, &select, "radix_hist"),
             radix_pick: pipeline(&select_layout, &select, "radix_pick"),
             collect: pipeline(&select_layout, &select, "collect"),
+            thresholds: pipeline(&select_layout, &select, "thresholds"),
+            select_lists: pipeline(&select_layout, &select, "select_lists"),
             search_layout,
             select_layout,
         }

@@ -20,11 +20,11 @@ use crate::types::{GpuDistanceMetric, StoragePrecision};
 /// Bytes of one kernel parameter block (16 words, `Params` in `common.wgsl`).
 pub(super) const PARAMS_BYTES: u64 = 64;
 /// Parameter blocks sit at this alignment (the largest `min_uniform_buffer_offset_alignment`).
-const PARAMS_STRIDE: u64 = 256;
+pub(super) const PARAMS_STRIDE: u64 = 256;
 /// Workgroups per dispatch dimension allowed by every adapter.
-const MAX_GROUPS: usize = 65_535;
+pub(super) const MAX_GROUPS: usize = 65_535;
 /// Workgroups per selection dispatch over all the queries of a tile.
-const SELECT_GROUPS: usize = 16_384;
+pub(super) const SELECT_GROUPS: usize = 16_384;
 /// Rows per workgroup of `scan_select` (`SELECT_ROWS` in `search.wgsl`).
 const SELECT_ROWS: usize = 2048;
 /// The largest k single queries select with `scan_select` lists; larger k takes the radix
@@ -32,47 +32,51 @@ const SELECT_ROWS: usize = 2048;
 const LIST_MAX_K: usize = 256;
 
 #[derive(Debug)]
-struct Chunk {
-    rows: wgpu::Buffer,
-    scale: wgpu::Buffer,
-    first: usize,
+pub(super) struct Chunk {
+    pub(super) rows: wgpu::Buffer,
+    pub(super) scale: wgpu::Buffer,
+    pub(super) first: usize,
     capacity: usize,
 }
 
 /// Per-search buffers, grown on demand and reused; the bind groups over them are rebuilt only
 /// when a buffer or the row chunks change.
 #[derive(Debug, Default)]
-struct Work {
-    params: Option<wgpu::Buffer>,
+pub(super) struct Work {
+    pub(super) params: Option<wgpu::Buffer>,
     queries: Option<wgpu::Buffer>,
-    dist: Option<wgpu::Buffer>,
-    state: Option<wgpu::Buffer>,
-    hist: Option<wgpu::Buffer>,
-    cand: Option<wgpu::Buffer>,
-    gate: Option<wgpu::Buffer>,
-    readback: Option<wgpu::Buffer>,
+    pub(super) dist: Option<wgpu::Buffer>,
+    pub(super) state: Option<wgpu::Buffer>,
+    pub(super) hist: Option<wgpu::Buffer>,
+    pub(super) cand: Option<wgpu::Buffer>,
+    pub(super) gate: Option<wgpu::Buffer>,
+    pub(super) readback: Option<wgpu::Buffer>,
     groups: Option<(u64, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
-    generation: u64,
+    /// The filter path's f16 queries (`filter.rs`).
+    pub(super) half_queries: Option<wgpu::Buffer>,
+    /// The filter's bind groups: one per chunk, and the selection's.
+    pub(super) filter_groups: Option<(u64, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
+    pub(super) generation: u64,
 }
 
 /// A collection's rows on a wgpu device.
 #[derive(Debug)]
 pub(crate) struct WgpuRows {
-    device: Arc<WgpuDevice>,
-    host: CpuRows,
-    dim: usize,
-    precision: StoragePrecision,
-    rows_per_chunk: usize,
-    chunks: Vec<Chunk>,
-    dead: Option<wgpu::Buffer>,
+    pub(super) device: Arc<WgpuDevice>,
+    pub(super) host: CpuRows,
+    pub(super) dim: usize,
+    pub(super) precision: StoragePrecision,
+    pub(super) rows_per_chunk: usize,
+    pub(super) chunks: Vec<Chunk>,
+    pub(super) dead: Option<wgpu::Buffer>,
     /// Bumped whenever a device buffer of the rows is replaced.
-    chunks_generation: u64,
+    pub(super) chunks_generation: u64,
     /// At least the largest `1 / |x|` of any stored row (bounds cosine with f16 flushing).
-    max_inv_norm: f32,
+    pub(super) max_inv_norm: f32,
     /// Set when the device copy may lag the host (a failed upload): the next search re-uploads
     /// everything first.
     stale: bool,
-    work: Mutex<Work>,
+    pub(super) work: Mutex<Work>,
 }
 
 fn buffer_len(buffer: &Option<wgpu::Buffer>) -> u64 {
@@ -259,7 +263,7 @@ impl WgpuRows {
         Ok(())
     }
 
-    fn ensure(
+    pub(super) fn ensure(
         &self,
         slot: &mut Option<wgpu::Buffer>,
         generation: &mut u64,
@@ -317,18 +321,28 @@ impl WgpuRows {
         let cap = (k + (k / 4).max(64)).next_power_of_two().min(len);
         let binding =
             self.device.limits.max_storage_buffer_binding_size.min(self.device.limits.max_buffer_size);
-        let tile = ((binding as usize) / (len * 4)).clamp(1, 256).min(nq).min(MAX_GROUPS);
+        let plain_tile = ((binding as usize) / (len * 4)).clamp(1, 256).min(nq).min(MAX_GROUPS);
+        let plan = self.filter_plan(nq, k);
+        let tile = plan.map_or(plain_tile, |plan| plan.tile);
         let mut results = Vec::with_capacity(nq);
         // With HIVE_GPU_PROFILE=1: wall time on the device's side (submit to results mapped)
         // against the whole search, on stderr.
         let profile = crate::backend::profiling();
         let began = std::time::Instant::now();
         let mut device_time = std::time::Duration::ZERO;
+        let mut retried = 0;
         for q0 in (0..nq).step_by(tile) {
             let t = tile.min(nq - q0);
             let block = &queries[q0 * dim..(q0 + t) * dim];
             let started = std::time::Instant::now();
-            let candidates = self.candidates(block, t, k, cap, metric)?;
+            let candidates = match &plan {
+                Some(plan) => {
+                    let mut found = self.filter_candidates(plan, block, t, k, metric)?;
+                    retried += self.retry_plain(&mut found, block, k, cap, metric, plain_tile)?;
+                    found
+                }
+                None => self.candidates(block, t, k, cap, metric)?,
+            };
             device_time += started.elapsed();
             let ranked: Vec<Vec<Neighbor>> = candidates
                 .into_par_iter()
@@ -346,12 +360,39 @@ impl WgpuRows {
         }
         if profile {
             eprintln!(
-                "hive-gpu profile (wgpu nq {nq} k {k}, tiles of {tile}, ms): candidates {:.3}, total {:.3}",
+                "hive-gpu profile (wgpu nq {nq} k {k}, tiles of {tile}, filter {}, retried {retried}, ms): \
+                 candidates {:.3}, total {:.3}",
+                plan.is_some(),
                 device_time.as_secs_f64() * 1e3,
                 began.elapsed().as_secs_f64() * 1e3
             );
         }
         Ok(results)
+    }
+
+    /// Searches the queries the filter left unproven (None) again on the plain path, in tiles
+    /// of `tile`; returns how many there were.
+    #[allow(clippy::too_many_arguments)]
+    fn retry_plain(
+        &self,
+        found: &mut [Option<Vec<usize>>],
+        block: &[f32],
+        k: usize,
+        cap: usize,
+        metric: GpuDistanceMetric,
+        tile: usize,
+    ) -> Result<usize> {
+        let dim = self.dim;
+        let failed: Vec<usize> = (0..found.len()).filter(|&i| found[i].is_none()).collect();
+        for group in failed.chunks(tile) {
+            let queries: Vec<f32> =
+                group.iter().flat_map(|&i| block[i * dim..(i + 1) * dim].iter().copied()).collect();
+            let again = self.candidates(&queries, group.len(), k, cap, metric)?;
+            for (&i, slots) in group.iter().zip(again) {
+                found[i] = slots;
+            }
+        }
+        Ok(failed.len())
     }
 
     /// Candidate slots of each query of a tile (None where the band overflowed `cap`).
@@ -622,11 +663,33 @@ impl WgpuRows {
                 pass.dispatch_workgroups(groups_x, tq, 1);
             }
         }
+        let outcome = self.read_candidates(encoder, state, cand, readback, t, k, cap);
+        if let Some(error) = pollster::block_on(scope.pop()) {
+            return Err(HiveGpuError::VulkanError(format!("search: {error}")));
+        }
+        device.take_error("search")?;
+        outcome
+    }
+
+    /// Copies each query's state and candidates to `readback` after the work in `encoder`,
+    /// submits, waits and reads them: None where the count passed `cap` or fell short of k.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn read_candidates(
+        &self,
+        mut encoder: wgpu::CommandEncoder,
+        state: &wgpu::Buffer,
+        cand: &wgpu::Buffer,
+        readback: &wgpu::Buffer,
+        t: usize,
+        k: usize,
+        cap: usize,
+    ) -> Result<Vec<Option<Vec<usize>>>> {
+        let device = &self.device;
         let state_bytes = (t * 16) as u64;
         let cand_bytes = (t * cap * 4) as u64;
         encoder.copy_buffer_to_buffer(state, 0, readback, 0, state_bytes);
         encoder.copy_buffer_to_buffer(cand, 0, readback, state_bytes, cand_bytes);
-        queue.submit([encoder.finish()]);
+        device.queue.submit([encoder.finish()]);
         let slice = readback.slice(0..state_bytes + cand_bytes);
         slice.map_async(wgpu::MapMode::Read, |_| {});
         let read = || -> Result<Vec<Option<Vec<usize>>>> {
@@ -655,10 +718,6 @@ impl WgpuRows {
         let outcome = read();
         // Unmapped on every path, so a failed search leaves the buffer usable.
         readback.unmap();
-        if let Some(error) = pollster::block_on(scope.pop()) {
-            return Err(HiveGpuError::VulkanError(format!("search: {error}")));
-        }
-        device.take_error("search")?;
         outcome
     }
 }

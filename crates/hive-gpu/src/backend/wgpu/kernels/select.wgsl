@@ -149,3 +149,83 @@ fn merge_lists(@builtin(local_invocation_index) lid: u32) {
         atomicAdd(&state[3u], p.cap + 1u);
     }
 }
+
+// grid (x): after the radix select of each query's `k`-th (here the sample rank's) smallest
+// sample distance, its band becomes the query's filter threshold, in state word 1; +inf
+// without a sample (`lists` = 0), so every row passes.
+@compute @workgroup_size(256)
+fn thresholds(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let q = gid.x;
+    if (q >= p.nq) {
+        return;
+    }
+    var tau = bitcast<f32>(0x7f800000u);
+    if (p.lists != 0u) {
+        let g = gate[q];
+        tau = band_of(value_of(atomicLoad(&state[q * 4u])), g.x, g.y);
+    }
+    atomicStore(&state[q * 4u + 1u], bitcast<u32>(tau));
+}
+
+// grid (nq), after the filter: each query's list (at `list_base`, `list_words` words apart: a
+// count, then (key, slot) pairs) holds every live row whose approximate distance passed the
+// threshold. The k-th smallest of them gives the band, and the listed rows inside the band
+// become candidates as `collect` writes them. The candidates are complete only when the band
+// ends at or below the threshold (every dropped row lies above it); otherwise, and when the
+// list overflowed or holds fewer than k rows, the count exceeds `cap` and the host searches
+// the query another way.
+var<workgroup> s_count: u32;
+
+@compute @workgroup_size(256)
+fn select_lists(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let q = wg.x;
+    let base = p.list_base + q * p.list_words;
+    if (lid == 0u) {
+        s_count = bitcast<u32>(dist[base]);
+        m_prefix = 0u;
+        m_mask = 0u;
+        m_remaining = p.k;
+    }
+    let count = workgroupUniformLoad(&s_count);
+    let usable = count <= p.list_cap && count >= p.k;
+    let n = select(0u, count, usable);
+    for (var round = 0u; round < 4u; round++) {
+        let shift = 24u - 8u * round;
+        atomicStore(&digit_hist[lid], 0u);
+        workgroupBarrier();
+        let prefix = m_prefix;
+        let mask = m_mask;
+        for (var e = lid; e < n; e += 256u) {
+            let key = bitcast<u32>(dist[base + 1u + 2u * e]);
+            if ((key & mask) == prefix) {
+                atomicAdd(&digit_hist[(key >> shift) & 255u], 1u);
+            }
+        }
+        workgroupBarrier();
+        let picked = pick_digit(lid, m_remaining);
+        if (lid == 0u) {
+            m_prefix = m_prefix | (picked.x << shift);
+            m_mask = m_mask | (255u << shift);
+            m_remaining = m_remaining - picked.y;
+        }
+        workgroupBarrier();
+    }
+    let g = gate[q];
+    let band = band_of(value_of(m_prefix), g.x, g.y);
+    let tau = bitcast<f32>(atomicLoad(&state[q * 4u + 1u]));
+    if (!usable || !(band <= tau)) {
+        if (lid == 0u) {
+            atomicStore(&state[q * 4u + 3u], p.cap + 1u);
+        }
+        return;
+    }
+    for (var e = lid; e < n; e += 256u) {
+        let key = bitcast<u32>(dist[base + 1u + 2u * e]);
+        if (value_of(key) <= band) {
+            let pos = atomicAdd(&state[q * 4u + 3u], 1u);
+            if (pos < p.cap) {
+                cand[q * p.cap + pos] = bitcast<u32>(dist[base + 2u + 2u * e]);
+            }
+        }
+    }
+}
