@@ -89,7 +89,12 @@ fn adapters() -> std::result::Result<Vec<wgpu::Adapter>, String> {
 /// Why the wgpu backend is unavailable, or the adapters it would use.
 pub(crate) fn probe() -> std::result::Result<Vec<GpuDeviceInfo>, String> {
     let found = adapters()?;
-    Ok(found.iter().enumerate().map(|(i, a)| adapter_info(a, i, None)).collect())
+    let note = "cooperative matrices: batches filter on f16 tensor cores, then re-rank exactly";
+    Ok(found
+        .iter()
+        .enumerate()
+        .map(|(i, a)| adapter_info(a, i, filter::adapter_supports(a).then_some(note)))
+        .collect())
 }
 
 fn adapter_info(adapter: &wgpu::Adapter, ordinal: usize, note: Option<&str>) -> GpuDeviceInfo {
