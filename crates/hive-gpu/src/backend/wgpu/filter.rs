@@ -364,38 +364,9 @@ impl WgpuRows {
         // Parameter blocks: two per chunk (sample, filter), four radix passes, thresholds, select.
         let dispatches = 2 * chunks.len() + 6;
         let mut generation = work.generation;
-        self.ensure(
-            &mut work.params,
-            &mut generation,
-            "params",
-            dispatches as u64 * PARAMS_STRIDE,
-            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        )?;
-        self.ensure(
-            &mut work.half_queries,
-            &mut generation,
-            "half queries",
-            (padded * dim * 2) as u64,
-            storage_usage,
-        )?;
-        self.ensure(
-            &mut work.dist,
-            &mut generation,
-            "dist",
-            ((sample_words + t * list_words) * 4) as u64,
-            storage_usage,
-        )?;
-        self.ensure(&mut work.state, &mut generation, "state", (t * 16) as u64, storage_usage)?;
-        self.ensure(&mut work.hist, &mut generation, "hist", (t * 256 * 4) as u64, storage_usage)?;
-        self.ensure(&mut work.cand, &mut generation, "cand", (t * cap * 4) as u64, storage_usage)?;
-        self.ensure(&mut work.gate, &mut generation, "gate", (t * 8) as u64, storage_usage)?;
-        self.ensure(
-            &mut work.readback,
-            &mut generation,
-            "readback",
-            (t * 16 + t * cap * 4) as u64,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        )?;
+        let half_bytes = (padded * dim * 2) as u64;
+        self.ensure(&mut work.half_queries, &mut generation, "half queries", half_bytes, storage_usage)?;
+        self.ensure_shared(work, &mut generation, t, cap, dispatches, sample_words + t * list_words)?;
         work.generation = generation;
         let key = generation ^ (self.chunks_generation << 32);
         let missing = |name: &str| HiveGpuError::Internal(format!("wgpu buffer {name} missing"));
@@ -450,18 +421,7 @@ impl WgpuRows {
                     })
                 })
                 .collect();
-            let select_group = device.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("filter select"),
-                layout: &device.kernels.select_layout,
-                entries: &[
-                    wgpu::BindGroupEntry { binding: 0, resource: params_binding() },
-                    wgpu::BindGroupEntry { binding: 1, resource: dist.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 2, resource: state.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 3, resource: hist.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 4, resource: cand.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 5, resource: gate.as_entire_binding() },
-                ],
-            });
+            let select_group = self.select_group("filter select", params, [dist, state, hist, cand, gate]);
             work.filter_groups = Some((key, chunk_groups, select_group));
         }
         let Some((_, chunk_groups, select_group)) = &work.filter_groups else {
@@ -684,6 +644,23 @@ mod tests {
                 assert!(spirv.is_ok_and(|words| words.len() > 100), "dim {dim} f16 {f16_rows}: no SPIR-V");
             }
         }
+    }
+
+    /// The selection module (radix select, lists, thresholds) validates too; adapters compile
+    /// it at device creation, so a mistake would cost every wgpu search.
+    #[test]
+    fn selection_kernels_validate() {
+        let src = format!(
+            "{}\n{}\n{}",
+            super::super::KEYS_WGSL,
+            super::super::COMMON_WGSL,
+            super::super::SELECT_WGSL
+        );
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("select: {}", e.emit_to_string(&src)));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("select: {}", e.emit_to_string(&src)));
     }
 
     #[test]

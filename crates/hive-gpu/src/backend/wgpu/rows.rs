@@ -428,26 +428,8 @@ impl WgpuRows {
             None => t * len,
         };
         let mut generation = work.generation;
-        self.ensure(
-            &mut work.params,
-            &mut generation,
-            "params",
-            dispatches as u64 * PARAMS_STRIDE,
-            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        )?;
         self.ensure(&mut work.queries, &mut generation, "queries", (t * dim * 4) as u64, storage)?;
-        self.ensure(&mut work.dist, &mut generation, "dist", (dist_words * 4) as u64, storage)?;
-        self.ensure(&mut work.state, &mut generation, "state", (t * 16) as u64, storage)?;
-        self.ensure(&mut work.hist, &mut generation, "hist", (t * 256 * 4) as u64, storage)?;
-        self.ensure(&mut work.cand, &mut generation, "cand", (t * cap * 4) as u64, storage)?;
-        self.ensure(&mut work.gate, &mut generation, "gate", (t * 8) as u64, storage)?;
-        self.ensure(
-            &mut work.readback,
-            &mut generation,
-            "readback",
-            (t * 16 + t * cap * 4) as u64,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        )?;
+        self.ensure_shared(work, &mut generation, t, cap, dispatches, dist_words)?;
         work.generation = generation;
         let key = generation ^ (self.chunks_generation << 32);
         let missing = |name: &str| HiveGpuError::Internal(format!("wgpu buffer {name} missing"));
@@ -502,18 +484,7 @@ impl WgpuRows {
                     })
                 })
                 .collect();
-            let select_group = device.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("select"),
-                layout: &device.kernels.select_layout,
-                entries: &[
-                    wgpu::BindGroupEntry { binding: 0, resource: params_binding(()) },
-                    wgpu::BindGroupEntry { binding: 1, resource: dist.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 2, resource: state.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 3, resource: hist.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 4, resource: cand.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 5, resource: gate.as_entire_binding() },
-                ],
-            });
+            let select_group = self.select_group("select", params, [dist, state, hist, cand, gate]);
             work.groups = Some((key, search_groups, select_group));
         }
         let Some((_, search_groups, select_group)) = &work.groups else {
@@ -669,6 +640,58 @@ impl WgpuRows {
         }
         device.take_error("search")?;
         outcome
+    }
+
+    /// Grows the buffers every search path shares to a tile of `t` queries: `dispatches`
+    /// parameter blocks, `dist_words` words of distances (or lists), and per query a state, a
+    /// histogram, `cap` candidates, a gate and their readback.
+    pub(super) fn ensure_shared(
+        &self,
+        work: &mut Work,
+        generation: &mut u64,
+        t: usize,
+        cap: usize,
+        dispatches: usize,
+        dist_words: usize,
+    ) -> Result<()> {
+        let storage =
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let uniform = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        self.ensure(&mut work.params, generation, "params", dispatches as u64 * PARAMS_STRIDE, uniform)?;
+        self.ensure(&mut work.dist, generation, "dist", (dist_words * 4) as u64, storage)?;
+        self.ensure(&mut work.state, generation, "state", (t * 16) as u64, storage)?;
+        self.ensure(&mut work.hist, generation, "hist", (t * 256 * 4) as u64, storage)?;
+        self.ensure(&mut work.cand, generation, "cand", (t * cap * 4) as u64, storage)?;
+        self.ensure(&mut work.gate, generation, "gate", (t * 8) as u64, storage)?;
+        let readback = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        self.ensure(&mut work.readback, generation, "readback", (t * 16 + t * cap * 4) as u64, readback)
+    }
+
+    /// The selection kernels' bind group over a workspace's parameters and its distances,
+    /// states, histograms, candidates and gates.
+    pub(super) fn select_group(
+        &self,
+        label: &str,
+        params: &wgpu::Buffer,
+        buffers: [&wgpu::Buffer; 5],
+    ) -> wgpu::BindGroup {
+        let params = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: params,
+            offset: 0,
+            size: std::num::NonZeroU64::new(PARAMS_BYTES),
+        });
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: params }];
+        entries.extend(
+            buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            }),
+        );
+        self.device.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &self.device.kernels.select_layout,
+            entries: &entries,
+        })
     }
 
     /// Copies each query's state and candidates to `readback` after the work in `encoder`,

@@ -84,6 +84,32 @@ var<workgroup> m_mask: u32;
 var<workgroup> m_remaining: u32;
 var<workgroup> m_overflow: atomic<u32>;
 
+// One round of a one-workgroup radix select over keys (`merge_lists`, `select_lists`): clear
+// the histogram, count the digit at `shift` of every key matching the prefix so far, then narrow
+// the prefix to the digit holding the `m_remaining`-th key. Every thread calls the first and
+// last (they synchronize).
+fn clear_digits(lid: u32) {
+    atomicStore(&digit_hist[lid], 0u);
+    workgroupBarrier();
+}
+
+fn count_digit(key: u32, shift: u32) {
+    if ((key & m_mask) == m_prefix) {
+        atomicAdd(&digit_hist[(key >> shift) & 255u], 1u);
+    }
+}
+
+fn narrow_prefix(lid: u32, shift: u32) {
+    workgroupBarrier();
+    let picked = pick_digit(lid, m_remaining);
+    if (lid == 0u) {
+        m_prefix = m_prefix | (picked.x << shift);
+        m_mask = m_mask | (255u << shift);
+        m_remaining = m_remaining - picked.y;
+    }
+    workgroupBarrier();
+}
+
 fn list_count(l: u32) -> u32 {
     return bitcast<u32>(dist[l * p.list_words]);
 }
@@ -110,27 +136,14 @@ fn merge_lists(@builtin(local_invocation_index) lid: u32) {
     }
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
-        atomicStore(&digit_hist[lid], 0u);
-        workgroupBarrier();
-        let prefix = m_prefix;
-        let mask = m_mask;
+        clear_digits(lid);
         for (var l = lid; l < p.lists; l += 256u) {
             let count = min(list_count(l), p.list_cap);
             for (var e = 0u; e < count; e++) {
-                let key = list_key(l, e);
-                if ((key & mask) == prefix) {
-                    atomicAdd(&digit_hist[(key >> shift) & 255u], 1u);
-                }
+                count_digit(list_key(l, e), shift);
             }
         }
-        workgroupBarrier();
-        let picked = pick_digit(lid, m_remaining);
-        if (lid == 0u) {
-            m_prefix = m_prefix | (picked.x << shift);
-            m_mask = m_mask | (255u << shift);
-            m_remaining = m_remaining - picked.y;
-        }
-        workgroupBarrier();
+        narrow_prefix(lid, shift);
     }
     let band = band_of(value_of(m_prefix), p.gate_mul, p.gate_add);
     for (var l = lid; l < p.lists; l += 256u) {
@@ -191,24 +204,11 @@ fn select_lists(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let n = select(0u, count, usable);
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
-        atomicStore(&digit_hist[lid], 0u);
-        workgroupBarrier();
-        let prefix = m_prefix;
-        let mask = m_mask;
+        clear_digits(lid);
         for (var e = lid; e < n; e += 256u) {
-            let key = bitcast<u32>(dist[base + 1u + 2u * e]);
-            if ((key & mask) == prefix) {
-                atomicAdd(&digit_hist[(key >> shift) & 255u], 1u);
-            }
+            count_digit(bitcast<u32>(dist[base + 1u + 2u * e]), shift);
         }
-        workgroupBarrier();
-        let picked = pick_digit(lid, m_remaining);
-        if (lid == 0u) {
-            m_prefix = m_prefix | (picked.x << shift);
-            m_mask = m_mask | (255u << shift);
-            m_remaining = m_remaining - picked.y;
-        }
-        workgroupBarrier();
+        narrow_prefix(lid, shift);
     }
     let g = gate[q];
     let band = band_of(value_of(m_prefix), g.x, g.y);
