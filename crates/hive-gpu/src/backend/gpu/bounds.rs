@@ -48,9 +48,10 @@ pub(crate) fn gate(
         Approximation::GemmF16 { .. } | Approximation::CoopF16 { rows_rounded: false, .. } => {
             2f64.powi(-11) * (1.0 + 2f64.powi(-11)) + 2.0 * gamma
         }
-        // Both operands rounded to nearest: (1 + 2^-11)^2 - 1.
+        // The query rounded to nearest on the host (2^-11); rows converted on the device, where
+        // WGSL and Vulkan allow either neighbouring f16 (2^-10): (1 + 2^-11)(1 + 2^-10) - 1.
         Approximation::CoopF16 { rows_rounded: true, .. } => {
-            2.0 * 2f64.powi(-11) + 2f64.powi(-22) + 2.0 * gamma
+            2f64.powi(-10) + 2f64.powi(-11) + 2f64.powi(-21) + 2.0 * gamma
         }
     };
     // f16 query rounding below the subnormal step: 2^-25 per component of the scaled query,

@@ -54,8 +54,7 @@ fn queries_per_group(dim: usize) -> usize {
 pub(super) fn adapter_supports(adapter: &wgpu::Adapter) -> bool {
     let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
         | wgpu::Features::SHADER_F16
-        | wgpu::Features::SUBGROUP
-        | wgpu::Features::SUBGROUP_BARRIER;
+        | wgpu::Features::SUBGROUP;
     let info = adapter.get_info();
     adapter.features().contains(needed)
         && info.subgroup_min_size == SUBGROUP
@@ -70,10 +69,7 @@ pub(super) fn adapter_supports(adapter: &wgpu::Adapter) -> bool {
 
 /// The features a device needs for the filter.
 pub(super) fn features() -> wgpu::Features {
-    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
-        | wgpu::Features::SHADER_F16
-        | wgpu::Features::SUBGROUP
-        | wgpu::Features::SUBGROUP_BARRIER
+    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP
 }
 
 /// Filter pipelines by (dimension, f16 rows); None where the driver refused one.
@@ -176,11 +172,16 @@ pub(crate) fn source(dim: usize, f16_rows: bool) -> String {
     let mut emit = String::new();
     for a in 0..qa {
         for j in 0..row_blocks {
-            emit += &format!("        coopStoreT(c{a}_{j}, &cs[sg * 16u * CD + {}u], CD);\n", j * 16);
+            emit += &format!(
+                "        coopStoreT(c{a}_{j}, &cs[(sg * QA + {a}u) * 16u * CD + {}u], CD);\n",
+                j * 16
+            );
         }
-        emit += &format!(
-            "        subgroupBarrier();\n        emit(sg, lane, q0, (sg * QA + {a}u) * 16u, r0, r_end);\n        subgroupBarrier();\n"
-        );
+    }
+    emit += "        workgroupBarrier();\n";
+    for a in 0..qa {
+        // Thread lid reads row lid % 32 of the queries its quarter of the workgroup holds.
+        emit += &format!("        emit(lid % RT, q0, (lid / RT * QA + {a}u) * 16u, r0, r_end);\n");
     }
     let (row_type, load) =
         if f16_rows { ("vec4<f16>", "rows[i]") } else { ("vec4<f32>", "vec4<f16>(rows[i] * p.x_scale)") };
@@ -226,6 +227,10 @@ impl WgpuRows {
         }
         kernels.pipeline(&self.device.device, dim, self.precision == StoragePrecision::F16)?;
         let rank = sample_rank(len, self.host.live(), k);
+        // Without a sample every live row passes: only collections that fit a list gain.
+        if rank.is_none() && self.host.live() > FUSED_CAP {
+            return None;
+        }
         let sample = self.chunk_rows().map(|(_, rows)| rows.div_ceil(SAMPLE_STRIDE)).sum::<usize>();
         let list_words = 1 + 2 * FUSED_CAP;
         let per_query = (if rank.is_some() { sample } else { 0 } + list_words) * 4;
@@ -282,8 +287,10 @@ impl WgpuRows {
         let r = max_sq.sqrt();
         let flush = 2f64.powi(-14) / x_scale;
         let extra = match metric {
+            // |x|^2 = 1 / (s * s): s within u of 1/|x| (2u squared), the product (u) and
+            // Vulkan's division (2.5 ulp) make at most 6u; 10u leaves room.
             GpuDistanceMetric::Euclidean => {
-                2.0 * flush * d.sqrt() * q_norm + 5.0 * u * max_sq + 2.0 * u * (max_sq + 2.0 * q_norm * r)
+                2.0 * flush * d.sqrt() * q_norm + 10.0 * u * max_sq + 2.0 * u * (max_sq + 2.0 * q_norm * r)
             }
             GpuDistanceMetric::DotProduct => flush * d.sqrt() * q_norm + u * q_norm * r,
             GpuDistanceMetric::Cosine => {

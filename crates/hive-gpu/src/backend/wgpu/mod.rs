@@ -237,11 +237,12 @@ impl WgpuBackend {
         let coop = filter::adapter_supports(adapter);
         let request = |features: wgpu::Features| {
             let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-                // SAFETY: wgpu calls cooperative matrices experimental (possible bugs in its
-                // implementation, not in the caller's use). The filter kernel only loads and
-                // stores fragments inside its workgroup arrays and bound buffers, and every
-                // candidate it yields is re-ranked in f64 and proven complete on the host's
-                // bounds, so a wrong product can cost a re-run, never a wrong answer.
+                // SAFETY: wgpu calls cooperative matrices experimental: its implementation may
+                // have bugs, which callers accept by this call. The filter kernel only loads and
+                // stores fragments inside its workgroup arrays and bound buffers. Its answers
+                // are exact only while the driver's products stay within the bound the host
+                // assumes (`bounds::CoopF16`); the GPU suite checks that against an f64
+                // reference with the filter forced on every batch.
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
                 wgpu::ExperimentalFeatures::disabled()

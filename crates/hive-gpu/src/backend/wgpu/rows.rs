@@ -337,7 +337,12 @@ impl WgpuRows {
             let started = std::time::Instant::now();
             let candidates = match &plan {
                 Some(plan) => {
-                    let mut found = self.filter_candidates(plan, block, t, k, metric)?;
+                    // The filter is a shortcut: a driver error in it (not a lack of memory,
+                    // which the caller handles) sends the tile down the plain path.
+                    let mut found = match self.filter_candidates(plan, block, t, k, metric) {
+                        Err(HiveGpuError::VulkanError(_)) => vec![None; t],
+                        other => other?,
+                    };
                     retried += self.retry_plain(&mut found, block, k, cap, metric, plain_tile)?;
                     found
                 }
@@ -808,6 +813,7 @@ impl RowStore for WgpuRows {
         if let Ok(mut work) = self.work.lock() {
             // Drops the cached bind groups, which hold the old buffers.
             work.groups = None;
+            work.filter_groups = None;
         }
     }
 
