@@ -54,7 +54,8 @@ fn queries_per_group(dim: usize) -> usize {
 pub(super) fn adapter_supports(adapter: &wgpu::Adapter) -> bool {
     let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
         | wgpu::Features::SHADER_F16
-        | wgpu::Features::SUBGROUP;
+        | wgpu::Features::SUBGROUP
+        | wgpu::Features::SUBGROUP_BARRIER;
     let info = adapter.get_info();
     adapter.features().contains(needed)
         && info.subgroup_min_size == SUBGROUP
@@ -69,7 +70,10 @@ pub(super) fn adapter_supports(adapter: &wgpu::Adapter) -> bool {
 
 /// The features a device needs for the filter.
 pub(super) fn features() -> wgpu::Features {
-    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP
+    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP
+        | wgpu::Features::SUBGROUP_BARRIER
 }
 
 /// Filter pipelines by (dimension, f16 rows); None where the driver refused one.
@@ -172,16 +176,11 @@ pub(crate) fn source(dim: usize, f16_rows: bool) -> String {
     let mut emit = String::new();
     for a in 0..qa {
         for j in 0..row_blocks {
-            emit += &format!(
-                "        coopStoreT(c{a}_{j}, &cs[(sg * QA + {a}u) * 16u * CD + {}u], CD);\n",
-                j * 16
-            );
+            emit += &format!("        coopStoreT(c{a}_{j}, &cs[sg * 16u * CD + {}u], CD);\n", j * 16);
         }
-    }
-    emit += "        workgroupBarrier();\n";
-    for a in 0..qa {
-        // Thread lid reads row lid % 32 of the queries its quarter of the workgroup holds.
-        emit += &format!("        emit(lid % RT, q0, (lid / RT * QA + {a}u) * 16u, r0, r_end);\n");
+        emit += &format!(
+            "        subgroupBarrier();\n        emit(sg, lane, q0, (sg * QA + {a}u) * 16u, r0, r_end);\n        subgroupBarrier();\n"
+        );
     }
     let (row_type, load) =
         if f16_rows { ("vec4<f16>", "rows[i]") } else { ("vec4<f32>", "vec4<f16>(rows[i] * p.x_scale)") };

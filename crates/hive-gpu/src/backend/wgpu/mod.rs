@@ -241,8 +241,10 @@ impl WgpuBackend {
                 // have bugs, which callers accept by this call. The filter kernel only loads and
                 // stores fragments inside its workgroup arrays and bound buffers. Its answers
                 // are exact only while the driver's products stay within the bound the host
-                // assumes (`bounds::CoopF16`); the GPU suite checks that against an f64
-                // reference with the filter forced on every batch.
+                // assumes (`bounds::CoopF16`), and while a subgroup barrier orders each
+                // subgroup's own workgroup-memory hand-off (as on NVIDIA; Vulkan's model does
+                // not promise it). The GPU suite checks both against an f64 reference with the
+                // filter forced on every batch.
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
                 wgpu::ExperimentalFeatures::disabled()

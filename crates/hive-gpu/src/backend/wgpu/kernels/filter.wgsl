@@ -48,11 +48,7 @@ const RT: u32 = 32u;
 const XD: u32 = D + 8u;
 const CD: u32 = RT + 4u;
 var<workgroup> xs: array<f16, RT * XD>;
-// Every query's sums over the tile's rows: the subgroups store their fragments, a workgroup
-// barrier orders the stores before any lane reads them (a subgroup barrier would not order
-// workgroup memory under Vulkan's memory model), and the next tile's first barrier orders the
-// reads before the next stores.
-var<workgroup> cs: array<f32, QT * CD>;
+var<workgroup> cs: array<f32, 64u * CD>;
 // Per staged row: the approximate distance is `sum * row_mul + row_add` (one fma per product),
 // and whether the row counts.
 var<workgroup> row_mul: array<f32, RT>;
@@ -63,20 +59,17 @@ fn is_dead(slot: u32) -> bool {
     return ((dead[slot >> 5u] >> (slot & 31u)) & 1u) != 0u;
 }
 
-var<workgroup> launched_subgroups: u32;
-
 // Per query of the workgroup: its threshold.
 var<workgroup> q_tau: array<f32, QT>;
 
-// 16 queries (from `q_local` in the workgroup) by the RT staged rows, stored at
-// `cs[q_local * CD]`: lane = row.
-fn emit(lane: u32, q0: u32, q_local: u32, r0: u32, r_end: u32) {
-    // `lane` is the staged row this thread reads (a thread index, not a subgroup lane).
+// One subgroup's 16 queries (from `q_local` in the workgroup) by the RT staged rows, stored at
+// `cs[sg * 16 * CD]`: lane = row.
+fn emit(sg: u32, lane: u32, q0: u32, q_local: u32, r0: u32, r_end: u32) {
     let row = r0 + lane;
     let counts = row < r_end && row_live[lane] != 0u;
     let mul = row_mul[lane];
     let add = row_add[lane];
-    let sums = q_local * CD + lane;
+    let sums = sg * 16u * CD + lane;
     if (p.mode == 0u) {
         if (row < r_end) {
             for (var m = 0u; m < 16u; m++) {
@@ -119,24 +112,8 @@ fn emit(lane: u32, q0: u32, q_local: u32, r0: u32, r_end: u32) {
 
 @compute @workgroup_size(128)
 fn filter_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) subgroups: u32) {
+          @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let q0 = wg.x * QT;
-    // The fragments are split among four subgroups of 32 lanes. Should a driver launch the
-    // workgroup otherwise, the filter marks the workgroup's queries' lists overflowed (the host
-    // then searches them on the plain path) rather than miss rows.
-    if (lid == 0u) {
-        launched_subgroups = subgroups;
-    }
-    if (workgroupUniformLoad(&launched_subgroups) != 4u) {
-        if (p.mode == 1u) {
-            for (var i = lid; i < QT; i += 128u) {
-                if (q0 + i < p.nq) {
-                    atomicMax(&out[p.out_base + (q0 + i) * p.out_stride], p.cap + 1u);
-                }
-            }
-        }
-        return;
-    }
     for (var i = lid; i < QT; i += 128u) {
         var tau = bitcast<f32>(0xff800000u);
         if (q0 + i < p.nq) {
