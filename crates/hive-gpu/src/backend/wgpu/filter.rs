@@ -28,6 +28,8 @@ const FILTER_WGSL: &str = include_str!("kernels/filter.wgsl");
 
 /// Rows per staged tile: one per lane of a 32-lane subgroup.
 const TILE_ROWS: usize = 32;
+/// PCI vendor id of the one driver family the filter has been verified on.
+const NVIDIA: u32 = 0x10de;
 /// Lanes per subgroup the kernel is written for.
 pub(super) const SUBGROUP: u32 = 32;
 /// The largest dimension whose query fragments the subgroups keep in registers.
@@ -49,15 +51,19 @@ fn queries_per_group(dim: usize) -> usize {
     64 * query_blocks(dim)
 }
 
-/// Whether the adapter runs the filter: cooperative 16 x 16 x 16 products of f16 into f32,
-/// f16 in shaders, and subgroups of exactly 32 lanes.
+/// Whether the adapter runs the filter: an NVIDIA adapter with cooperative 16 x 16 x 16
+/// products of f16 into f32, f16 in shaders, and subgroups of exactly 32 lanes.
 pub(super) fn adapter_supports(adapter: &wgpu::Adapter) -> bool {
     let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
         | wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP
         | wgpu::Features::SUBGROUP_BARRIER;
     let info = adapter.get_info();
-    adapter.features().contains(needed)
+    // Only NVIDIA's driver so far: the kernel relies on a subgroup barrier ordering each
+    // subgroup's own workgroup-memory hand-off, which NVIDIA does and Vulkan's memory model does
+    // not promise; the GPU suite has verified it there, nowhere else.
+    info.vendor == NVIDIA
+        && adapter.features().contains(needed)
         && info.subgroup_min_size == SUBGROUP
         && info.subgroup_max_size == SUBGROUP
         && adapter.cooperative_matrix_properties().iter().any(|p| {
