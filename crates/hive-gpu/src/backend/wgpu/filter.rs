@@ -11,12 +11,13 @@
 //! Queries the filter cannot prove (a list that overflowed or a band past the threshold) take
 //! the plain path (`WgpuRows::candidates`) afterwards. The host re-ranks candidates in f64.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use half::f16;
 
-use super::rows::{MAX_GROUPS, PARAMS_BYTES, PARAMS_STRIDE, SELECT_GROUPS, WgpuRows};
+use super::rows::{MAX_GROUPS, PARAMS_BYTES, PARAMS_STRIDE, SELECT_GROUPS, WgpuRows, kernel_query, norm};
 use super::{layout_entry, storage};
 use crate::backend::RowStore;
 use crate::backend::gpu::bounds::{self, Approximation};
@@ -277,7 +278,7 @@ impl WgpuRows {
     /// adds — rows' f16 components flushed below 2^-14, |x|^2 rebuilt from the stored 1 / |x|,
     /// and the last f32 steps.
     fn filter_gate(&self, metric: GpuDistanceMetric, q: &[f32], q_scale: f64, x_scale: f64) -> [f32; 2] {
-        let q_norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+        let q_norm = norm(q);
         let max_sq = f64::from(self.host.max_squared_norm());
         let rows_rounded = self.precision == StoragePrecision::F32;
         let (mul, add) = bounds::gate(
@@ -288,20 +289,16 @@ impl WgpuRows {
             self.dim,
         );
         let u = f64::from(f32::EPSILON) / 2.0;
-        let d = self.dim as f64;
         let r = max_sq.sqrt();
-        let flush = 2f64.powi(-14) / x_scale;
-        let extra = match metric {
-            // |x|^2 = 1 / (s * s): s within u of 1/|x| (2u squared), the product (u) and
-            // Vulkan's division (2.5 ulp) make at most 6u; 10u leaves room.
-            GpuDistanceMetric::Euclidean => {
-                2.0 * flush * d.sqrt() * q_norm + 10.0 * u * max_sq + 2.0 * u * (max_sq + 2.0 * q_norm * r)
-            }
-            GpuDistanceMetric::DotProduct => flush * d.sqrt() * q_norm + u * q_norm * r,
-            GpuDistanceMetric::Cosine => {
-                flush * d.sqrt() * q_norm * f64::from(self.max_inv_norm) + 2.0 * u * q_norm
-            }
-        };
+        let flushed = self.flush_extra(metric, q_norm, 2f64.powi(-14) / x_scale);
+        let extra = flushed
+            + match metric {
+                // |x|^2 = 1 / (s * s): s within u of 1/|x| (2u squared), the product (u) and
+                // Vulkan's division (2.5 ulp) make at most 6u; 10u leaves room. Then the fma.
+                GpuDistanceMetric::Euclidean => 10.0 * u * max_sq + 2.0 * u * (max_sq + 2.0 * q_norm * r),
+                GpuDistanceMetric::DotProduct => u * q_norm * r,
+                GpuDistanceMetric::Cosine => 2.0 * u * q_norm,
+            };
         let add = (f64::from(add) + 2.0 * extra * 1.01) * (1.0 + 1e-6);
         [mul, add as f32]
     }
@@ -336,20 +333,14 @@ impl WgpuRows {
         // queries as the kernels see them (unit for cosine), in f16 under one power of two that
         // keeps the tile's largest component in range, and each query's gate.
         let x_scale = self.row_scale();
-        let kernel_queries: Vec<f32> = if metric == GpuDistanceMetric::Cosine {
-            block
-                .chunks_exact(dim)
-                .flat_map(|q| {
-                    let norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
-                    q.iter().map(move |&x| (f64::from(x) / norm) as f32)
-                })
-                .collect()
+        let kernel_queries: Cow<'_, [f32]> = if metric == GpuDistanceMetric::Cosine {
+            Cow::Owned(block.chunks_exact(dim).flat_map(|q| kernel_query(q, metric).into_owned()).collect())
         } else {
-            block.to_vec()
+            Cow::Borrowed(block)
         };
         let q_scale = bounds::f16_scale(&kernel_queries);
         let mut halves = vec![0u16; padded * dim];
-        for (h, &x) in halves.iter_mut().zip(&kernel_queries) {
+        for (h, &x) in halves.iter_mut().zip(kernel_queries.iter()) {
             *h = f16::from_f64(f64::from(x) * q_scale).to_bits();
         }
         let unscale = (1.0 / (q_scale * x_scale)) as f32;
@@ -467,51 +458,36 @@ impl WgpuRows {
         // (chunk, params offset, workgroups along y) of each pass.
         let mut sample_passes = Vec::new();
         let mut filter_passes = Vec::new();
+        // `FilterParams` of one pass: rows it reads, first slot, mode, row step, rows per
+        // workgroup, output base and words per query.
+        let pass_params =
+            |rows: usize, first: u32, mode: u32, step: usize, per: usize, base: u32, stride: u32| {
+                let (x_bits, u_bits) = ((x_scale as f32).to_bits(), unscale.to_bits());
+                let head = [rows as u32, first, tq, metric_code, mode, step as u32, per as u32, base, stride];
+                let mut words = [0u32; 16];
+                words[..9].copy_from_slice(&head);
+                words[9..12].copy_from_slice(&[FUSED_CAP as u32, x_bits, u_bits]);
+                words
+            };
         for &(c, rows) in &chunks {
             let first = self.chunks[c].first as u32;
             if plan.rank.is_some() {
                 let sample_rows = rows.div_ceil(SAMPLE_STRIDE);
                 let (per, groups) = split(sample_rows);
-                let offset = push_params([
-                    sample_rows as u32,
+                let offset = push_params(pass_params(
+                    sample_rows,
                     first,
-                    tq,
-                    metric_code,
                     0,
-                    SAMPLE_STRIDE as u32,
-                    per as u32,
+                    SAMPLE_STRIDE,
+                    per,
                     sample_base as u32,
                     st,
-                    FUSED_CAP as u32,
-                    (x_scale as f32).to_bits(),
-                    unscale.to_bits(),
-                    0,
-                    0,
-                    0,
-                    0,
-                ]);
+                ));
                 sample_passes.push((c, offset, groups));
                 sample_base += sample_rows;
             }
             let (per, groups) = split(rows);
-            let offset = push_params([
-                rows as u32,
-                first,
-                tq,
-                metric_code,
-                1,
-                1,
-                per as u32,
-                lists_base,
-                list_words as u32,
-                FUSED_CAP as u32,
-                (x_scale as f32).to_bits(),
-                unscale.to_bits(),
-                0,
-                0,
-                0,
-                0,
-            ]);
+            let offset = push_params(pass_params(rows, first, 1, 1, per, lists_base, list_words as u32));
             filter_passes.push((c, offset, groups));
         }
         let d = dim as u32;
@@ -546,6 +522,14 @@ impl WgpuRows {
         queue.write_buffer(gate, 0, &gates);
         queue.write_buffer(state, 0, &states);
 
+        // The filter kernel over each chunk: (chunk, parameter offset, workgroups along y).
+        let run_passes = |pass: &mut wgpu::ComputePass<'_>, passes: &[(usize, u32, usize)]| {
+            pass.set_pipeline(&pipeline);
+            for &(c, offset, groups) in passes {
+                pass.set_bind_group(0, &chunk_groups[c], &[offset]);
+                pass.dispatch_workgroups(query_groups as u32, groups as u32, 1);
+            }
+        };
         let new_encoder = || {
             device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("filter") })
         };
@@ -576,11 +560,7 @@ impl WgpuRows {
                 label: Some("filter sample"),
                 timestamp_writes: None,
             });
-            pass.set_pipeline(&pipeline);
-            for &(c, offset, groups) in &sample_passes {
-                pass.set_bind_group(0, &chunk_groups[c], &[offset]);
-                pass.dispatch_workgroups(query_groups as u32, groups as u32, 1);
-            }
+            run_passes(&mut pass, &sample_passes);
             if plan.rank.is_some() {
                 let groups_x =
                     plan.sample.div_ceil(256).min(MAX_GROUPS).min((SELECT_GROUPS / t).max(1)) as u32;
@@ -602,11 +582,7 @@ impl WgpuRows {
                 label: Some("filter"),
                 timestamp_writes: None,
             });
-            pass.set_pipeline(&pipeline);
-            for &(c, offset, groups) in &filter_passes {
-                pass.set_bind_group(0, &chunk_groups[c], &[offset]);
-                pass.dispatch_workgroups(query_groups as u32, groups as u32, 1);
-            }
+            run_passes(&mut pass, &filter_passes);
         }
         let mut encoder = phase_end(encoder, "filter")?;
         {

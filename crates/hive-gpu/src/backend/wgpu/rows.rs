@@ -79,6 +79,21 @@ pub(crate) struct WgpuRows {
     pub(super) work: Mutex<Work>,
 }
 
+/// The f64 norm of a query.
+pub(super) fn norm(q: &[f32]) -> f64 {
+    q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()
+}
+
+/// A query as the kernels see it: unit for cosine (divided in f64, rounded once), else itself.
+pub(super) fn kernel_query(q: &[f32], metric: GpuDistanceMetric) -> std::borrow::Cow<'_, [f32]> {
+    if metric == GpuDistanceMetric::Cosine {
+        let n = norm(q);
+        std::borrow::Cow::Owned(q.iter().map(|&x| (f64::from(x) / n) as f32).collect())
+    } else {
+        std::borrow::Cow::Borrowed(q)
+    }
+}
+
 fn buffer_len(buffer: &Option<wgpu::Buffer>) -> u64 {
     buffer.as_ref().map_or(0, |b| b.size())
 }
@@ -286,7 +301,7 @@ impl WgpuRows {
     /// The error-band gate of one query (the kernels' f32 sums, see `gpu::bounds`), widened for
     /// adapters that flush f16 subnormals to zero when unpacking.
     fn gate(&self, metric: GpuDistanceMetric, q: &[f32]) -> [f32; 2] {
-        let q_norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+        let q_norm = norm(q);
         let (mul, add) = bounds::gate(
             metric,
             Approximation::Scan,
@@ -297,15 +312,26 @@ impl WgpuRows {
         let mut add = f64::from(add);
         if self.precision == StoragePrecision::F16 {
             let flush = 2f64.powi(-14);
-            let d = self.dim as f64;
-            let extra = match metric {
-                GpuDistanceMetric::Euclidean => flush * (2.0 * d.sqrt() * q_norm + d * flush),
-                GpuDistanceMetric::DotProduct => flush * d.sqrt() * q_norm,
-                GpuDistanceMetric::Cosine => flush * d.sqrt() * q_norm * f64::from(self.max_inv_norm),
-            };
+            let mut extra = self.flush_extra(metric, q_norm, flush);
+            if metric == GpuDistanceMetric::Euclidean {
+                // The scan's differences square the flushed components too.
+                extra += self.dim as f64 * flush * flush;
+            }
             add += 2.0 * extra * 1.01;
         }
         [mul, (add * (1.0 + 1e-6)) as f32]
+    }
+
+    /// The error a product of the query (of norm `q_norm`, as the kernels see it) with a row
+    /// gains from the row's components flushed to zero below `flush` (in the rows' units), in
+    /// the metric's distance.
+    pub(super) fn flush_extra(&self, metric: GpuDistanceMetric, q_norm: f64, flush: f64) -> f64 {
+        let d = self.dim as f64;
+        match metric {
+            GpuDistanceMetric::Euclidean => 2.0 * flush * d.sqrt() * q_norm,
+            GpuDistanceMetric::DotProduct => flush * d.sqrt() * q_norm,
+            GpuDistanceMetric::Cosine => flush * d.sqrt() * q_norm * f64::from(self.max_inv_norm),
+        }
     }
 
     fn search(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
@@ -501,16 +527,9 @@ impl WgpuRows {
         let mut gates = Vec::with_capacity(t * 8);
         let mut first_gate = [0f32; 2];
         for q in block.chunks_exact(dim) {
-            let unit: Vec<f32>;
-            let q_kernel: &[f32] = if metric == GpuDistanceMetric::Cosine {
-                let norm = q.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
-                unit = q.iter().map(|&x| (f64::from(x) / norm) as f32).collect();
-                &unit
-            } else {
-                q
-            };
+            let q_kernel = kernel_query(q, metric);
             kernel_queries.extend(q_kernel.iter().flat_map(|x| x.to_ne_bytes()));
-            let gate = self.gate(metric, q_kernel);
+            let gate = self.gate(metric, &q_kernel);
             if gates.is_empty() {
                 first_gate = gate;
             }
