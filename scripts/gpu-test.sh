@@ -39,3 +39,14 @@ for suite in conformance fuzz_exactness; do
     (cd crates/hive-gpu && HIVE_GPU_FUSED_MIN_ROWS=1 HIVE_GPU_FUSED_TILES=3 HIVE_GPU_TEST_BACKENDS=cuda,vulkan HIVE_GPU_REQUIRE=cuda,vulkan "../../.gpu/bin/$exe") 2>&1 |
         tee -a "$out/fused.log"
 done
+# The other filters of f32 rows: on TF32 (HIVE_GPU_F16_FILTER=0; cosine and dimensions not a
+# multiple of 8 take it), and rounded to f16 inside the filter where no f16 copy of the rows is
+# made (HIVE_GPU_ROUNDED_COPY_BYTES=0; collections beyond the copy's budget take it).
+for setting in HIVE_GPU_F16_FILTER=0 HIVE_GPU_ROUNDED_COPY_BYTES=0; do
+    for suite in conformance fuzz_exactness; do
+        exe=$(awk -F'\t' -v s="$suite" 'index($1, s "-") == 1 {print $1; exit}' .gpu/tests.tsv)
+        echo "== fused filter with $setting: $suite ($exe)"
+        (cd crates/hive-gpu && env "$setting" HIVE_GPU_FUSED_MIN_ROWS=1 HIVE_GPU_FUSED_TILES=3 HIVE_GPU_TEST_BACKENDS=cuda HIVE_GPU_REQUIRE=cuda "../../.gpu/bin/$exe") 2>&1 |
+            tee -a "$out/fused-f32.log"
+    done
+done

@@ -17,6 +17,10 @@ pub(crate) enum Approximation {
     GemmTf32,
     /// GEMM on f16 tensor cores with the query scaled by `scale` (a power of two).
     GemmF16 { scale: f64 },
+    /// f16 tensor cores over f32 rows: the query scaled by `scale` and rounded to nearest f16
+    /// on the host, the rows scaled by `row_scale` (powers of two) and rounded to nearest f16
+    /// on the device (CUDA's `cvt.rn`, subnormals kept).
+    RoundedF16 { scale: f64, row_scale: f64 },
     /// wgpu cooperative matrices: f16 operands, the query scaled by `scale` (a power of two);
     /// with `rows_rounded`, f32 rows are rounded to f16 too. Any f16 subnormal may be flushed.
     CoopF16 { scale: f64, rows_rounded: bool },
@@ -48,6 +52,8 @@ pub(crate) fn gate(
         Approximation::GemmF16 { .. } | Approximation::CoopF16 { rows_rounded: false, .. } => {
             2f64.powi(-11) * (1.0 + 2f64.powi(-11)) + 2.0 * gamma
         }
+        // Both operands rounded to nearest: (1 + 2^-11)^2 - 1.
+        Approximation::RoundedF16 { .. } => 2f64.powi(-10) + 2f64.powi(-22) + 2.0 * gamma,
         // The query rounded to nearest on the host (2^-11); rows converted on the device, where
         // WGSL and Vulkan allow either neighbouring f16 (2^-10): (1 + 2^-11)(1 + 2^-10) - 1.
         Approximation::CoopF16 { rows_rounded: true, .. } => {
@@ -57,7 +63,9 @@ pub(crate) fn gate(
     // f16 query rounding below the subnormal step: 2^-25 per component of the scaled query,
     // or 2^-14 where subnormals may be flushed.
     let f16_floor = |norm_x: f64| match path {
-        Approximation::GemmF16 { scale } => 2f64.powi(-25) * d.sqrt() * norm_x / scale,
+        Approximation::GemmF16 { scale } | Approximation::RoundedF16 { scale, .. } => {
+            2f64.powi(-25) * d.sqrt() * norm_x / scale
+        }
         Approximation::CoopF16 { scale, .. } => 2f64.powi(-14) * d.sqrt() * norm_x / scale,
         _ => 0.0,
     };
@@ -66,10 +74,18 @@ pub(crate) fn gate(
         let mul = (1.0 + gamma) / (1.0 - gamma) * (1.0 + 1e-6);
         return (mul as f32, (4.0 * tiny * 1.01) as f32);
     }
+    // Rows rounded to f16 on the device: the same floor for each row component, 2^-25 of the
+    // scaled row, against the query (cosine then divides by |x| >= 1e-18).
+    let row_floor = match path {
+        Approximation::RoundedF16 { row_scale, .. } => 2f64.powi(-25) * d.sqrt() * q_norm / row_scale,
+        _ => 0.0,
+    };
     let error = match metric {
-        GpuDistanceMetric::Euclidean => 2.0 * (product * q_norm * r + f16_floor(r)) + gamma * max_sq_norm,
-        GpuDistanceMetric::DotProduct => product * q_norm * r + f16_floor(r),
-        GpuDistanceMetric::Cosine => product * q_norm + f16_floor(1.0) + 4.0 * u,
+        GpuDistanceMetric::Euclidean => {
+            2.0 * (product * q_norm * r + f16_floor(r) + row_floor) + gamma * max_sq_norm
+        }
+        GpuDistanceMetric::DotProduct => product * q_norm * r + f16_floor(r) + row_floor,
+        GpuDistanceMetric::Cosine => product * q_norm + f16_floor(1.0) + 4.0 * u + row_floor * 1e18,
     };
     let add = 2.0 * (error + tiny) * 1.01;
     (1.0, (add * (1.0 + 1e-6)) as f32)
@@ -78,11 +94,16 @@ pub(crate) fn gate(
 /// The power of two that brings the query's largest component near 2^15, so its f16 copy
 /// neither overflows (65504) nor loses more than it must to subnormals.
 pub(crate) fn f16_scale(query: &[f32]) -> f64 {
-    let max = query.iter().fold(0f32, |m, &x| m.max(x.abs()));
-    if max == 0.0 {
+    f16_scale_below(f64::from(query.iter().fold(0f32, |m, &x| m.max(x.abs()))))
+}
+
+/// The power of two that brings values of magnitude up to `max` to at most 2^15 (and above
+/// 2^14 where the clamp allows): rows use it with their largest norm.
+pub(crate) fn f16_scale_below(max: f64) -> f64 {
+    if max == 0.0 || !max.is_finite() {
         return 1.0;
     }
-    let exponent = (32768.0 / f64::from(max)).log2().floor() as i32;
+    let exponent = (32768.0 / max).log2().floor() as i32;
     2f64.powi(exponent.clamp(-120, 120))
 }
 
@@ -108,6 +129,8 @@ mod tests {
         let coop = |rows_rounded| g(Approximation::CoopF16 { scale: 1024.0, rows_rounded });
         assert!(g(Approximation::GemmF16 { scale: 1024.0 }) <= coop(false));
         assert!(coop(false) < coop(true) && coop(true) < g(Approximation::GemmTf32));
+        let rounded = g(Approximation::RoundedF16 { scale: 1024.0, row_scale: 1024.0 });
+        assert!(g(Approximation::GemmF16 { scale: 1024.0 }) < rounded && rounded < coop(true));
         let (mul, add) = gate(GpuDistanceMetric::Euclidean, Approximation::Scan, 1.0, 1.0, 128);
         assert!(mul > 1.0 && add >= 0.0);
     }

@@ -13,16 +13,20 @@ const GEMM: &str = include_str!("kernels/gemm.cu");
 const FUSED: &str = include_str!("kernels/fused.cu");
 
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
-pub(crate) const TENSOR_NAMES: &[&str] = &["hg_mma_filter_tf32", "hg_mma_filter_f16"];
+pub(crate) const TENSOR_NAMES: &[&str] =
+    &["hg_mma_filter_tf32", "hg_mma_filter_f16", "hg_mma_filter_f32h", "hg_round_rows_f16"];
 
-/// Dynamic shared memory of the `hg_mma_filter` kernels for elements of `element` bytes and
-/// rows of `dim` of them: the resident query tile (128 lines of whole 128-byte steps plus 4
-/// words) and the staged steps of 128 rows (36 words each, the last 4 holding norms; 2 stages
-/// for f32, 3 for f16), as `kernels/fused.cu` lays them out.
-pub(crate) fn mma_shared_bytes(element: usize, dim: usize) -> usize {
-    let query_pitch = (element * dim).div_ceil(128) * 32 + 4;
-    let stages = if element == 4 { 2 } else { 3 };
-    (MMA_TILE * query_pitch + stages * MMA_TILE * 36) * 4
+/// Dynamic shared memory of the `hg_mma_filter` kernels for stored elements of `row_element`
+/// bytes multiplied as `operand_element` bytes, rows of `dim` of them: the resident query tile
+/// (128 lines of whole 128-byte steps of operands plus 4 words), the staged steps of 128 rows
+/// (36 words each, the last 4 holding norms; 2 stages on TF32, else 3) and, where f32 rows are
+/// multiplied in f16, two f16 buffers of 128 lines of 20 words, as `kernels/fused.cu` lays
+/// them out.
+pub(crate) fn mma_shared_bytes(row_element: usize, operand_element: usize, dim: usize) -> usize {
+    let query_pitch = (operand_element * dim).div_ceil(128) * 32 + 4;
+    let stages = if row_element == 4 && operand_element == 4 { 2 } else { 3 };
+    let halves = if row_element == operand_element { 0 } else { 2 * 20 };
+    (MMA_TILE * query_pitch + stages * MMA_TILE * 36 + halves * MMA_TILE) * 4
 }
 
 /// Rows (and queries) one `hg_mma_filter` block covers.
@@ -44,6 +48,10 @@ pub(crate) struct TensorKernels<F> {
     pub(crate) tf32: F,
     /// Filter over f16 rows on f16 tensor cores.
     pub(crate) f16: F,
+    /// Filter over f32 rows rounded to f16 on the device, on f16 tensor cores.
+    pub(crate) f32h: F,
+    /// f32 rows scaled and rounded to an f16 copy, for the f16 filter.
+    pub(crate) round_rows: F,
 }
 
 macro_rules! kernel_table {
@@ -71,7 +79,7 @@ macro_rules! kernel_table {
                 let mut it = functions.into_iter();
                 let mut next = || it.next().ok_or_else(|| crate::error::HiveGpuError::Internal("kernel table".into()));
                 $(let $field = next()?;)*
-                let tensor = if tensor { Some(TensorKernels { tf32: next()?, f16: next()? }) } else { None };
+                let tensor = if tensor { Some(TensorKernels { tf32: next()?, f16: next()?, f32h: next()?, round_rows: next()? }) } else { None };
                 Ok(Self { $($field,)* tensor })
             }
         }

@@ -109,6 +109,8 @@ pub(super) struct Workspace<D: Driver> {
     /// The fused filter's candidate buffers and their fill counts.
     pub(super) fused_cand: Scratch<D>,
     pub(super) fused_counts: Scratch<D>,
+    /// The f32 rows rounded to f16 for one search on f16 tensor cores.
+    pub(super) rounded_rows: Scratch<D>,
 }
 
 impl<D: Driver> Workspace<D> {
@@ -133,6 +135,7 @@ impl<D: Driver> Workspace<D> {
             sample_norms: Scratch::new(),
             fused_state: Scratch::new(),
             fused_cand: Scratch::new(),
+            rounded_rows: Scratch::new(),
             fused_counts: Scratch::new(),
         })
     }

@@ -85,7 +85,7 @@ pub(super) fn prepare(
     let seen = |q: usize| if cosine { &unit[q * dim..(q + 1) * dim] } else { row(q) };
     // Norms of the vectors the kernels see: the unit queries' are not exactly 1.
     let kernel_norms = if cosine { per_query(nq, |q| norm(seen(q))) } else { q_norms.clone() };
-    let half = matches!(path, Approximation::GemmF16 { .. });
+    let half = matches!(path, Approximation::GemmF16 { .. } | Approximation::RoundedF16 { .. });
     let (scales, halves) = if half {
         let scales = per_query(nq, |q| bounds::f16_scale(seen(q)));
         let halves = per_row(nq, dim, |q, out: &mut [f16]| {
@@ -109,6 +109,9 @@ pub(super) fn prepare(
         per_query(nq, |q| {
             let p = match path {
                 Approximation::GemmF16 { .. } => Approximation::GemmF16 { scale: scales[q] },
+                Approximation::RoundedF16 { row_scale, .. } => {
+                    Approximation::RoundedF16 { scale: scales[q], row_scale }
+                }
                 other => other,
             };
             bounds::gate(metric, p, kernel_norms[q], max_sq_norm, dim)

@@ -13,7 +13,7 @@
 
 use rayon::prelude::*;
 
-use super::bounds::Approximation;
+use super::bounds::{self, Approximation};
 use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
 use super::memory::Workspace;
@@ -30,6 +30,9 @@ const MAX_LIST: usize = 4096;
 const GEMM_MIN_QUERIES: usize = 8;
 /// Device bytes one GEMM tile of dot products may take.
 const TILE_BYTES: usize = 256 << 20;
+/// The largest f16 copy of f32 rows one search makes for the f16 filter (a million rows of
+/// 256 components); each concurrent search has its own.
+const ROUNDED_COPY_BYTES: usize = 512 << 20;
 /// Collections smaller than this take the GEMM tiles rather than the fused filter, whose
 /// sample search would be too small to give useful thresholds.
 const FUSED_MIN_ROWS: usize = 1 << 17;
@@ -253,19 +256,35 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// The tensor-core path of the fused filter for a batch that would take `path`, if the
-    /// device has the kernels and the batch suits them. Exact f32 batches run it on TF32:
-    /// the gate's TF32 band and the f64 re-rank keep them exact, and queries whose band
-    /// overflowed re-run on plain f32 GEMMs. `HIVE_GPU_FUSED=0` turns it off;
-    /// `HIVE_GPU_FUSED_MIN_ROWS` lowers the size from which it runs (tests use 1).
-    fn fused_approximation(&self, nq: usize, k: usize, path: Approximation) -> Option<Approximation> {
+    /// device has the kernels and the batch suits them. Exact and fast f32 batches round the
+    /// rows to f16 on the device (`RoundedF16`: half TF32's band, half its tensor-core work;
+    /// L2 and dot product, dimension a multiple of 8), else run on TF32: the gate's band and
+    /// the f64 re-rank keep them exact, and queries whose band overflowed re-run on plain f32
+    /// GEMMs. `HIVE_GPU_FUSED=0` turns the filter off and `HIVE_GPU_F16_FILTER=0` keeps f32
+    /// rows on TF32; `HIVE_GPU_FUSED_MIN_ROWS` lowers the size from which it runs (tests use 1).
+    fn fused_approximation(
+        &self,
+        nq: usize,
+        k: usize,
+        metric: GpuDistanceMetric,
+        path: Approximation,
+    ) -> Option<Approximation> {
         self.device.kernels.tensor.as_ref()?;
         if std::env::var("HIVE_GPU_FUSED").as_deref() == Ok("0") {
             return None;
         }
+        let rounded = metric != GpuDistanceMetric::Cosine
+            && self.dim.is_multiple_of(8)
+            && std::env::var("HIVE_GPU_F16_FILTER").as_deref() != Ok("0");
         let tensor_path = match path {
+            Approximation::GemmF32 | Approximation::GemmTf32 if rounded => {
+                Approximation::RoundedF16 { scale: 1.0, row_scale: self.row_scale() }
+            }
             Approximation::GemmF32 | Approximation::GemmTf32 => Approximation::GemmTf32,
             Approximation::GemmF16 { scale } => Approximation::GemmF16 { scale },
-            Approximation::Scan | Approximation::CoopF16 { .. } => return None,
+            Approximation::Scan | Approximation::CoopF16 { .. } | Approximation::RoundedF16 { .. } => {
+                return None;
+            }
         };
         let min_rows = fused_min_rows();
         let kcap = self.path_list_size(k, tensor_path);
@@ -276,8 +295,24 @@ impl<D: Driver> GpuRows<D> {
             // Without a sample every row passes: only small collections fit the buffers.
             && (self.sample_rank(k).is_some() || self.len <= FUSED_CAP)
             && Self::fused_sort_size(kcap) * 8 <= self.shared_limit()
-            && mma_shared_bytes(self.element_bytes(), self.dim) <= self.driver().max_shared_bytes();
+            && self.mma_shared_bytes(tensor_path) <= self.driver().max_shared_bytes();
         fits.then_some(tensor_path)
+    }
+
+    /// Bytes of a tensor-core operand on `path`: TF32 multiplies f32, the others f16.
+    fn operand_bytes(path: Approximation) -> usize {
+        if path == Approximation::GemmTf32 { 4 } else { 2 }
+    }
+
+    /// The filter kernel's dynamic shared memory on `path`.
+    fn mma_shared_bytes(&self, path: Approximation) -> usize {
+        mma_shared_bytes(self.element_bytes(), Self::operand_bytes(path), self.dim)
+    }
+
+    /// The power of two f32 rows are scaled by before the filter rounds them to f16: the
+    /// largest component (at most the largest norm) lands at or below 2^15.
+    fn row_scale(&self) -> f64 {
+        bounds::f16_scale_below(f64::from(self.max_sq_norm).sqrt() * (1.0 + 1e-6))
     }
 
     /// The rank j whose sample distance gives the fused filter's thresholds, if the sample
@@ -299,7 +334,11 @@ impl<D: Driver> GpuRows<D> {
     fn path_list_size(&self, k: usize, path: Approximation) -> usize {
         let wide = wide_list_size(k);
         match path {
-            Approximation::GemmTf32 | Approximation::GemmF16 { .. } if self.list_fits(wide) => wide,
+            Approximation::GemmTf32 | Approximation::GemmF16 { .. } | Approximation::RoundedF16 { .. }
+                if self.list_fits(wide) =>
+            {
+                wide
+            }
             _ => list_size(k),
         }
     }
@@ -321,7 +360,7 @@ impl<D: Driver> GpuRows<D> {
     fn narrower(&self, path: Approximation, k: usize) -> Option<Approximation> {
         let scan_fits = list_size(k) <= MAX_LIST && self.scan_shared_bytes(k) <= self.shared_limit();
         match (path, self.precision) {
-            (Approximation::GemmTf32, _) => Some(Approximation::GemmF32),
+            (Approximation::GemmTf32 | Approximation::RoundedF16 { .. }, _) => Some(Approximation::GemmF32),
             (Approximation::GemmF16 { .. }, StoragePrecision::F16) if scan_fits => Some(Approximation::Scan),
             _ => None,
         }
@@ -344,7 +383,7 @@ impl<D: Driver> GpuRows<D> {
         // 64 KiB of shared memory) take the radix path.
         let radix_only = !self.list_fits(list_size(k));
         let fused = match forced {
-            None if !radix_only => self.fused_approximation(nq, k, path),
+            None if !radix_only => self.fused_approximation(nq, k, metric, path),
             _ => None,
         };
         if let Some(tensor_path) = fused {
@@ -352,7 +391,7 @@ impl<D: Driver> GpuRows<D> {
         }
 
         let cosine = metric == GpuDistanceMetric::Cosine;
-        let half = matches!(path, Approximation::GemmF16 { .. });
+        let half = matches!(path, Approximation::GemmF16 { .. } | Approximation::RoundedF16 { .. });
         let gate_path = if radix_only { Approximation::Scan } else { path };
         let prepared = prepare(queries, dim, metric, path, gate_path, f64::from(self.max_sq_norm));
         let Prepared { q_norms, gate_mul, gate_add, scan_mul, scan_add, .. } = &prepared;
@@ -692,11 +731,17 @@ impl<D: Driver> GpuRows<D> {
         } else {
             norms
         };
+        // A `RoundedF16` filter's sample runs on TF32 (cuBLAS has no f32-rows-in-f16 GEMM)
+        // under the filter's narrower gate: its threshold is a guess either way, which the
+        // filter's finalize proves or rejects.
         let (inputs_kind, queries, element) = match path {
             Approximation::GemmF16 { .. } => (GemmInputs::F16, inputs.half, 2u64),
-            Approximation::GemmTf32 => (GemmInputs::Tf32, inputs.approx, 4),
+            Approximation::GemmTf32 | Approximation::RoundedF16 { .. } => {
+                (GemmInputs::Tf32, inputs.approx, 4)
+            }
             _ => (GemmInputs::F32, inputs.approx, 4),
         };
+        let inv_scale = if matches!(path, Approximation::GemmF16 { .. }) { inputs.inv_scale } else { 0 };
         let row_element = self.element_bytes() as u64;
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
@@ -747,7 +792,7 @@ impl<D: Driver> GpuRows<D> {
                         Arg::Ptr(norms),
                         Arg::Ptr(dead),
                         Arg::I32(metric_code(metric)),
-                        Arg::Ptr(if inputs.inv_scale == 0 { 0 } else { inputs.inv_scale + q0 as u64 * 4 }),
+                        Arg::Ptr(if inv_scale == 0 { 0 } else { inv_scale + q0 as u64 * 4 }),
                         Arg::Ptr(inputs.gate_mul + q0 as u64 * 4),
                         Arg::Ptr(inputs.gate_add + q0 as u64 * 4),
                         Arg::U32(k as u32),
@@ -811,16 +856,24 @@ impl<D: Driver> GpuRows<D> {
         let cand = ws.fused_cand.get(&driver, chunk * FUSED_CAP * 8)?;
         let counts = ws.fused_counts.get(&driver, chunk * 4)?;
         let (rows, norms, dead) = self.arrays_ptrs()?;
-        let (kernel, queries, element) = match path {
-            Approximation::GemmF16 { .. } => (tensor.f16, inputs.half, 2u64),
-            _ => (tensor.tf32, inputs.approx, 4),
+        let (kernel, queries, element, rows, row_element) = match path {
+            Approximation::GemmF16 { .. } => (tensor.f16, inputs.half, 2u64, rows, 2),
+            Approximation::RoundedF16 { row_scale, .. } => match self.rounded_rows(ws, rows, row_scale)? {
+                Some(copy) => (tensor.f16, inputs.half, 2, copy, 2),
+                None => (tensor.f32h, inputs.half, 2, rows, 4),
+            },
+            _ => (tensor.tf32, inputs.approx, 4, rows, 4),
+        };
+        let row_scale = match path {
+            Approximation::RoundedF16 { row_scale, .. } => row_scale as f32,
+            _ => 1.0,
         };
         // Row tiles per block: enough to amortize loading its query tile, few enough that the
         // grid has many blocks to balance.
         let tiles =
             env_usize("HIVE_GPU_FUSED_TILES").unwrap_or(32).max(n.div_ceil(MMA_TILE).div_ceil(MAX_GRID_Y));
         let row_groups = n.div_ceil(MMA_TILE).div_ceil(tiles);
-        let shared = mma_shared_bytes(self.element_bytes(), dim);
+        let shared = mma_shared_bytes(row_element, element as usize, dim);
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
             driver.fill(&ws.stream, cand, 0xff, qc * FUSED_CAP * 8)?;
@@ -842,6 +895,7 @@ impl<D: Driver> GpuRows<D> {
                     Arg::Ptr(queries + q * dim as u64 * element),
                     Arg::U32(qc as u32),
                     Arg::Ptr(if inputs.inv_scale == 0 { 0 } else { inputs.inv_scale + q * 4 }),
+                    Arg::F32(row_scale),
                     Arg::Ptr(tau_ptr + q * 4),
                     Arg::I32(metric_code(metric)),
                     Arg::U32(FUSED_CAP as u32),
@@ -862,6 +916,44 @@ impl<D: Driver> GpuRows<D> {
             profile.mark(&*driver, &ws.stream, "finalize")?;
         }
         Ok(())
+    }
+
+    /// The rows scaled by `row_scale` and rounded to f16 in `ws`, for the f16 filter, if the
+    /// copy fits `HIVE_GPU_ROUNDED_COPY_BYTES` (512 MiB unless set) and the device's memory.
+    /// One pass over the rows per search costs less than converting every staged step in
+    /// every block of the filter (which re-reads the rows once per 128 queries); beyond the
+    /// budget, or with too little memory, the filter converts in place (`f32h`).
+    fn rounded_rows(
+        &self,
+        ws: &mut Workspace<D>,
+        rows: DevicePtr,
+        row_scale: f64,
+    ) -> Result<Option<DevicePtr>> {
+        let Some(tensor) = self.device.kernels.tensor.as_ref() else {
+            return Ok(None);
+        };
+        let values = self.len * self.dim;
+        // Unlike the other sizes, 0 is a setting here: no copy.
+        let budget = std::env::var("HIVE_GPU_ROUNDED_COPY_BYTES").ok().and_then(|v| v.parse().ok());
+        if values * 2 > budget.unwrap_or(ROUNDED_COPY_BYTES) {
+            return Ok(None);
+        }
+        let driver = self.driver().clone();
+        let copy = match ws.rounded_rows.get(&driver, values * 2) {
+            Ok(copy) => copy,
+            Err(HiveGpuError::VramLimitExceeded { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let quads = values / 4;
+        driver.launch(
+            &ws.stream,
+            tensor.round_rows,
+            (quads.div_ceil(BLOCK as usize).min(driver.multiprocessors() as usize * 16) as u32, 1),
+            BLOCK,
+            0,
+            &[Arg::Ptr(rows), Arg::Ptr(copy), Arg::U64(quads as u64), Arg::F32(row_scale as f32)],
+        )?;
+        Ok(Some(copy))
     }
 
     /// Each query's fused-filter threshold, in approximate-distance units: the exact distance

@@ -266,11 +266,7 @@ impl WgpuRows {
         if self.precision == StoragePrecision::F16 {
             return 1.0;
         }
-        let max = f64::from(self.host.max_squared_norm()).sqrt() * (1.0 + 1e-6);
-        if max == 0.0 {
-            return 1.0;
-        }
-        2f64.powi(((32768.0 / max).log2().floor() as i32).clamp(-120, 120))
+        bounds::f16_scale_below(f64::from(self.host.max_squared_norm()).sqrt() * (1.0 + 1e-6))
     }
 
     /// The filter's gate for one query (`q` as the kernels see it: unit for cosine), with the
