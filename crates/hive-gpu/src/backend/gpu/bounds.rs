@@ -100,7 +100,7 @@ pub(crate) fn f16_scale(query: &[f32]) -> f64 {
 /// The power of two that brings values of magnitude up to `max` to at most 2^15 (and above
 /// 2^14 where the clamp allows): rows use it with their largest norm.
 pub(crate) fn f16_scale_below(max: f64) -> f64 {
-    if max == 0.0 || !max.is_finite() {
+    if max == 0.0 {
         return 1.0;
     }
     let exponent = (32768.0 / max).log2().floor() as i32;
@@ -119,6 +119,18 @@ mod tests {
             assert!((16384.0..=32768.0).contains(&scaled), "max {max}: scaled {scaled}");
         }
         assert_eq!(f16_scale(&[0.0, 0.0]), 1.0);
+    }
+
+    #[test]
+    fn row_scales_bring_rows_into_range_or_show_they_cannot() {
+        // f32 rows' largest norms run up to about 1.8e19; smaller ones down to subnormals.
+        for max in [1e-30, 1e-5, 0.5, 1.0, 11.3, 65504.0, 1e19] {
+            let scaled = max * f16_scale_below(max);
+            assert!((16384.0..=32768.0).contains(&scaled), "max {max:e}: scaled {scaled}");
+        }
+        assert_eq!(f16_scale_below(0.0), 1.0);
+        // A norm that overflowed f32: no scale helps, which the caller sees in the product.
+        assert!(f64::INFINITY * f16_scale_below(f64::INFINITY) > 32768.0);
     }
 
     #[test]

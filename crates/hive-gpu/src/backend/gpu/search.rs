@@ -273,8 +273,10 @@ impl<D: Driver> GpuRows<D> {
         if std::env::var("HIVE_GPU_FUSED").as_deref() == Ok("0") {
             return None;
         }
+        // Rows no scale brings into f16's range (a norm that overflowed f32) stay on TF32.
         let rounded = metric != GpuDistanceMetric::Cosine
             && self.dim.is_multiple_of(8)
+            && self.largest_component() * self.row_scale() <= 32768.0
             && std::env::var("HIVE_GPU_F16_FILTER").as_deref() != Ok("0");
         let tensor_path = match path {
             Approximation::GemmF32 | Approximation::GemmTf32 if rounded => {
@@ -312,7 +314,13 @@ impl<D: Driver> GpuRows<D> {
     /// The power of two f32 rows are scaled by before the filter rounds them to f16: the
     /// largest component (at most the largest norm) lands at or below 2^15.
     fn row_scale(&self) -> f64 {
-        bounds::f16_scale_below(f64::from(self.max_sq_norm).sqrt() * (1.0 + 1e-6))
+        bounds::f16_scale_below(self.largest_component())
+    }
+
+    /// An upper bound on every stored component: the largest norm, widened for its f32
+    /// rounding.
+    fn largest_component(&self) -> f64 {
+        f64::from(self.max_sq_norm).sqrt() * (1.0 + 1e-6)
     }
 
     /// The rank j whose sample distance gives the fused filter's thresholds, if the sample
