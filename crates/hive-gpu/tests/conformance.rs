@@ -318,6 +318,32 @@ fn near_duplicates_far_from_origin_are_ranked_exactly() {
     }
 }
 
+/// Rows and queries of tiny magnitude (components near 2^-64): the f16 scales that bring them
+/// into range are so large that a filter folding both into its f32 distance factor would
+/// underflow to zero and rank rows by their norms alone. Such batches must still be exact.
+#[test]
+fn tiny_vectors_are_ranked_exactly() {
+    let (dim, n, nq) = (16, 3000, 24);
+    let unit = 2f32.powi(-64);
+    for context in contexts() {
+        for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct] {
+            let mut rng = Rng::new(17);
+            let base: Vec<f32> = (0..n * dim).map(|_| unit * rng.normal()).collect();
+            let queries: Vec<f32> = (0..nq * dim).map(|_| unit * rng.normal()).collect();
+            let storage = context.create_storage(dim, metric).expect("storage");
+            let vectors = fill(&storage, &base, dim, StoragePrecision::F32);
+            let by_id: HashMap<&str, &[f32]> =
+                vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+            let batch = storage.search_batch(&queries, 10).expect("batch search");
+            for (qi, q) in queries.chunks_exact(dim).enumerate() {
+                let want = reference(metric, &vectors, q, 10);
+                let what = format!("{} {metric} tiny vectors, query {qi}", context.backend_type());
+                assert_exact(&what, metric, &batch[qi], &want, &by_id, q);
+            }
+        }
+    }
+}
+
 /// Equal scores come back in storage order, on both search paths, before and after
 /// compaction.
 #[test]

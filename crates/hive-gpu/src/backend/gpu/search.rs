@@ -274,14 +274,17 @@ impl<D: Driver> GpuRows<D> {
             return None;
         }
         // Rows no scale brings into f16's range (a norm that overflowed f32) stay on TF32.
+        let rounded_path = Approximation::RoundedF16 { scale: 1.0, row_scale: self.row_scale() };
+        // The shared-memory check takes the in-filter conversion's size, the larger of the two
+        // (the copy may not fit the device's memory at search time): where it does not fit,
+        // TF32 may.
         let rounded = metric != GpuDistanceMetric::Cosine
             && self.dim.is_multiple_of(8)
             && self.largest_component() * self.row_scale() <= 32768.0
+            && self.mma_shared_bytes(rounded_path) <= self.driver().max_shared_bytes()
             && std::env::var("HIVE_GPU_F16_FILTER").as_deref() != Ok("0");
         let tensor_path = match path {
-            Approximation::GemmF32 | Approximation::GemmTf32 if rounded => {
-                Approximation::RoundedF16 { scale: 1.0, row_scale: self.row_scale() }
-            }
+            Approximation::GemmF32 | Approximation::GemmTf32 if rounded => rounded_path,
             Approximation::GemmF32 | Approximation::GemmTf32 => Approximation::GemmTf32,
             Approximation::GemmF16 { scale } => Approximation::GemmF16 { scale },
             Approximation::Scan | Approximation::CoopF16 { .. } | Approximation::RoundedF16 { .. } => {
@@ -390,7 +393,7 @@ impl<D: Driver> GpuRows<D> {
         // Lists too large for on-chip memory (k beyond about 3,000, or less on devices with
         // 64 KiB of shared memory) take the radix path.
         let radix_only = !self.list_fits(list_size(k));
-        let fused = match forced {
+        let mut fused = match forced {
             None if !radix_only => self.fused_approximation(nq, k, metric, path),
             _ => None,
         };
@@ -399,9 +402,20 @@ impl<D: Driver> GpuRows<D> {
         }
 
         let cosine = metric == GpuDistanceMetric::Cosine;
+        let gate_path = |path| if radix_only { Approximation::Scan } else { path };
+        let max_sq = f64::from(self.max_sq_norm);
+        let mut prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq);
+        // The rounded filter turns products into distances with 2 / (scale * row_scale) in
+        // f32. A batch where that factor is no normal f32 for some query (queries or rows at
+        // the ends of f32's range) takes the plain f32 tiles instead.
+        if let Approximation::RoundedF16 { row_scale, .. } = path
+            && prepared.scales.iter().any(|&s| !((2.0 / (s * row_scale)) as f32).is_normal())
+        {
+            path = Approximation::GemmF32;
+            fused = None;
+            prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq);
+        }
         let half = matches!(path, Approximation::GemmF16 { .. } | Approximation::RoundedF16 { .. });
-        let gate_path = if radix_only { Approximation::Scan } else { path };
-        let prepared = prepare(queries, dim, metric, path, gate_path, f64::from(self.max_sq_norm));
         let Prepared { q_norms, gate_mul, gate_add, scan_mul, scan_add, .. } = &prepared;
         let inv_scale: Vec<f32> = prepared.scales.iter().map(|&s| (1.0 / s) as f32).collect();
 

@@ -136,7 +136,8 @@ __device__ __noinline__ void hg_mma_push(u32 q, u32 row, float d, u32 n, const u
 // loaded by ldmatrix (one instruction per 16 x 8 words instead of four).
 // Distances follow hg_tile_topk's formulas, so the host's gate applies unchanged. The f16
 // path's scales (the query's, and the rows' where f32 rows are rounded) are powers of two:
-// folding them into L2's -2 changes no bit, except where the
+// folding them into L2's -2 changes no bit as long as the folded factor is a normal f32 (the
+// host sends batches where it would not be to the plain f32 tiles), except where the
 // scaled product is subnormal, and there it only removes a rounding. The
 // metric is a template parameter: the filter runs once per product and must stay a few
 // instructions. dim * sizeof(T) and dim * sizeof(M) must be multiples of 16. Candidate q's buffer holds
