@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 
-use super::rows::{MAX_GROUPS, PARAMS_BYTES, PARAMS_STRIDE, SELECT_GROUPS, WgpuRows, kernel_query, norm};
+use super::rows::{
+    MAX_GROUPS, PARAMS_BYTES, PARAMS_STRIDE, SELECT_GROUPS, Shared, WgpuRows, kernel_query, norm,
+};
 use super::{layout_entry, storage};
 use crate::backend::RowStore;
 use crate::backend::gpu::bounds::{self, Approximation};
@@ -365,32 +367,13 @@ impl WgpuRows {
         let mut generation = work.generation;
         let half_bytes = (padded * dim * 2) as u64;
         self.ensure(&mut work.half_queries, &mut generation, "half queries", half_bytes, storage_usage)?;
-        self.ensure_shared(work, &mut generation, t, cap, dispatches, sample_words + t * list_words)?;
+        let dist_words = sample_words + t * list_words;
+        let Shared { params, dist, state, hist, cand, gate, readback } =
+            self.ensure_shared(&mut work.shared, &mut generation, t, cap, dispatches, dist_words)?;
         work.generation = generation;
         let key = generation ^ (self.chunks_generation << 32);
         let missing = |name: &str| HiveGpuError::Internal(format!("wgpu buffer {name} missing"));
-        let (
-            Some(params),
-            Some(half_queries),
-            Some(dist),
-            Some(state),
-            Some(hist),
-            Some(cand),
-            Some(gate),
-            Some(readback),
-        ) = (
-            &work.params,
-            &work.half_queries,
-            &work.dist,
-            &work.state,
-            &work.hist,
-            &work.cand,
-            &work.gate,
-            &work.readback,
-        )
-        else {
-            return Err(missing("workspace"));
-        };
+        let half_queries = work.half_queries.as_ref().ok_or_else(|| missing("half queries"))?;
         let dead = self.dead.as_ref().ok_or_else(|| missing("dead"))?;
         let scope = device.device.push_error_scope(wgpu::ErrorFilter::Validation);
         if work.filter_groups.as_ref().is_none_or(|(k0, _, _)| *k0 != key) {

@@ -43,20 +43,39 @@ pub(super) struct Chunk {
 /// when a buffer or the row chunks change.
 #[derive(Debug, Default)]
 pub(super) struct Work {
-    pub(super) params: Option<wgpu::Buffer>,
+    /// The buffers every search path uses (`ensure_shared`).
+    pub(super) shared: SharedBuffers,
     queries: Option<wgpu::Buffer>,
-    pub(super) dist: Option<wgpu::Buffer>,
-    pub(super) state: Option<wgpu::Buffer>,
-    pub(super) hist: Option<wgpu::Buffer>,
-    pub(super) cand: Option<wgpu::Buffer>,
-    pub(super) gate: Option<wgpu::Buffer>,
-    pub(super) readback: Option<wgpu::Buffer>,
     groups: Option<(u64, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
     /// The filter path's f16 queries (`filter.rs`).
     pub(super) half_queries: Option<wgpu::Buffer>,
     /// The filter's bind groups: one per chunk, and the selection's.
     pub(super) filter_groups: Option<(u64, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
     pub(super) generation: u64,
+}
+
+/// The buffers of [`Work`] that the plain and the filter paths share, apart from the paths' own
+/// (query) buffers, so that their references borrow only this part of the workspace.
+#[derive(Debug, Default)]
+pub(super) struct SharedBuffers {
+    params: Option<wgpu::Buffer>,
+    dist: Option<wgpu::Buffer>,
+    state: Option<wgpu::Buffer>,
+    hist: Option<wgpu::Buffer>,
+    cand: Option<wgpu::Buffer>,
+    gate: Option<wgpu::Buffer>,
+    readback: Option<wgpu::Buffer>,
+}
+
+/// The shared buffers of a workspace once [`WgpuRows::ensure_shared`] has sized them.
+pub(super) struct Shared<'a> {
+    pub(super) params: &'a wgpu::Buffer,
+    pub(super) dist: &'a wgpu::Buffer,
+    pub(super) state: &'a wgpu::Buffer,
+    pub(super) hist: &'a wgpu::Buffer,
+    pub(super) cand: &'a wgpu::Buffer,
+    pub(super) gate: &'a wgpu::Buffer,
+    pub(super) readback: &'a wgpu::Buffer,
 }
 
 /// A collection's rows on a wgpu device.
@@ -460,32 +479,12 @@ impl WgpuRows {
         };
         let mut generation = work.generation;
         self.ensure(&mut work.queries, &mut generation, "queries", (t * dim * 4) as u64, storage)?;
-        self.ensure_shared(work, &mut generation, t, cap, dispatches, dist_words)?;
+        let Shared { params, dist, state, hist, cand, gate, readback } =
+            self.ensure_shared(&mut work.shared, &mut generation, t, cap, dispatches, dist_words)?;
         work.generation = generation;
         let key = generation ^ (self.chunks_generation << 32);
         let missing = |name: &str| HiveGpuError::Internal(format!("wgpu buffer {name} missing"));
-        let (
-            Some(params),
-            Some(queries),
-            Some(dist),
-            Some(state),
-            Some(hist),
-            Some(cand),
-            Some(gate),
-            Some(readback),
-        ) = (
-            &work.params,
-            &work.queries,
-            &work.dist,
-            &work.state,
-            &work.hist,
-            &work.cand,
-            &work.gate,
-            &work.readback,
-        )
-        else {
-            return Err(missing("workspace"));
-        };
+        let queries = work.queries.as_ref().ok_or_else(|| missing("queries"))?;
         let dead = self.dead.as_ref().ok_or_else(|| missing("dead"))?;
         // Everything the search creates or submits reports its validation errors here.
         let scope = device.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -668,27 +667,34 @@ impl WgpuRows {
 
     /// Grows the buffers every search path shares to a tile of `t` queries: `dispatches`
     /// parameter blocks, `dist_words` words of distances (or lists), and per query a state, a
-    /// histogram, `cap` candidates, a gate and their readback.
-    pub(super) fn ensure_shared(
+    /// histogram, `cap` candidates, a gate and their readback. Returns them.
+    pub(super) fn ensure_shared<'a>(
         &self,
-        work: &mut Work,
+        buffers: &'a mut SharedBuffers,
         generation: &mut u64,
         t: usize,
         cap: usize,
         dispatches: usize,
         dist_words: usize,
-    ) -> Result<()> {
+    ) -> Result<Shared<'a>> {
         let storage =
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let uniform = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
-        self.ensure(&mut work.params, generation, "params", dispatches as u64 * PARAMS_STRIDE, uniform)?;
-        self.ensure(&mut work.dist, generation, "dist", (dist_words * 4) as u64, storage)?;
-        self.ensure(&mut work.state, generation, "state", (t * 16) as u64, storage)?;
-        self.ensure(&mut work.hist, generation, "hist", (t * 256 * 4) as u64, storage)?;
-        self.ensure(&mut work.cand, generation, "cand", (t * cap * 4) as u64, storage)?;
-        self.ensure(&mut work.gate, generation, "gate", (t * 8) as u64, storage)?;
+        let b = buffers;
+        self.ensure(&mut b.params, generation, "params", dispatches as u64 * PARAMS_STRIDE, uniform)?;
+        self.ensure(&mut b.dist, generation, "dist", (dist_words * 4) as u64, storage)?;
+        self.ensure(&mut b.state, generation, "state", (t * 16) as u64, storage)?;
+        self.ensure(&mut b.hist, generation, "hist", (t * 256 * 4) as u64, storage)?;
+        self.ensure(&mut b.cand, generation, "cand", (t * cap * 4) as u64, storage)?;
+        self.ensure(&mut b.gate, generation, "gate", (t * 8) as u64, storage)?;
         let readback = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        self.ensure(&mut work.readback, generation, "readback", (t * 16 + t * cap * 4) as u64, readback)
+        self.ensure(&mut b.readback, generation, "readback", (t * 16 + t * cap * 4) as u64, readback)?;
+        let (Some(params), Some(dist), Some(state), Some(hist), Some(cand), Some(gate), Some(readback)) =
+            (&b.params, &b.dist, &b.state, &b.hist, &b.cand, &b.gate, &b.readback)
+        else {
+            return Err(HiveGpuError::Internal("wgpu workspace buffers missing".into()));
+        };
+        Ok(Shared { params, dist, state, hist, cand, gate, readback })
     }
 
     /// The selection kernels' bind group over a workspace's parameters and its distances,
