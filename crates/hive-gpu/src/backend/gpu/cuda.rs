@@ -406,10 +406,20 @@ impl Driver for CudaDriver {
 
     fn pinned(&self, bytes: usize) -> Result<CudaPinned> {
         self.bind()?;
-        // SAFETY: plain page-locked allocation owned by the returned value.
-        let ptr =
-            unsafe { cu::malloc_host(bytes.max(1), 0) }.map_err(|e| driver_error("cuMemHostAlloc", e))?;
+        // SAFETY: plain page-locked allocation owned by the returned value, mapped into the
+        // device's address space (see `mapped`).
+        let ptr = unsafe { cu::malloc_host(bytes.max(1), cu_sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+            .map_err(|e| driver_error("cuMemHostAlloc", e))?;
         Ok(CudaPinned { ptr: ptr.cast(), len: bytes })
+    }
+
+    fn mapped(&self, host: &CudaPinned) -> Option<DevicePtr> {
+        self.bind().ok()?;
+        let mut device: cu_sys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated by cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP and is
+        // alive; the call only writes `device`.
+        let status = unsafe { cu_sys::cuMemHostGetDevicePointer_v2(&mut device, host.ptr.cast(), 0) };
+        (status == cu_sys::CUresult::CUDA_SUCCESS && device != 0).then_some(device)
     }
 
     fn stream(&self, with_blas: bool) -> Result<CudaStream> {

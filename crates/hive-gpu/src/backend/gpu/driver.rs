@@ -111,6 +111,12 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     fn free(&self, ptr: DevicePtr);
     /// Page-locked host memory.
     fn pinned(&self, bytes: usize) -> Result<Self::Pinned>;
+    /// The device address at which kernels can write `host` directly, so small results come
+    /// back with no copy (the stream's synchronization makes the writes visible); None where
+    /// the runtime does not map page-locked memory into the device's address space.
+    fn mapped(&self, _host: &Self::Pinned) -> Option<DevicePtr> {
+        None
+    }
     /// A new stream; `with_blas` also gives it a BLAS handle (for [`Driver::gemm_tn`]), which
     /// costs device memory, so only streams that run GEMMs ask for one.
     fn stream(&self, with_blas: bool) -> Result<Self::Stream>;

@@ -90,6 +90,8 @@ pub(super) struct Workspace<D: Driver> {
     pub(super) events: [[D::Event; 2]; 2],
     pub(super) tiles: [Scratch<D>; 2],
     pub(super) staging: Staging<D>,
+    /// Small results, written by the kernels straight into host memory where the driver maps it.
+    pub(super) results: Staging<D>,
     pub(super) inputs: Scratch<D>,
     pub(super) lists: Scratch<D>,
     pub(super) evicted: Scratch<D>,
@@ -121,6 +123,7 @@ impl<D: Driver> Workspace<D> {
             events: [[driver.event()?, driver.event()?], [driver.event()?, driver.event()?]],
             tiles: [Scratch::new(), Scratch::new()],
             staging: Staging::new(),
+            results: Staging::new(),
             inputs: Scratch::new(),
             lists: Scratch::new(),
             evicted: Scratch::new(),

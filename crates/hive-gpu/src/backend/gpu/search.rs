@@ -91,6 +91,9 @@ fn list_size(k: usize) -> usize {
     (k + (k / 4).max(32)).next_power_of_two()
 }
 
+/// Results up to this size are written by the kernels into mapped host memory.
+const MAPPED_RESULTS_BYTES: usize = 256 << 10;
+
 /// Most blocks along a grid's y dimension (queries) in one launch.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -134,6 +137,7 @@ impl Outputs {
             bytes: Self::bytes_for(nq, k),
             dist_offset,
             flags_offset,
+            mapped: false,
         }
     }
 }
@@ -163,6 +167,8 @@ struct Outputs {
     bytes: usize,
     dist_offset: usize,
     flags_offset: usize,
+    /// In the workspace's mapped host buffer (`results`), not in device memory.
+    mapped: bool,
 }
 
 /// With `HIVE_GPU_PROFILE=1`, each search phase synchronizes and reports its wall time on
@@ -432,9 +438,9 @@ impl<D: Driver> GpuRows<D> {
             align(nq * 4),
         ];
         let input_bytes: usize = sizes.iter().sum();
-        let output_bytes = Outputs::bytes_for(nq, k);
+        let outputs = self.outputs(ws, nq, k)?;
         let base = ws.inputs.get(&driver, input_bytes)?;
-        let staging = ws.staging.get(&*driver, input_bytes.max(output_bytes))?;
+        let staging = ws.staging.get(&*driver, input_bytes.max(outputs.bytes))?;
         let mut offset = 0usize;
         let mut put = |bytes: &[u8], size: usize| -> DevicePtr {
             copy_bytes(&mut staging[offset..offset + bytes.len()], bytes);
@@ -462,8 +468,7 @@ impl<D: Driver> GpuRows<D> {
             gate_mul: gate_mul_ptr,
             gate_add: gate_add_ptr,
         };
-        let outputs = Outputs::at(ws.outputs.get(&driver, output_bytes)?, nq, k);
-        driver.fill(&ws.stream, outputs.flags, 0, nq * 4)?;
+        // Every query's flag is written by finalize or the radix path: no clearing first.
         profile.mark(&*driver, &ws.stream, "prepare+upload")?;
 
         if radix_only {
@@ -496,7 +501,6 @@ impl<D: Driver> GpuRows<D> {
                 results[*q] = Some(found);
             }
         } else if !flagged.is_empty() {
-            driver.fill(&ws.stream, outputs.flags, 0, nq * 4)?;
             let scan_inputs = Inputs { gate_mul: scan_mul_ptr, gate_add: scan_add_ptr, ..inputs };
             for &q in &flagged {
                 self.radix_one(
@@ -522,7 +526,23 @@ impl<D: Driver> GpuRows<D> {
             .collect()
     }
 
-    /// Copies the results back: `None` for a query whose band overflowed its list.
+    /// Where the kernels write a search's results: small ones straight into the workspace's
+    /// page-locked host buffer where the driver maps it (a copy back and its wait cost about
+    /// 5 us of a 0.2 ms single query), else device memory that [`Self::download_results`]
+    /// copies back.
+    fn outputs(&self, ws: &mut Workspace<D>, nq: usize, k: usize) -> Result<Outputs> {
+        let driver = self.driver().clone();
+        let bytes = Outputs::bytes_for(nq, k);
+        if bytes <= MAPPED_RESULTS_BYTES
+            && let Some(base) = driver.mapped(ws.results.get(&*driver, bytes)?)
+        {
+            return Ok(Outputs { mapped: true, ..Outputs::at(base, nq, k) });
+        }
+        Ok(Outputs::at(ws.outputs.get(&driver, bytes)?, nq, k))
+    }
+
+    /// Waits for the results (copying them back unless mapped): `None` for a query whose band
+    /// overflowed its list.
     fn download_results(
         &self,
         ws: &mut Workspace<D>,
@@ -531,9 +551,15 @@ impl<D: Driver> GpuRows<D> {
         k: usize,
     ) -> Result<Vec<Option<Vec<Neighbor>>>> {
         let driver = self.driver().clone();
-        let host = ws.staging.get(&*driver, outputs.bytes)?;
-        driver.download(&ws.stream, host, outputs.slots, outputs.bytes)?;
-        driver.synchronize(&ws.stream)?;
+        let host = if outputs.mapped {
+            driver.synchronize(&ws.stream)?;
+            ws.results.get(&*driver, outputs.bytes)?
+        } else {
+            let host = ws.staging.get(&*driver, outputs.bytes)?;
+            driver.download(&ws.stream, host, outputs.slots, outputs.bytes)?;
+            driver.synchronize(&ws.stream)?;
+            host
+        };
         let host: &[u8] = host;
         let word = |at: usize| u32::from_ne_bytes([host[at], host[at + 1], host[at + 2], host[at + 3]]);
         let len = self.len;
@@ -606,6 +632,16 @@ impl<D: Driver> GpuRows<D> {
                 head -= 1;
             }
         }
+        // Few queries leave their blocks most of the device's shared memory: room to stage
+        // the query and its candidates' rows for the f64 re-rank (see hg_rerank).
+        let mut stage_floats = 0;
+        if count < GEMM_MIN_QUERIES {
+            let line = self.dim.next_multiple_of(4) + 4;
+            let lines = (self.shared_limit().saturating_sub(sortn * 8) / 4 / line).min(kcap + 1);
+            if lines >= 2 {
+                stage_floats = lines * line;
+            }
+        }
         let (rows, _, _) = self.arrays_ptrs()?;
         let kernel =
             if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
@@ -615,7 +651,7 @@ impl<D: Driver> GpuRows<D> {
             kernel,
             (count as u32, 1),
             BLOCK,
-            (sortn * 8) as u32,
+            (sortn * 8 + stage_floats * 4) as u32,
             &[
                 Arg::Ptr(lists.entries),
                 Arg::Ptr(lists.evicted),
@@ -636,6 +672,7 @@ impl<D: Driver> GpuRows<D> {
                 Arg::Ptr(outputs.slots + q0 * k as u64 * 4),
                 Arg::Ptr(outputs.dist + q0 * k as u64 * 8),
                 Arg::Ptr(outputs.flags + q0 * 4),
+                Arg::U32(stage_floats as u32),
             ],
         )
     }
@@ -1177,6 +1214,7 @@ impl<D: Driver> GpuRows<D> {
                 Arg::U32(k as u32),
                 Arg::Ptr(outputs.slots + (q * k * 4) as u64),
                 Arg::Ptr(outputs.dist + (q * k * 8) as u64),
+                Arg::Ptr(outputs.flags + (q * 4) as u64),
             ],
         )
     }

@@ -6,6 +6,7 @@
 // time (16 bytes of f32, 8 of f16); a warp covers HG_WARP / HG_LPR rows HG_RPL times per pass.
 #define HG_LPR 8
 #define HG_RPL 4
+#define HG_STEPS 2
 
 // Approximate distance of `rows_n` consecutive rows starting at `first` (warp-cooperative;
 // every lane gets every result). The element type is a template so f32 and f16 share it.
@@ -67,13 +68,29 @@ __device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 fir
         float acc[HG_RPL];
 #pragma unroll
         for (int r = 0; r < HG_RPL; r++) acc[r] = 0.0f;
-#pragma unroll 4
-        for (u32 c = s * 4; c < dim; c += HG_LPR * 4) {
-            float4 qv = *(const float4*)(q + c);
+        // HG_STEPS column steps of every row are loaded before any is used: the loads are all
+        // in flight at once whatever the compiler makes of the loop (13 us of a 195 us
+        // 1M x 128 scan on the H100). The sums still run in column order.
+        for (u32 c = s * 4; c < dim; c += HG_LPR * 4 * HG_STEPS) {
+            float4 x[HG_STEPS][HG_RPL];
 #pragma unroll
-            for (int r = 0; r < HG_RPL; r++) {
-                u32 row = first + r * groups + g;
-                if (row < end) acc[r] = hg_accumulate4(acc[r], qv, hg_load4<T>(rows, (u64)row * dim + c), metric);
+            for (int u = 0; u < HG_STEPS; u++) {
+                u32 cu = c + u * HG_LPR * 4;
+#pragma unroll
+                for (int r = 0; r < HG_RPL; r++) {
+                    u32 row = first + r * groups + g;
+                    x[u][r] = (cu < dim && row < end) ? hg_load4<T>(rows, (u64)row * dim + cu)
+                                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < HG_STEPS; u++) {
+                u32 cu = c + u * HG_LPR * 4;
+                if (cu < dim) {
+                    float4 qv = *(const float4*)(q + cu);
+#pragma unroll
+                    for (int r = 0; r < HG_RPL; r++) acc[r] = hg_accumulate4(acc[r], qv, x[u][r], metric);
+                }
             }
         }
 #pragma unroll
@@ -350,42 +367,125 @@ __device__ __forceinline__ double hg_exact_finish(double acc, double rr, double 
     return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
 }
 
-// Exact f64 canonical distance of a stored row, by one thread. The arithmetic is the host
-// reference's, operation for operation: each term rounded on its own (no fused multiply-add)
-// and the terms summed in component order, so distances that differ only in their last bits
-// order the same way on every backend. Re-ranks give each candidate its own thread.
+// Four consecutive elements from a 4-element-aligned index, through the caches (the re-rank's
+// reads, unlike the scan's streaming ones).
+template <typename T> __device__ __forceinline__ float4 hg_cached_load4(const T* p, u64 i);
+template <> __device__ __forceinline__ float4 hg_cached_load4<float>(const float* p, u64 i) {
+    return *(const float4*)(p + i);
+}
+template <> __device__ __forceinline__ float4 hg_cached_load4<u16>(const u16* p, u64 i) {
+    uint2 v = *(const uint2*)(p + i);
+    return make_float4(hg_h2f((u16)(v.x & 0xffffu)), hg_h2f((u16)(v.x >> 16)), hg_h2f((u16)(v.y & 0xffffu)),
+                       hg_h2f((u16)(v.y >> 16)));
+}
+
+// One term of the canonical distance, in f64 with each operation rounded on its own (no fused
+// multiply-add): the host reference's arithmetic, operation for operation.
+template <int M> __device__ __forceinline__ void hg_exact_term(double& acc, double& rr, float x, float q) {
+    double xv = (double)x, qv = (double)q;
+    if (M == HG_L2) {
+        double d = __dsub_rn(qv, xv);
+        acc = __dadd_rn(acc, __dmul_rn(d, d));
+    } else {
+        acc = __dadd_rn(acc, __dmul_rn(qv, xv));
+        if (M == HG_COS) rr = __dadd_rn(rr, __dmul_rn(xv, xv));
+    }
+}
+
+// Blocks of 16 components with no branch inside (the metric is a template parameter): their
+// loads, conversions and products overlap the sums, and only the f64 adds wait on each other
+// (with a branch per component, each cost 40 cycles instead of the 8 of its add).
+template <typename T, int M>
+__device__ double hg_exact_row_metric(const T* x, u32 dim, const float* q, double q_norm) {
+    double acc = 0.0, rr = 0.0;
+    if ((dim & 3u) == 0) {
+        u32 c = 0;
+        for (; c + 16 <= dim; c += 16) {
+            float4 xv[4], qv[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                xv[u] = hg_cached_load4<T>(x, c + 4 * u);
+                qv[u] = *(const float4*)(q + c + 4 * u);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                hg_exact_term<M>(acc, rr, xv[u].x, qv[u].x);
+                hg_exact_term<M>(acc, rr, xv[u].y, qv[u].y);
+                hg_exact_term<M>(acc, rr, xv[u].z, qv[u].z);
+                hg_exact_term<M>(acc, rr, xv[u].w, qv[u].w);
+            }
+        }
+        for (; c < dim; c += 4) {
+            float4 xv = hg_cached_load4<T>(x, c);
+            float4 qv = *(const float4*)(q + c);
+            hg_exact_term<M>(acc, rr, xv.x, qv.x);
+            hg_exact_term<M>(acc, rr, xv.y, qv.y);
+            hg_exact_term<M>(acc, rr, xv.z, qv.z);
+            hg_exact_term<M>(acc, rr, xv.w, qv.w);
+        }
+    } else {
+#pragma unroll 4
+        for (u32 c = 0; c < dim; c++) hg_exact_term<M>(acc, rr, hg_load<T>(x, c), q[c]);
+    }
+    return hg_exact_finish(acc, rr, q_norm, M);
+}
+
+// Exact f64 canonical distance of the row at `x` (device memory, or a copy staged in shared
+// memory), by one thread: the terms summed in component order, so distances that differ only
+// in their last bits order the same way on every backend. Re-ranks give each candidate its own
+// thread.
+template <typename T>
+__device__ double hg_exact_row(const T* x, u32 dim, const float* q, double q_norm, int metric) {
+    if (metric == HG_L2) return hg_exact_row_metric<T, HG_L2>(x, dim, q, q_norm);
+    if (metric == HG_DOT) return hg_exact_row_metric<T, HG_DOT>(x, dim, q, q_norm);
+    return hg_exact_row_metric<T, HG_COS>(x, dim, q, q_norm);
+}
+
 template <typename T>
 __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, double q_norm, int metric) {
-    const T* x = rows + (u64)slot * dim;
-    double acc = 0.0, rr = 0.0;
-    for (u32 c0 = 0; c0 < dim; c0 += 4) {
-        float xs[4], qs[4];
-        if ((dim & 3u) == 0) {
-            float4 xv = hg_load4<T>(x, c0);
-            float4 qv = *(const float4*)(q + c0);
-            xs[0] = xv.x; xs[1] = xv.y; xs[2] = xv.z; xs[3] = xv.w;
-            qs[0] = qv.x; qs[1] = qv.y; qs[2] = qv.z; qs[3] = qv.w;
-        } else {
-#pragma unroll
-            for (u32 j = 0; j < 4; j++) {
-                xs[j] = c0 + j < dim ? hg_load<T>(x, c0 + j) : 0.0f;
-                qs[j] = c0 + j < dim ? q[c0 + j] : 0.0f;
-            }
-        }
-#pragma unroll
-        for (u32 j = 0; j < 4; j++) {
-            if (c0 + j >= dim) break;
-            double xv = (double)xs[j], qv = (double)qs[j];
-            if (metric == HG_L2) {
-                double d = __dsub_rn(qv, xv);
-                acc = __dadd_rn(acc, __dmul_rn(d, d));
-            } else {
-                acc = __dadd_rn(acc, __dmul_rn(qv, xv));
-                if (metric == HG_COS) rr = __dadd_rn(rr, __dmul_rn(xv, xv));
-            }
-        }
+    return hg_exact_row<T>(rows + (u64)slot * dim, dim, q, q_norm, metric);
+}
+
+// Exact keys sh[i] = hg_f64_key(distance of slots[i]) for i < c, every thread of the block
+// calling. With `stage_floats` of shared memory at `stage`, the rows are first copied there by
+// all threads at once, so each thread's dim-long f64 sum reads on chip instead of waiting
+// dim / 4 times in turn for device memory (10 us for one query's few candidates).
+template <typename T>
+__device__ void hg_rerank(u64* sh, const u32* slots, u32 c, const T* rows, u32 dim, const float* q, double q_norm,
+                          int metric, float* stage, u32 stage_floats) {
+    u32 pitch = ((dim + 3u) & ~3u) + 4u;  // float4-aligned, and rows start on different banks
+    // The query takes the first line (read from device memory, it cost a trip to L2 every four
+    // components), candidate rows the others.
+    u32 lines = stage_floats / pitch;
+    u32 fit = lines > 1 ? min(lines - 1, (u32)blockDim.x) : 0;
+    if (fit == 0) {
+        for (u32 i = threadIdx.x; i < c; i += blockDim.x) sh[i] = hg_f64_key(hg_exact<T>(rows, dim, slots[i], q, q_norm, metric));
+        __syncthreads();
+        return;
     }
-    return hg_exact_finish(acc, rr, q_norm, metric);
+    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) stage[i] = q[i];
+    float* staged = stage + pitch;
+    for (u32 first = 0; first < c; first += fit) {
+        u32 n = min(fit, c - first);
+        if ((dim & 3u) == 0) {
+            u32 per = dim / 4;
+#pragma unroll 4
+            for (u32 i = threadIdx.x; i < n * per; i += blockDim.x) {
+                u32 r = i / per, j = i % per;
+                *(float4*)(staged + r * pitch + 4 * j) = hg_cached_load4<T>(rows, (u64)slots[first + r] * dim + 4 * j);
+            }
+        } else {
+#pragma unroll 4
+            for (u32 i = threadIdx.x; i < n * dim; i += blockDim.x) {
+                u32 r = i / dim, j = i % dim;
+                staged[r * pitch + j] = hg_load<T>(rows, (u64)slots[first + r] * dim + j);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < n)
+            sh[first + threadIdx.x] = hg_f64_key(hg_exact_row<float>(staged + threadIdx.x * pitch, dim, stage, q_norm, metric));
+        __syncthreads();
+    }
 }
 
 // The k-th smallest (1 <= k <= count) of `count` keys in shared memory: four rounds of an
@@ -435,15 +535,16 @@ __device__ u32 hg_block_kth(const u32* keys, u32 count, u32 k, u32* bins, u32* s
 }
 
 // grid (nq), block HG_BLOCK. Merges the S candidate lists of each query, checks that no row
-// inside the band was lost (else flags[q] = 1 and the host retries with more room), re-ranks
-// the band in f64 and writes the k best (slot, exact distance), ties by slot.
+// inside the band was lost (flags[q] = 1 if one was, and the host retries with more room, else
+// 0), re-ranks the band in f64 and writes the k best (slot, exact distance), ties by slot.
 // Lists are sorted (`sorted`: each scan or tile block's) or not (the fused filter's candidate
 // buffers, with head = kcap_in so the band comes from a radix select over all of them).
+// Dynamic shared memory: sortn u64s, then `stage_floats` floats for hg_rerank.
 template <typename T>
-__device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn,
-                            const float* gate_mul, const float* gate_add, const T* rows, u32 dim,
-                            const float* queries, const double* q_norms, int metric, u32* out_slots,
-                            double* out_dist, u32* flags) {
+__device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 head, u32 sorted, u32 kcap_in, u32 k,
+                            u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const T* rows,
+                            u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots,
+                            double* out_dist, u32* flags, u32 stage_floats) {
     extern __shared__ __align__(16) u64 hg_smem[];
     __shared__ HgTopK st;
     __shared__ u32 band_count;
@@ -452,6 +553,8 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     __shared__ u32 radix_state[2];
     u64* sh = hg_smem;
     u32 q = blockIdx.x;
+    // One query per launch leaves the block alone on the device: fewer barriers win.
+    bool alone = gridDim.x == 1;
     if (threadIdx.x == 0) {
         tau = HG_NONE;
         overflow = 0;
@@ -464,26 +567,27 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
         hg_init(sh, &st, kcap, in, evicted[q], k, mul, add);
     } else {
         hg_init(sh, &st, kcap, 0, HG_NONE, k, mul, add);
-        // The smallest entry any list evicted, folded by every thread over a stride of the
-        // lists: one thread reading all S of them in turn took 60 us for one query.
-        u64 ev = HG_NONE;
-        for (u32 s = threadIdx.x; s < S; s += blockDim.x) ev = min(ev, evicted[(u64)q * S + s]);
-        if (ev != HG_NONE) atomicMin(&st.evicted, ev);
-        __syncthreads();
         // An upper bound on the global k-th best gives a band from the start, so each sorted
         // list contributes only its prefix. The k-th smallest of any k real entries is such a
         // bound: the first `head` entries of every list (sorted here), or else the smallest
-        // of the lists' k-th entries.
+        // of the lists' k-th entries. Their distance keys go to shared memory (the host keeps
+        // S * head <= sortn, so keys and a radix select's bins fit in sortn u64s)...
+        u32 total = S * head;
+        u32* keys = (u32*)sh;
+        // ...in the same pass as the smallest entry any list evicted, folded by every thread
+        // over a stride of the lists (one thread reading all S of them in turn took 60 us for
+        // one query), so both reads wait for memory once.
+        u64 ev = HG_NONE;
+        for (u32 i = threadIdx.x; i < max(S, total); i += blockDim.x) {
+            if (i < S) ev = min(ev, evicted[(u64)q * S + i]);
+            if (i < total) keys[i] = (u32)(in[(u64)(i / head) * kcap_in + i % head] >> 32);
+        }
+        if (ev != HG_NONE) atomicMin(&st.evicted, ev);
+        __syncthreads();
         if (head > 0) {
-            // The k-th smallest distance key of the heads, by a radix select over their high
-            // halves in shared memory (sorting them took half of the whole merge). Room: the
-            // host keeps S * head <= sortn, so keys and bins fit in sortn u64s.
-            u32 total = S * head;
-            u32* keys = (u32*)sh;
+            // The k-th smallest of the heads by a radix select (sorting them took half of the
+            // whole merge).
             u32* bins = keys + total;
-            for (u32 i = threadIdx.x; i < total; i += blockDim.x)
-                keys[i] = (u32)(in[(u64)(i / head) * kcap_in + i % head] >> 32);
-            __syncthreads();
             if (total >= k) {
                 u32 kth = hg_block_kth(keys, total, k, bins, radix_state);
                 // All ones is an empty slot (HG_NONE): fewer than k real heads, no bound.
@@ -524,6 +628,17 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
                 for (u32 i = threadIdx.x; i < st.count; i += blockDim.x) sh[i] = sh[kcap + i];
                 if (threadIdx.x == 0) direct = 1;
                 __syncthreads();
+            } else if (!overflow && alone && st.count <= kcap && st.count <= blockDim.x) {
+                // Few entries and a lone block: sort them by rank into the empty list (one
+                // barrier instead of the merge's bitonic network). Nothing is evicted.
+                u32 count = st.count;
+                if (threadIdx.x < count) {
+                    u64 e = sh[kcap + threadIdx.x];
+                    u32 rank = 0;
+                    for (u32 j = 0; j < count; j++) rank += sh[kcap + j] < e;
+                    sh[rank] = e;
+                }
+                __syncthreads();
             } else if (!overflow) {
                 if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
             } else {
@@ -556,10 +671,8 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     float band = hg_band(hg_entry_dist(direct ? tau : sh[k - 1]), mul, add);
     if (threadIdx.x == 0) {
         band_count = direct ? st.count : 0;
-        if (st.evicted != HG_NONE && hg_entry_dist(st.evicted) <= band) {
-            flags[q] = 1;
-            lost = 1;
-        }
+        lost = st.evicted != HG_NONE && hg_entry_dist(st.evicted) <= band;
+        flags[q] = lost;
     }
     __syncthreads();
     if (lost) return;
@@ -578,10 +691,8 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     __syncthreads();
     const float* qv = queries + (u64)q * dim;
     double q_norm = q_norms[q];
-    for (u32 i = threadIdx.x; i < c; i += blockDim.x) sh[i] = hg_f64_key(hg_exact<T>(rows, dim, slots[i], qv, q_norm, metric));
-    __syncthreads();
-    // One query per launch leaves the block alone on the device: fewer barriers win.
-    if (gridDim.x == 1 && cp <= blockDim.x) hg_rank_sort(sh, slots, cp);
+    hg_rerank<T>(sh, slots, c, rows, dim, qv, q_norm, metric, (float*)(sh + sortn), stage_floats);
+    if (alone && cp <= blockDim.x) hg_rank_sort(sh, slots, cp);
     else hg_bitonic(sh, slots, cp);
     for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
         out_slots[(u64)q * k + i] = slots[i];
@@ -592,16 +703,16 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f32(const u64* lists, const u64* evicted, u32 S,
         u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const float* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
-        u32* flags) {
-    hg_finalize<float>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
-                       metric, out_slots, out_dist, flags);
+        u32* flags, u32 stage_floats) {
+    hg_finalize<float>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
+                       q_norms, metric, out_slots, out_dist, flags, stage_floats);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f16(const u64* lists, const u64* evicted, u32 S,
         u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u16* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
-        u32* flags) {
-    hg_finalize<u16>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries, q_norms,
-                     metric, out_slots, out_dist, flags);
+        u32* flags, u32 stage_floats) {
+    hg_finalize<u16>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
+                       q_norms, metric, out_slots, out_dist, flags, stage_floats);
 }
 
 // ---- Radix-select path (any k): state = {prefix, mask, remaining k, candidate count}. ----
@@ -681,8 +792,11 @@ extern "C" __global__ void hg_bitonic_step(u64* keys, u32* slots, u32 n, u32 siz
     }
 }
 
-// Keys -> (slot, f64 distance) of the first k.
-extern "C" __global__ void hg_write_results(const u64* keys, const u32* slots, u32 k, u32* out_slots, double* out_dist) {
+// Keys -> (slot, f64 distance) of the first k, and the query's flag cleared (the radix path
+// loses nothing).
+extern "C" __global__ void hg_write_results(const u64* keys, const u32* slots, u32 k, u32* out_slots, double* out_dist,
+                                            u32* flag) {
     u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < k) { out_slots[i] = slots[i]; out_dist[i] = hg_key_f64(keys[i]); }
+    if (i == 0) *flag = 0;
 }
