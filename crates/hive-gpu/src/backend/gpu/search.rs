@@ -633,13 +633,13 @@ impl<D: Driver> GpuRows<D> {
             }
         }
         // Few queries leave their blocks most of the device's shared memory: room to stage
-        // the query and its candidates' rows for the f64 re-rank (see hg_rerank).
-        let mut stage_floats = 0;
+        // the query and its candidates' rows in f64 for the re-rank (see hg_rerank).
+        let mut stage_bytes = 0;
         if count < GEMM_MIN_QUERIES {
-            let line = self.dim.next_multiple_of(4) + 4;
-            let lines = (self.shared_limit().saturating_sub(sortn * 8) / 4 / line).min(kcap + 1);
+            let line = (self.dim | 1) * 8;
+            let lines = (self.shared_limit().saturating_sub(sortn * 8) / line).min(kcap + 1);
             if lines >= 2 {
-                stage_floats = lines * line;
+                stage_bytes = lines * line;
             }
         }
         let (rows, _, _) = self.arrays_ptrs()?;
@@ -651,7 +651,7 @@ impl<D: Driver> GpuRows<D> {
             kernel,
             (count as u32, 1),
             BLOCK,
-            (sortn * 8 + stage_floats * 4) as u32,
+            (sortn * 8 + stage_bytes) as u32,
             &[
                 Arg::Ptr(lists.entries),
                 Arg::Ptr(lists.evicted),
@@ -672,7 +672,7 @@ impl<D: Driver> GpuRows<D> {
                 Arg::Ptr(outputs.slots + q0 * k as u64 * 4),
                 Arg::Ptr(outputs.dist + q0 * k as u64 * 8),
                 Arg::Ptr(outputs.flags + q0 * 4),
-                Arg::U32(stage_floats as u32),
+                Arg::U32(stage_bytes as u32),
             ],
         )
     }

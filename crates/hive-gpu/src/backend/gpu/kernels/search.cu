@@ -379,10 +379,10 @@ template <> __device__ __forceinline__ float4 hg_cached_load4<u16>(const u16* p,
                        hg_h2f((u16)(v.y >> 16)));
 }
 
-// One term of the canonical distance, in f64 with each operation rounded on its own (no fused
-// multiply-add): the host reference's arithmetic, operation for operation.
-template <int M> __device__ __forceinline__ void hg_exact_term(double& acc, double& rr, float x, float q) {
-    double xv = (double)x, qv = (double)q;
+// One term of the canonical distance, from components widened exactly to f64, each operation
+// rounded on its own (no fused multiply-add): the host reference's arithmetic, operation for
+// operation.
+template <int M> __device__ __forceinline__ void hg_exact_term(double& acc, double& rr, double xv, double qv) {
     if (M == HG_L2) {
         double d = __dsub_rn(qv, xv);
         acc = __dadd_rn(acc, __dmul_rn(d, d));
@@ -446,25 +446,44 @@ __device__ double hg_exact(const T* rows, u32 dim, u32 slot, const float* q, dou
     return hg_exact_row<T>(rows + (u64)slot * dim, dim, q, q_norm, metric);
 }
 
+// hg_exact_row over components already widened to f64 (a staged row and query).
+template <int M> __device__ double hg_exact_staged(const double* x, const double* q, u32 dim, double q_norm) {
+    double acc = 0.0, rr = 0.0;
+    u32 c = 0;
+    for (; c + 16 <= dim; c += 16) {
+        double xv[16], qv[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            xv[j] = x[c + j];
+            qv[j] = q[c + j];
+        }
+#pragma unroll
+        for (int j = 0; j < 16; j++) hg_exact_term<M>(acc, rr, xv[j], qv[j]);
+    }
+    for (; c < dim; c++) hg_exact_term<M>(acc, rr, x[c], q[c]);
+    return hg_exact_finish(acc, rr, q_norm, M);
+}
+
 // Exact keys sh[i] = hg_f64_key(distance of slots[i]) for i < c, every thread of the block
-// calling. With `stage_floats` of shared memory at `stage`, the rows are first copied there by
-// all threads at once, so each thread's dim-long f64 sum reads on chip instead of waiting
-// dim / 4 times in turn for device memory (10 us for one query's few candidates).
+// calling. With `stage_bytes` of shared memory at `stage`, the query and the rows are first
+// copied there, widened to f64, by all threads at once: each thread's dim-long f64 sum then
+// reads on chip and converts nothing, instead of waiting dim / 4 times in turn for device
+// memory (10 us for one query's few candidates on the H100, against 1).
 template <typename T>
 __device__ void hg_rerank(u64* sh, const u32* slots, u32 c, const T* rows, u32 dim, const float* q, double q_norm,
-                          int metric, float* stage, u32 stage_floats) {
-    u32 pitch = ((dim + 3u) & ~3u) + 4u;  // float4-aligned, and rows start on different banks
-    // The query takes the first line (read from device memory, it cost a trip to L2 every four
-    // components), candidate rows the others.
-    u32 lines = stage_floats / pitch;
+                          int metric, double* stage, u32 stage_bytes) {
+    // An odd pitch puts consecutive threads' rows on different banks. The query takes the
+    // first line, candidate rows the others.
+    u32 pitch = dim | 1u;
+    u32 lines = stage_bytes / (8u * pitch);
     u32 fit = lines > 1 ? min(lines - 1, (u32)blockDim.x) : 0;
     if (fit == 0) {
         for (u32 i = threadIdx.x; i < c; i += blockDim.x) sh[i] = hg_f64_key(hg_exact<T>(rows, dim, slots[i], q, q_norm, metric));
         __syncthreads();
         return;
     }
-    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) stage[i] = q[i];
-    float* staged = stage + pitch;
+    for (u32 i = threadIdx.x; i < dim; i += blockDim.x) stage[i] = (double)q[i];
+    double* staged = stage + pitch;
     for (u32 first = 0; first < c; first += fit) {
         u32 n = min(fit, c - first);
         if ((dim & 3u) == 0) {
@@ -472,18 +491,28 @@ __device__ void hg_rerank(u64* sh, const u32* slots, u32 c, const T* rows, u32 d
 #pragma unroll 4
             for (u32 i = threadIdx.x; i < n * per; i += blockDim.x) {
                 u32 r = i / per, j = i % per;
-                *(float4*)(staged + r * pitch + 4 * j) = hg_cached_load4<T>(rows, (u64)slots[first + r] * dim + 4 * j);
+                float4 v = hg_cached_load4<T>(rows, (u64)slots[first + r] * dim + 4 * j);
+                double* to = staged + r * pitch + 4 * j;
+                to[0] = (double)v.x;
+                to[1] = (double)v.y;
+                to[2] = (double)v.z;
+                to[3] = (double)v.w;
             }
         } else {
 #pragma unroll 4
             for (u32 i = threadIdx.x; i < n * dim; i += blockDim.x) {
                 u32 r = i / dim, j = i % dim;
-                staged[r * pitch + j] = hg_load<T>(rows, (u64)slots[first + r] * dim + j);
+                staged[r * pitch + j] = (double)hg_load<T>(rows, (u64)slots[first + r] * dim + j);
             }
         }
         __syncthreads();
-        if (threadIdx.x < n)
-            sh[first + threadIdx.x] = hg_f64_key(hg_exact_row<float>(staged + threadIdx.x * pitch, dim, stage, q_norm, metric));
+        if (threadIdx.x < n) {
+            const double* x = staged + threadIdx.x * pitch;
+            double d = metric == HG_L2    ? hg_exact_staged<HG_L2>(x, stage, dim, q_norm)
+                       : metric == HG_DOT ? hg_exact_staged<HG_DOT>(x, stage, dim, q_norm)
+                                          : hg_exact_staged<HG_COS>(x, stage, dim, q_norm);
+            sh[first + threadIdx.x] = hg_f64_key(d);
+        }
         __syncthreads();
     }
 }
@@ -539,12 +568,12 @@ __device__ u32 hg_block_kth(const u32* keys, u32 count, u32 k, u32* bins, u32* s
 // 0), re-ranks the band in f64 and writes the k best (slot, exact distance), ties by slot.
 // Lists are sorted (`sorted`: each scan or tile block's) or not (the fused filter's candidate
 // buffers, with head = kcap_in so the band comes from a radix select over all of them).
-// Dynamic shared memory: sortn u64s, then `stage_floats` floats for hg_rerank.
+// Dynamic shared memory: sortn u64s, then `stage_bytes` for hg_rerank.
 template <typename T>
 __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 head, u32 sorted, u32 kcap_in, u32 k,
                             u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const T* rows,
                             u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots,
-                            double* out_dist, u32* flags, u32 stage_floats) {
+                            double* out_dist, u32* flags, u32 stage_bytes) {
     extern __shared__ __align__(16) u64 hg_smem[];
     __shared__ HgTopK st;
     __shared__ u32 band_count;
@@ -691,7 +720,7 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     __syncthreads();
     const float* qv = queries + (u64)q * dim;
     double q_norm = q_norms[q];
-    hg_rerank<T>(sh, slots, c, rows, dim, qv, q_norm, metric, (float*)(sh + sortn), stage_floats);
+    hg_rerank<T>(sh, slots, c, rows, dim, qv, q_norm, metric, (double*)(sh + sortn), stage_bytes);
     if (alone && cp <= blockDim.x) hg_rank_sort(sh, slots, cp);
     else hg_bitonic(sh, slots, cp);
     for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
@@ -703,16 +732,16 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f32(const u64* lists, const u64* evicted, u32 S,
         u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const float* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
-        u32* flags, u32 stage_floats) {
+        u32* flags, u32 stage_bytes) {
     hg_finalize<float>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
-                       q_norms, metric, out_slots, out_dist, flags, stage_floats);
+                       q_norms, metric, out_slots, out_dist, flags, stage_bytes);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f16(const u64* lists, const u64* evicted, u32 S,
         u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u16* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
-        u32* flags, u32 stage_floats) {
+        u32* flags, u32 stage_bytes) {
     hg_finalize<u16>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
-                       q_norms, metric, out_slots, out_dist, flags, stage_floats);
+                       q_norms, metric, out_slots, out_dist, flags, stage_bytes);
 }
 
 // ---- Radix-select path (any k): state = {prefix, mask, remaining k, candidate count}. ----
