@@ -60,22 +60,35 @@ impl<D: Driver> Scratch<D> {
 #[derive(Debug)]
 pub(super) struct Staging<D: Driver> {
     buffer: Option<D::Pinned>,
+    /// The buffer's device address ([`Driver::mapped`]), once asked: asked once per buffer,
+    /// not once per search.
+    device_address: Option<Option<DevicePtr>>,
 }
 
 impl<D: Driver> Staging<D> {
     pub(super) fn new() -> Self {
-        Self { buffer: None }
+        Self { buffer: None, device_address: None }
     }
 
     pub(super) fn get(&mut self, driver: &D, bytes: usize) -> Result<&mut D::Pinned> {
         if self.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
             self.buffer = None;
+            self.device_address = None;
             self.buffer = Some(driver.pinned(bytes.next_power_of_two().max(4096))?);
         }
         match self.buffer.as_mut() {
             Some(b) => Ok(b),
             None => Err(crate::error::HiveGpuError::Internal("staging buffer missing".into())),
         }
+    }
+
+    /// The device address of at least `bytes` of this memory, where the driver maps it.
+    pub(super) fn device_address(&mut self, driver: &D, bytes: usize) -> Result<Option<DevicePtr>> {
+        self.get(driver, bytes)?;
+        if self.device_address.is_none() {
+            self.device_address = Some(self.buffer.as_ref().and_then(|b| driver.mapped(b)));
+        }
+        Ok(self.device_address.flatten())
     }
 }
 

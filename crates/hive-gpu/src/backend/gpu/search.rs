@@ -534,7 +534,7 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let bytes = Outputs::bytes_for(nq, k);
         if bytes <= MAPPED_RESULTS_BYTES
-            && let Some(base) = driver.mapped(ws.results.get(&*driver, bytes)?)
+            && let Some(base) = ws.results.device_address(&*driver, bytes)?
         {
             return Ok(Outputs { mapped: true, ..Outputs::at(base, nq, k) });
         }
@@ -1040,7 +1040,6 @@ impl<D: Driver> GpuRows<D> {
         let sample = Outputs::at(ws.sample.get(&driver, Outputs::bytes_for(nq, j))?, nq, j);
         // 0x7f bytes read as 1.4e306: "no distance" for a query whose sample search failed.
         driver.fill(&ws.stream, sample.dist, 0x7f, nq * j * 8)?;
-        driver.fill(&ws.stream, sample.flags, 0, nq * 4)?;
         self.tile_path(ws, inputs, nq, j, metric, path, &sample, profile, SAMPLE_STRIDE)?;
         // Growing the staging buffer frees the old one: nothing queued may still read it.
         driver.synchronize(&ws.stream)?;
