@@ -332,6 +332,6 @@ fn out_of_memory(vectors: usize) -> HiveGpuError {
     HiveGpuError::VramLimitExceeded {
         backend: crate::types::GpuBackendType::Cpu,
         requested: (vectors * std::mem::size_of::<Option<Entry>>()) as u64,
-        available: crate::backend::cpu::available_memory_bytes().unwrap_or(0),
+        available: crate::memory::available_bytes().unwrap_or(0),
     }
 }

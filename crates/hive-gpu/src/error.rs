@@ -61,6 +61,22 @@ pub enum HiveGpuError {
         /// Bytes that were free.
         available: u64,
     },
+    /// Host memory is short for what was asked: decoding a file, storing vectors on the CPU.
+    /// Checked against the process's real budget (cgroup limits and `setrlimit` included)
+    /// before anything is allocated, so the process is not killed half way.
+    #[error(
+        "not enough memory for {what}: {requested} bytes needed, {available} bytes available (limited by the {limited_by})"
+    )]
+    OutOfMemory {
+        /// What needed the memory ("decoding base.fvecs", ...).
+        what: String,
+        /// Bytes needed.
+        requested: u64,
+        /// Bytes this process may still allocate.
+        available: u64,
+        /// The limit that decided `available`.
+        limited_by: String,
+    },
     /// The requested backend cannot be used on this machine.
     #[error("{backend} backend unavailable: {reason}")]
     BackendUnavailable {

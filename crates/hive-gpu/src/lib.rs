@@ -45,6 +45,7 @@ mod collection;
 pub mod error;
 mod index;
 pub mod io;
+mod memory;
 pub mod types;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};

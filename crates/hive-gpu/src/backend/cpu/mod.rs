@@ -38,8 +38,9 @@ impl GpuBackend for CpuBackend {
     }
 
     fn device_info(&self) -> GpuDeviceInfo {
-        let total = meminfo_bytes("MemTotal:").unwrap_or(0);
-        let available = meminfo_bytes("MemAvailable:").unwrap_or(0);
+        // A container's memory is its cgroup's limit, not the host's.
+        let total = crate::memory::total_bytes().unwrap_or(0);
+        let available = crate::memory::available_bytes().unwrap_or(0).min(total);
         GpuDeviceInfo {
             name: cpu_model().unwrap_or_else(|| std::env::consts::ARCH.to_string()),
             backend: GpuBackendType::Cpu,
@@ -72,18 +73,6 @@ impl GpuBackend for CpuBackend {
         crate::backend::check_new_rows(dim)?;
         Ok(Box::new(rows::CpuRows::new(dim, precision, self.simd)))
     }
-}
-
-/// Free memory as the OS reports it (Linux `MemAvailable`), None where unknown.
-pub(crate) fn available_memory_bytes() -> Option<u64> {
-    meminfo_bytes("MemAvailable:")
-}
-
-fn meminfo_bytes(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with(key))?;
-    let kib: u64 = line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib * 1024)
 }
 
 fn cpu_model() -> Option<String> {

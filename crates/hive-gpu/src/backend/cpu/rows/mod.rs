@@ -9,7 +9,6 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use self::paths::{BF16_MIN_QUERIES, GEMM_MIN_QUERIES, TileKernel};
-use super::available_memory_bytes;
 use super::simd::{self, SimdLevel};
 use super::topk::{self, ErrorBound};
 use super::{bf16, int8};
@@ -263,7 +262,7 @@ impl RowStore for CpuRows {
             requested,
             available,
         };
-        if let Some(available) = available_memory_bytes()
+        if let Some(available) = crate::memory::available_bytes()
             && requested > available
         {
             return Err(too_much(available));
@@ -276,7 +275,7 @@ impl RowStore for CpuRows {
         reserved
             .and_then(|_| self.sq_norms.try_reserve(additional))
             .and_then(|_| self.dead.try_reserve(self.len_slots() + additional))
-            .map_err(|_| too_much(available_memory_bytes().unwrap_or(0)))
+            .map_err(|_| too_much(crate::memory::available_bytes().unwrap_or(0)))
     }
 
     fn append(&mut self, rows: &[f32]) -> Result<()> {
