@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU run, on a machine with an NVIDIA GPU and no Rust toolchain:
-#   here:   ../shared/tools/gpu-bundle --workspace        (packs release + test binaries into .gpu/)
+#   here:   bash scripts/gpu-bundle --workspace            (packs release + test binaries into .gpu/)
 #   there:  bash scripts/gpu-test.sh [test filter...]     (from the repository root)
 # Runs every test binary with HIVE_GPU_REQUIRE=cuda,vulkan (CUDA and NVIDIA's Vulkan driver; a
 # missing backend fails, never skips) and
@@ -9,7 +9,7 @@
 # to $OUT when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .gpu/run-tests ] || { echo "no .gpu bundle: run ../shared/tools/gpu-bundle --workspace first" >&2; exit 2; }
+[ -x .gpu/run-tests ] || { echo "no .gpu bundle: run bash scripts/gpu-bundle --workspace first" >&2; exit 2; }
 . scripts/cuda-libs.sh
 . .gpu/env
 out=${OUT:-/tmp/hive-gpu-test}

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use hive_gpu::{GpuDistanceMetric, GpuVector, GpuVectorStorage, HiveGpuError};
+use hive_gpu::{GpuDistanceMetric, GpuVectorStorage, HiveGpuError};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::BenchArgs;
@@ -10,12 +10,13 @@ use crate::dataset::{self, Dataset};
 use crate::json::{self, Value};
 use crate::reference;
 
-/// Vectors per `add_vectors` call while building.
-const ADD_CHUNK: usize = 50_000;
-/// Timed rounds continue until this much search time has passed...
+/// Timed passes over the queries repeat until at least this much time has passed...
 const MIN_TIMED: Duration = Duration::from_secs(1);
-/// ...or this many rounds ran.
-const MAX_ROUNDS: usize = 25;
+/// ...and at least this many passes ran.
+const MIN_PASSES: usize = 3;
+/// p99 is reported only over at least this many timed calls (fewer give no 99th percentile,
+/// only the slowest call).
+const MIN_CALLS_FOR_P99: usize = 100;
 
 struct Timings {
     /// Wall time of each full pass over the queries.
@@ -33,6 +34,12 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     if ks.contains(&0) {
         return Err(HiveGpuError::InvalidArgument("-k must be at least 1".into()));
     }
+    if args.batch.contains(&0) {
+        return Err(HiveGpuError::InvalidArgument("--batch must be at least 1".into()));
+    }
+    if args.nq == Some(0) {
+        return Err(HiveGpuError::InvalidArgument("--nq must be at least 1".into()));
+    }
     let mut data = {
         let spinner = if args.json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
         spinner.set_message("loading vectors");
@@ -41,18 +48,31 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
         spinner.finish_and_clear();
         loaded?
     };
-    if data.queries.dim != data.base.dim {
-        return Err(HiveGpuError::DimensionMismatch {
-            expected: data.base.dim,
-            actual: data.queries.dim,
-            id: None,
-        });
-    }
+    dataset::check_dimensions(&data.base, &data.base_source, &data.queries, &data.query_source)?;
     if let Some(limit) = args.nq {
-        data.truncate_queries(limit.max(1));
+        if limit > data.queries.rows {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "--nq {limit} asks for more queries than {} holds ({})",
+                data.query_source, data.queries.rows
+            )));
+        }
+        data.truncate_queries(limit);
     }
     let nq = data.queries.rows;
     let batches: Vec<usize> = if args.batch.is_empty() { vec![nq] } else { args.batch.clone() };
+    if let Some(&batch) = batches.iter().find(|&&b| b > nq) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "--batch {batch} is larger than the {nq} queries searched (use at most {nq}, or --nq)"
+        )));
+    }
+    // The ground truth is used for l2 unless the user asked for computed recall: check it
+    // against the largest k before anything is built.
+    let use_groundtruth =
+        data.groundtruth.is_some() && metric == GpuDistanceMetric::Euclidean && !args.exact_recall;
+    if use_groundtruth {
+        let largest = ks.iter().map(|&k| k.min(data.base.rows)).max().unwrap_or(1);
+        data.check_groundtruth(largest)?;
+    }
     let context = settings.context()?;
     let device = context.device_info();
 
@@ -61,13 +81,15 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let build = build(&storage, &data, args.json)?;
 
     for &batch in &batches {
-        let batch = batch.clamp(1, nq.max(1));
-        for &k in &ks {
+        for &requested_k in &ks {
+            // k beyond the collection returns every vector: reported as the effective k.
+            let k = requested_k.min(data.base.rows);
             let timings = time_search(&storage, &data, k, batch, args.json)?;
-            let (recall, recall_source) = recall(&data, &timings.ids, k, metric);
+            let (recall, recall_source) = recall(&data, &timings.ids, k, metric, use_groundtruth);
             let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
             let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
-            let p99 = percentile(&timings.calls, 0.99).as_secs_f64() * 1e3;
+            let p99 = (timings.calls.len() >= MIN_CALLS_FOR_P99)
+                .then(|| percentile(&timings.calls, 0.99).as_secs_f64() * 1e3);
             let threads = rayon::current_num_threads();
             if args.json {
                 out!(
@@ -82,6 +104,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                         ("dim", Value::Int(data.base.dim as u64)),
                         ("nq", Value::Int(nq as u64)),
                         ("k", Value::Int(k as u64)),
+                        ("k_requested", Value::Int(requested_k as u64)),
                         ("metric", Value::Str(metric.to_string())),
                         ("precision", Value::Str(config.precision.to_string())),
                         ("search_precision", Value::Str(format!("{:?}", config.search).to_lowercase())),
@@ -90,9 +113,10 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                         ("recall_source", Value::Str(recall_source)),
                         ("qps", Value::Num(qps)),
                         ("p50_ms", Value::Num(p50)),
-                        ("p99_ms", Value::Num(p99)),
+                        ("p99_ms", p99.map_or(Value::Null, Value::Num)),
                         ("build_s", Value::Num(build.as_secs_f64())),
                         ("rounds", Value::Int(timings.rounds.len() as u64)),
+                        ("calls", Value::Int(timings.calls.len() as u64)),
                     ])
                 );
                 continue;
@@ -108,17 +132,29 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                 config.precision,
                 config.search
             );
-            out!("  search    metric {metric}, k = {k}, {batch} queries per call");
+            let clamped = if k < requested_k {
+                format!(" (k = {requested_k} asked; the collection holds {k})")
+            } else {
+                String::new()
+            };
+            out!("  search    metric {metric}, k = {k}{clamped}, {batch} queries per call");
             out!();
             out!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
             out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
             out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
-            out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms"));
+            match p99 {
+                Some(p99) => out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms")),
+                None => {
+                    out!("  {:<18} {:>14}", "latency p99", format!("n/a ({} calls)", timings.calls.len()))
+                }
+            }
             out!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
             out!();
             out!(
-                "  QPS is queries per second over a whole pass (median of {} passes); latency is per\n  call of {batch} queries; recall is measured against {recall_source}.",
-                timings.rounds.len()
+                "  QPS is queries per second over a whole pass (median of {} passes, timed for at least\n  {} s and {MIN_PASSES} passes); latency is per call of {batch} queries ({} calls timed; p99\n  needs {MIN_CALLS_FOR_P99}); recall is measured against {recall_source}.",
+                timings.rounds.len(),
+                MIN_TIMED.as_secs(),
+                timings.calls.len()
             );
         }
     }
@@ -140,17 +176,8 @@ fn progress(len: usize, what: &str, hidden: bool) -> ProgressBar {
 fn build(storage: &GpuVectorStorage, data: &Dataset, quiet: bool) -> Result<Duration, HiveGpuError> {
     let bar = progress(data.base.rows, "adding", quiet);
     let began = Instant::now();
-    storage.reserve(data.base.rows)?;
-    let mut spent = began.elapsed();
-    for start in (0..data.base.rows).step_by(ADD_CHUNK) {
-        let end = (start + ADD_CHUNK).min(data.base.rows);
-        let chunk: Vec<GpuVector> =
-            (start..end).map(|i| GpuVector::new(i.to_string(), data.base.row(i).to_vec())).collect();
-        let began = Instant::now();
-        storage.add_vectors(&chunk)?;
-        spent += began.elapsed();
-        bar.set_position(end as u64);
-    }
+    dataset::fill(storage, &data.base, |added| bar.set_position(added as u64))?;
+    let spent = began.elapsed();
     bar.finish_and_clear();
     Ok(spent)
 }
@@ -171,7 +198,7 @@ fn time_search(
     let mut timings = Timings { rounds: Vec::new(), calls: Vec::new(), ids: Vec::new() };
     let started = Instant::now();
     let bar = progress(nq, "searching", quiet || nq / batch < 50);
-    while timings.rounds.is_empty() || (started.elapsed() < MIN_TIMED && timings.rounds.len() < MAX_ROUNDS) {
+    while timings.rounds.len() < MIN_PASSES || started.elapsed() < MIN_TIMED {
         let first = timings.rounds.is_empty();
         let round_start = Instant::now();
         for start in (0..nq).step_by(batch) {
@@ -192,14 +219,16 @@ fn time_search(
     Ok(timings)
 }
 
-/// Recall@k against the ground truth when it applies (L2, enough columns), else against the
-/// f64 reference on a sample of queries.
-fn recall(data: &Dataset, ids: &[Vec<usize>], k: usize, metric: GpuDistanceMetric) -> (f64, String) {
-    if let Some(truth) = &data.groundtruth
-        && metric == GpuDistanceMetric::Euclidean
-        && truth.dim >= k
-        && truth.rows >= ids.len()
-    {
+/// Recall@k against the ground truth when it is used (l2, not `--exact-recall`; checked by
+/// `Dataset::check_groundtruth`), else against the f64 reference on a sample of queries.
+fn recall(
+    data: &Dataset,
+    ids: &[Vec<usize>],
+    k: usize,
+    metric: GpuDistanceMetric,
+    use_groundtruth: bool,
+) -> (f64, String) {
+    if let Some(truth) = data.groundtruth.as_ref().filter(|_| use_groundtruth) {
         let truth: Vec<Vec<usize>> =
             (0..ids.len()).map(|i| truth.row(i).iter().map(|&x| x.max(0) as usize).collect()).collect();
         let source = data.groundtruth_source.clone().unwrap_or_else(|| "ground truth".into());

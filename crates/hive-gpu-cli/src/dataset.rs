@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use hive_gpu::HiveGpuError;
 use hive_gpu::io::{self, IdMatrix, Matrix};
+use hive_gpu::{GpuVectorStorage, HiveGpuError};
 
 use crate::DataArgs;
 
@@ -17,9 +17,49 @@ const SIFT_GROUNDTRUTH: &[u8] = include_bytes!("../../../data/siftsmall/siftsmal
 pub struct Dataset {
     pub name: String,
     pub base: Matrix,
+    /// Where the base vectors came from, for messages.
+    pub base_source: String,
     pub queries: Matrix,
+    pub query_source: String,
     pub groundtruth: Option<IdMatrix>,
     pub groundtruth_source: Option<String>,
+}
+
+/// Vectors per call while a collection is filled: bounds the ids built at once.
+const ADD_CHUNK: usize = 65_536;
+
+/// Adds the rows of `base` to `storage` with their row numbers as ids, straight from the
+/// matrix (no per-vector copy), reporting progress to `progress(rows added)`.
+pub fn fill(
+    storage: &GpuVectorStorage,
+    base: &Matrix,
+    mut progress: impl FnMut(usize),
+) -> Result<(), HiveGpuError> {
+    storage.reserve(base.rows)?;
+    let dim = base.dim;
+    for start in (0..base.rows).step_by(ADD_CHUNK) {
+        let end = (start + ADD_CHUNK).min(base.rows);
+        let ids: Vec<String> = (start..end).map(|i| i.to_string()).collect();
+        storage.add_vectors_flat(&ids, &base.data[start * dim..end * dim])?;
+        progress(end);
+    }
+    Ok(())
+}
+
+/// Refuses queries whose dimension differs from the base's, naming both files.
+pub fn check_dimensions(
+    base: &Matrix,
+    base_source: &str,
+    queries: &Matrix,
+    query_source: &str,
+) -> Result<(), HiveGpuError> {
+    if queries.dim == base.dim {
+        return Ok(());
+    }
+    Err(HiveGpuError::InvalidArgument(format!(
+        "dimension mismatch: query file {query_source} has {} components per vector, base file {base_source} has {}",
+        queries.dim, base.dim
+    )))
 }
 
 pub fn load(args: &DataArgs) -> Result<Dataset, HiveGpuError> {
@@ -32,9 +72,11 @@ pub fn load(args: &DataArgs) -> Result<Dataset, HiveGpuError> {
             Ok(Dataset {
                 name: file_name(base),
                 base: io::read_vectors(base)?,
+                base_source: base.display().to_string(),
                 queries: io::read_vectors(query)?,
+                query_source: query.display().to_string(),
                 groundtruth,
-                groundtruth_source: args.groundtruth.as_deref().map(file_name),
+                groundtruth_source: args.groundtruth.as_deref().map(|p| p.display().to_string()),
             })
         }
         _ => embedded(),
@@ -45,7 +87,9 @@ fn embedded() -> Result<Dataset, HiveGpuError> {
     Ok(Dataset {
         name: "siftsmall (embedded SIFT10K)".into(),
         base: io::parse_fvecs(Path::new("siftsmall_base.fvecs"), SIFT_BASE)?,
+        base_source: "siftsmall_base.fvecs (embedded)".into(),
         queries: io::parse_fvecs(Path::new("siftsmall_query.fvecs"), SIFT_QUERY)?,
+        query_source: "siftsmall_query.fvecs (embedded)".into(),
         groundtruth: Some(io::parse_ivecs(Path::new("siftsmall_groundtruth.ivecs"), SIFT_GROUNDTRUTH)?),
         groundtruth_source: Some("siftsmall_groundtruth.ivecs".into()),
     })
@@ -58,9 +102,11 @@ fn load_folder(dir: &Path) -> Result<Dataset, HiveGpuError> {
     Ok(Dataset {
         name: file_name(dir),
         base: io::read_fvecs(&base)?,
+        base_source: base.display().to_string(),
         queries: io::read_fvecs(&query)?,
+        query_source: query.display().to_string(),
         groundtruth: groundtruth_path.as_deref().map(io::read_ivecs).transpose()?,
-        groundtruth_source: groundtruth_path.as_deref().map(file_name),
+        groundtruth_source: groundtruth_path.as_deref().map(|p| p.display().to_string()),
     })
 }
 
@@ -91,15 +137,46 @@ fn file_name(path: &Path) -> String {
 }
 
 impl Dataset {
-    /// Keeps only the first `limit` queries (and their ground-truth rows).
+    /// Keeps only the first `limit` queries; the ground truth keeps its rows (it is checked
+    /// against the queries used).
     pub fn truncate_queries(&mut self, limit: usize) {
         let rows = self.queries.rows.min(limit);
         self.queries.data.truncate(rows * self.queries.dim);
         self.queries.rows = rows;
-        if let Some(truth) = &mut self.groundtruth {
-            let kept = truth.rows.min(rows);
-            truth.data.truncate(kept * truth.dim);
-            truth.rows = kept;
+    }
+
+    /// Checks the ground truth against what it must answer: a row per query, at least `k` ids a
+    /// row, every id a row of the base (an id out of range once counted silently as a miss).
+    pub fn check_groundtruth(&self, k: usize) -> Result<(), HiveGpuError> {
+        let Some(truth) = &self.groundtruth else { return Ok(()) };
+        let source = self.groundtruth_source.as_deref().unwrap_or("the ground truth");
+        let hint = "(or pass --exact-recall to measure recall against an f64 brute force instead)";
+        if truth.rows < self.queries.rows {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "ground-truth file {source} has {} rows, but {} queries are searched {hint}",
+                truth.rows, self.queries.rows
+            )));
         }
+        if truth.dim < k {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "ground-truth file {source} has {} ids per query, fewer than k = {k} {hint}",
+                truth.dim
+            )));
+        }
+        for row in 0..self.queries.rows {
+            if let Some((column, &id)) = truth
+                .row(row)
+                .iter()
+                .enumerate()
+                .find(|(_, id)| usize::try_from(**id).map_or(true, |id| id >= self.base.rows))
+            {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "ground-truth file {source}: row {row}, column {column} holds id {id}, which is not a row of \
+                     the {} base vectors (0..{})",
+                    self.base.rows, self.base.rows
+                )));
+            }
+        }
+        Ok(())
     }
 }

@@ -8,6 +8,10 @@ pub enum Value {
     Int(u64),
     /// A number; NaN and infinities become `null`.
     Num(f64),
+    /// `null`: a value that was not measured.
+    Null,
+    /// An array of values.
+    List(Vec<Value>),
 }
 
 /// Renders `fields` as one JSON object, in order.
@@ -19,15 +23,29 @@ pub fn object(fields: &[(&str, Value)]) -> String {
         }
         out.push_str(&quote(key));
         out.push(':');
-        match value {
-            Value::Str(s) => out.push_str(&quote(s)),
-            Value::Int(n) => out.push_str(&n.to_string()),
-            Value::Num(x) if x.is_finite() => out.push_str(&format!("{x}")),
-            Value::Num(_) => out.push_str("null"),
-        }
+        write_value(&mut out, value);
     }
     out.push('}');
     out
+}
+
+fn write_value(out: &mut String, value: &Value) {
+    match value {
+        Value::Str(s) => out.push_str(&quote(s)),
+        Value::Int(n) => out.push_str(&n.to_string()),
+        Value::Num(x) if x.is_finite() => out.push_str(&format!("{x}")),
+        Value::Num(_) | Value::Null => out.push_str("null"),
+        Value::List(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(out, item);
+            }
+            out.push(']');
+        }
+    }
 }
 
 fn quote(s: &str) -> String {
@@ -61,7 +79,8 @@ mod tests {
             ("n", Value::Int(3)),
             ("x", Value::Num(0.5)),
             ("nan", Value::Num(f64::NAN)),
+            ("list", Value::List(vec![Value::Str("7".into()), Value::Num(1.5), Value::Null])),
         ]);
-        assert_eq!(s, r#"{"name":"a\"b\\c\n","n":3,"x":0.5,"nan":null}"#);
+        assert_eq!(s, r#"{"name":"a\"b\\c\n","n":3,"x":0.5,"nan":null,"list":["7",1.5,null]}"#);
     }
 }

@@ -99,7 +99,11 @@ struct BenchArgs {
     /// Use only the first N queries.
     #[arg(long)]
     nq: Option<usize>,
-    /// Print one JSON object instead of the report.
+    /// Measure recall against an f64 brute force on a sample of queries, even where a
+    /// ground-truth file is given or found.
+    #[arg(long)]
+    exact_recall: bool,
+    /// Print one JSON object per batch size and k instead of the report.
     #[arg(long)]
     json: bool,
 }
@@ -114,7 +118,7 @@ struct SearchArgs {
     query: PathBuf,
     #[command(flatten)]
     settings: SearchSettings,
-    /// Print JSON lines (one object per query) instead of text.
+    /// Print JSON lines (one object per query, ids and scores as arrays) instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -186,7 +190,24 @@ impl SearchSettings {
     }
 }
 
+/// Mesa's Vulkan device-select layer (an implicit layer every Mesa install enables) asks a
+/// Wayland compositor for the default GPU when it enumerates devices, and libwayland prints
+/// "error: XDG_RUNTIME_DIR is invalid or not set in the environment." to stderr once per
+/// enumeration when there is no desktop session (servers, containers, CI). The binary picks its
+/// adapter itself (discrete > integrated > virtual > software), so outside a session it turns
+/// that layer off, through the switch its manifest names.
+fn quiet_vulkan_layers() {
+    let session =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| dir.to_string_lossy().starts_with('/'));
+    if !session && std::env::var_os("NODEVICE_SELECT").is_none() {
+        // SAFETY: called first thing in `main`, before this process starts any thread, so no
+        // other thread can read the environment while it changes.
+        unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_vulkan_layers();
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Info => info::run(),

@@ -210,3 +210,183 @@ fn a_closed_pipe_ends_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.status.success(), "{err}");
 }
+
+/// A scratch directory of one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hive-gpu-cli-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Self(dir)
+    }
+
+    fn ivecs(&self, name: &str, rows: &[Vec<i32>]) -> String {
+        let path = self.0.join(name);
+        let dim = rows.first().map_or(0, Vec::len);
+        let m = hive_gpu::io::IdMatrix { rows: rows.len(), dim, data: rows.concat() };
+        hive_gpu::io::write_ivecs(&path, &m).expect("write ivecs");
+        path.to_str().expect("utf-8").to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn sift(file: &str) -> String {
+    data_dir().join("siftsmall").join(file).to_str().expect("utf-8").to_string()
+}
+
+#[test]
+fn search_json_has_ids_and_scores_as_arrays() {
+    let (base, query) = (sift("siftsmall_base.fvecs"), sift("siftsmall_query.fvecs"));
+    let out =
+        run(&["search", "--base", &base, "--query", &query, "-k", "3", "--json", "--backend", "cpu"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first = stdout(&out).lines().next().expect("a line").to_string();
+    assert!(first.starts_with(r#"{"query":0,"ids":["2176","3752","882"],"scores":["#), "{first}");
+    assert!(first.ends_with("]}"), "{first}");
+}
+
+#[test]
+fn a_dimension_mismatch_names_both_files() {
+    let base = sift("siftsmall_base.fvecs");
+    let query = data_dir().join("fmnistsmall/fmnistsmall_query.fvecs").to_str().expect("utf-8").to_string();
+    for command in ["search", "bench"] {
+        let out = run(&[command, "--base", &base, "--query", &query, "--backend", "cpu"], &[]);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(
+            err.contains("query file")
+                && err.contains("fmnistsmall_query.fvecs has 784")
+                && err.contains("siftsmall_base.fvecs has 128"),
+            "{command}: {err}"
+        );
+    }
+}
+
+#[test]
+fn zero_and_out_of_range_counts_are_refused_not_adjusted() {
+    for (args, says) in [
+        (&["--batch", "0"][..], "--batch must be at least 1"),
+        (&["--nq", "0"][..], "--nq must be at least 1"),
+        (&["--nq", "101"][..], "--nq 101"),
+        (&["--batch", "500"][..], "--batch 500 is larger than the 100 queries"),
+        (&["--ks", "10,0"][..], "-k must be at least 1"),
+    ] {
+        let mut all = vec!["bench", "--backend", "cpu"];
+        all.extend_from_slice(args);
+        let out = run(&all, &[]);
+        assert!(!out.status.success(), "{args:?} must be refused");
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+    let (base, query) = (sift("siftsmall_base.fvecs"), sift("siftsmall_query.fvecs"));
+    let out = run(&["search", "--base", &base, "--query", &query, "-k", "0"], &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("-k must be at least 1"), "{}", stderr(&out));
+}
+
+#[test]
+fn bench_json_reports_the_effective_k_and_p99_only_over_enough_calls() {
+    let dir = data_dir().join("siftsmall");
+    let base = dir.join("siftsmall_base.fvecs");
+    let query = dir.join("siftsmall_query.fvecs");
+    let (base, query) = (base.to_str().expect("utf-8"), query.to_str().expect("utf-8"));
+    // The whole base as k: every vector comes back, and k is reported as what was searched.
+    let out = run(
+        &[
+            "bench",
+            "--base",
+            base,
+            "--query",
+            query,
+            "--nq",
+            "2",
+            "-k",
+            "20000",
+            "--json",
+            "--backend",
+            "cpu",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json = stdout(&out);
+    assert_eq!(field(&json, "k"), 10_000.0, "{json}");
+    assert_eq!(field(&json, "k_requested"), 20_000.0, "{json}");
+    // One call of 2 queries per pass: too few calls for a 99th percentile.
+    assert!(json.contains(r#""p99_ms":null"#), "{json}");
+    assert!(field(&json, "rounds") >= 3.0, "{json}");
+    let out = run(&["bench", "--batch", "1", "--json", "--backend", "cpu"], &[]);
+    let json = stdout(&out);
+    assert!(field(&json, "calls") >= 100.0 && field(&json, "p99_ms") > 0.0, "{json}");
+}
+
+#[test]
+fn ground_truth_that_cannot_answer_is_an_error_unless_recall_is_computed() {
+    let scratch = Scratch::new("groundtruth");
+    let (base, query) = (sift("siftsmall_base.fvecs"), sift("siftsmall_query.fvecs"));
+    let good: Vec<Vec<i32>> = (0..100).map(|q| (0..10).map(|i| q * 10 + i).collect()).collect();
+    let mut negative = good.clone();
+    negative[42][3] = -1;
+    let mut beyond = good.clone();
+    beyond[7][0] = 10_000;
+    let short_rows = scratch.ivecs("rows.ivecs", &good[..50]);
+    let short_columns =
+        scratch.ivecs("cols.ivecs", &good.iter().map(|r| r[..5].to_vec()).collect::<Vec<_>>());
+    for (truth, says) in [
+        (scratch.ivecs("negative.ivecs", &negative), "row 42, column 3 holds id -1"),
+        (scratch.ivecs("beyond.ivecs", &beyond), "row 7, column 0 holds id 10000"),
+        (short_rows.clone(), "has 50 rows, but 100 queries"),
+        (short_columns.clone(), "fewer than k = 10"),
+    ] {
+        let out = run(
+            &["bench", "--base", &base, "--query", &query, "--groundtruth", &truth, "--backend", "cpu"],
+            &[],
+        );
+        assert!(!out.status.success(), "{says}: must be refused");
+        let err = stderr(&out);
+        assert!(err.contains(says) && err.contains(&truth), "{err}");
+    }
+    // Asked for, the computed ground truth replaces a file that cannot answer.
+    let out = run(
+        &[
+            "bench",
+            "--base",
+            &base,
+            "--query",
+            &query,
+            "--groundtruth",
+            &short_columns,
+            "--exact-recall",
+            "--json",
+            "--backend",
+            "cpu",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json = stdout(&out);
+    assert_eq!(field(&json, "recall"), 1.0);
+    assert!(json.contains("f64 brute force"), "{json}");
+}
+
+/// Outside a desktop session Mesa's device-select layer made libwayland print
+/// "XDG_RUNTIME_DIR is invalid or not set" on every Vulkan enumeration.
+#[test]
+fn no_wayland_noise_outside_a_desktop_session() {
+    let mut command = Command::new(binary());
+    command
+        .arg("info")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .env_remove("HIVE_GPU_BACKEND");
+    let out = command.output().expect("the hive-gpu binary runs");
+    assert!(out.status.success());
+    let err = stderr(&out);
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+}

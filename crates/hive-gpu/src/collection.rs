@@ -184,68 +184,109 @@ impl Collection {
         self.entries.get(slot)?.as_ref().map(|e| (&e.id, e.metadata()))
     }
 
-    /// Inserts new ids and replaces existing ones. Validates the whole batch first: a batch
-    /// with any bad vector changes nothing.
-    pub(crate) fn upsert(&mut self, vectors: &[GpuVector]) -> Result<()> {
+    /// Inserts new ids and replaces existing ones, all or nothing.
+    ///
+    /// Slots are written once: a replaced id's new values go to a new slot at the end and its
+    /// old slot is removed, like any removal. Every fallible step comes before the first change
+    /// anyone can see: validation, memory for the rows, the ids and the payloads, and the rows'
+    /// appends (rolled back by [`RowStore::truncate`] when one fails). What follows cannot
+    /// fail: tombstones and the id maps.
+    pub(crate) fn upsert<B: Batch + ?Sized>(&mut self, batch: &B) -> Result<()> {
+        let count = batch.len();
+        let config = self.config;
+        if let Some(values) = batch.flat_values()
+            && values.len() != count * config.dimension
+        {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "{count} ids need {} values of dimension {}, got {}",
+                count * config.dimension,
+                config.dimension,
+                values.len()
+            )));
+        }
         // Contents are checked in parallel (the first bad vector of the batch is reported),
         // ids in order.
-        let config = self.config;
-        let invalid = vectors.par_iter().enumerate().find_map_first(|(i, v)| {
-            if v.id.is_empty() {
+        let invalid = (0..count).into_par_iter().with_min_len(MIN_PARALLEL / 8).find_map_first(|i| {
+            let id = batch.id(i);
+            if id.is_empty() {
                 return Some(HiveGpuError::InvalidArgument(format!(
                     "vector {i} of the batch has an empty id"
                 )));
             }
-            check_values(&v.data, &config, Subject::Vector(&v.id)).err()
+            check_values(batch.values(i, config.dimension), &config, Subject::Vector(id)).err()
         });
         if let Some(error) = invalid {
             return Err(error);
         }
         // The slots of ids already stored are looked up in parallel, duplicates found in order.
         let slot_of = &self.slot_of;
-        let stored: Vec<Option<usize>> = vectors
-            .par_iter()
+        let stored: Vec<Option<usize>> = (0..count)
+            .into_par_iter()
             .with_min_len(MIN_PARALLEL)
-            .map(|v| slot_of.get(v.id.as_str()).copied())
+            .map(|i| slot_of.get(batch.id(i)).copied())
             .collect();
-        let mut first_seen: IdMap<&str, usize> =
-            IdMap::with_capacity_and_hasher(vectors.len(), Default::default());
-        let mut updates = Vec::new();
-        let mut inserts = Vec::with_capacity(vectors.len());
-        for (i, (v, slot)) in vectors.iter().zip(stored).enumerate() {
-            if let Some(first) = first_seen.insert(v.id.as_str(), i) {
-                return Err(HiveGpuError::DuplicateId { id: v.id.clone(), first, second: i });
-            }
-            match slot {
-                Some(slot) => updates.push((slot, v)),
-                None => inserts.push(v),
+        let mut first_seen: IdMap<&str, usize> = IdMap::with_capacity_and_hasher(count, Default::default());
+        for i in 0..count {
+            if let Some(first) = first_seen.insert(batch.id(i), i) {
+                return Err(HiveGpuError::DuplicateId { id: batch.id(i).to_string(), first, second: i });
             }
         }
-        self.rows.reserve(inserts.len())?;
-        self.entries.try_reserve(inserts.len()).map_err(|_| out_of_memory(inserts.len()))?;
-        self.slot_of.try_reserve(inserts.len()).map_err(|_| out_of_memory(inserts.len()))?;
+        drop(first_seen);
+        let replaced: Vec<usize> = stored.into_iter().flatten().collect();
 
-        for (slot, v) in updates {
-            self.rows.overwrite(slot, &v.data)?;
-            if let Some(entry) = &mut self.entries[slot] {
-                entry.metadata = shared(&v.metadata);
-            }
+        self.rows.reserve(count)?;
+        let inserted = count - replaced.len();
+        self.entries.try_reserve(count).map_err(|_| out_of_memory(count))?;
+        self.slot_of.try_reserve(inserted).map_err(|_| out_of_memory(inserted))?;
+        let added: Vec<Entry> = (0..count)
+            .into_par_iter()
+            .with_min_len(MIN_PARALLEL)
+            .map(|i| Entry::new(batch.id(i), batch.metadata(i)))
+            .collect();
+
+        let first_slot = self.rows.len();
+        if let Err(error) = self.append_rows(batch) {
+            self.rows.truncate(first_slot);
+            return Err(error);
         }
+
+        // Nothing below can fail.
+        self.rows.tombstone(&replaced);
+        for &slot in &replaced {
+            self.entries[slot] = None;
+        }
+        self.removed += replaced.len();
+        for (offset, entry) in added.into_iter().enumerate() {
+            self.slot_of.insert(entry.id.clone(), first_slot + offset);
+            self.entries.push(Some(entry));
+        }
+        self.compact_if_worth_it();
+        Ok(())
+    }
+
+    /// Appends the batch's values as rows, in order; a flat batch goes as it is, in pieces,
+    /// others through a bounded copy.
+    fn append_rows<B: Batch + ?Sized>(&mut self, batch: &B) -> Result<()> {
         let dim = self.config.dimension;
-        let mut flat = vec![0.0; APPEND_CHUNK.min(inserts.len()) * dim];
-        for chunk in inserts.chunks(APPEND_CHUNK) {
-            let flat = &mut flat[..chunk.len() * dim];
+        if let Some(values) = batch.flat_values() {
+            for piece in values.chunks(APPEND_CHUNK * dim) {
+                self.rows.append(piece)?;
+            }
+            return Ok(());
+        }
+        let count = batch.len();
+        let mut flat = Vec::new();
+        flat.try_reserve_exact(APPEND_CHUNK.min(count) * dim)
+            .map_err(|_| out_of_memory(APPEND_CHUNK.min(count)))?;
+        for start in (0..count).step_by(APPEND_CHUNK) {
+            let end = (start + APPEND_CHUNK).min(count);
+            flat.clear();
+            flat.resize((end - start) * dim, 0.0);
             flat.par_chunks_exact_mut(dim)
                 .with_min_len(MIN_PARALLEL)
-                .zip(chunk)
-                .for_each(|(row, v)| row.copy_from_slice(&v.data));
-            self.rows.append(flat)?;
-            let added: Vec<Entry> =
-                chunk.par_iter().with_min_len(MIN_PARALLEL).map(|v| Entry::new(&v.id, &v.metadata)).collect();
-            for entry in added {
-                self.slot_of.insert(entry.id.clone(), self.entries.len());
-                self.entries.push(Some(entry));
-            }
+                .enumerate()
+                .for_each(|(i, row)| row.copy_from_slice(batch.values(start + i, dim)));
+            self.rows.append(&flat)?;
         }
         Ok(())
     }
@@ -280,12 +321,17 @@ impl Collection {
             }
         }
         self.removed += slots.len();
+        self.compact_if_worth_it();
+        Ok(())
+    }
+
+    /// Reclaims removed slots once they are a quarter of the storage. Reclaiming is an
+    /// optimisation: if the device cannot do it now, the tombstones stay valid and the next
+    /// write tries again.
+    fn compact_if_worth_it(&mut self) {
         if self.removed > 0 && self.removed * 4 >= self.entries.len() {
-            // Reclaiming is an optimisation: if the device cannot do it now, the tombstones
-            // stay valid and the next removal tries again.
             let _ = self.compact();
         }
-        Ok(())
     }
 
     /// Drops removed slots, renumbering live ones in their order.
@@ -325,6 +371,64 @@ impl Collection {
         self.entries = Vec::new();
         self.slot_of = IdMap::default();
         self.removed = 0;
+    }
+}
+
+/// A batch of vectors to upsert: a slice of [`GpuVector`]s, or ids with one row-major array.
+pub(crate) trait Batch: Sync {
+    /// Vectors in the batch.
+    fn len(&self) -> usize;
+    /// The id of vector `i`.
+    fn id(&self, i: usize) -> &str;
+    /// The values of vector `i` (`dim` is the collection's dimension; a vector of another
+    /// length fails validation).
+    fn values(&self, i: usize, dim: usize) -> &[f32];
+    /// The payload of vector `i`.
+    fn metadata(&self, i: usize) -> &Metadata;
+    /// Every vector's values in one row-major array, where the batch has them so.
+    fn flat_values(&self) -> Option<&[f32]> {
+        None
+    }
+}
+
+impl Batch for [GpuVector] {
+    fn len(&self) -> usize {
+        <[GpuVector]>::len(self)
+    }
+    fn id(&self, i: usize) -> &str {
+        &self[i].id
+    }
+    fn values(&self, i: usize, _dim: usize) -> &[f32] {
+        &self[i].data
+    }
+    fn metadata(&self, i: usize) -> &Metadata {
+        &self[i].metadata
+    }
+}
+
+/// Ids with their vectors in one row-major array (`ids.len() * dim` values, checked by
+/// [`Collection::upsert`] before any access), without payloads.
+pub(crate) struct FlatBatch<'a, S> {
+    pub(crate) ids: &'a [S],
+    pub(crate) values: &'a [f32],
+}
+
+impl<S: AsRef<str> + Sync> Batch for FlatBatch<'_, S> {
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+    fn id(&self, i: usize) -> &str {
+        self.ids[i].as_ref()
+    }
+    fn values(&self, i: usize, dim: usize) -> &[f32] {
+        &self.values[i * dim..(i + 1) * dim]
+    }
+    fn metadata(&self, _i: usize) -> &Metadata {
+        static EMPTY: LazyLock<Metadata> = LazyLock::new(Metadata::new);
+        &EMPTY
+    }
+    fn flat_values(&self) -> Option<&[f32]> {
+        Some(self.values)
     }
 }
 

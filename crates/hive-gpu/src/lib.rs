@@ -1,9 +1,18 @@
 //! # hive-gpu
 //!
-//! Exact vector similarity search behind one API on every backend: NVIDIA (CUDA), AMD (ROCm),
-//! any Vulkan GPU (wgpu) and a SIMD CPU fallback, chosen at run time. This release ships the
-//! CPU backend; the GPU backends report why they are unavailable (see
-//! [`detect_available_backends`]).
+//! Exact vector similarity search behind one API on every backend, chosen at run time: NVIDIA
+//! GPUs through CUDA, any Vulkan GPU through wgpu, AMD GPUs through ROCm (HIP) and a SIMD CPU
+//! backend that is always there. Building needs no GPU toolkit: the GPU libraries are opened
+//! at run time, and [`detect_available_backends`] says for each backend whether it can run
+//! here and, if not, why.
+//!
+//! What ships: exact k-NN (flat) search of f32 and f16 vectors under Euclidean, cosine and
+//! inner-product metrics, single queries and batches, upserts and removals, payloads returned
+//! with results. The CPU and CUDA backends and the wgpu backend on NVIDIA's Vulkan driver and on
+//! Mesa's software Vulkan are tested; the ROCm backend compiles its kernels for AMD targets but
+//! has never run on an AMD GPU. Not there yet: persistence (a collection lives in process
+//! memory only), filtered search, approximate indexes (IVF, quantization, graphs) and Python
+//! bindings.
 //!
 //! ```
 //! use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector};
@@ -43,6 +52,7 @@
 pub mod backend;
 mod collection;
 pub mod error;
+mod exec;
 mod index;
 pub mod io;
 mod memory;
@@ -84,9 +94,20 @@ impl GpuContext {
         self.backend.backend_type()
     }
 
+    /// A context on a backend of the caller's: a [`GpuBackend`] implementation of its own,
+    /// or one that wraps a real backend (to inject faults in tests, to count calls).
+    pub fn from_backend(backend: Arc<dyn GpuBackend>) -> Self {
+        Self { backend }
+    }
+
     /// The backend's op set, for code that drives row stores directly.
     pub fn backend(&self) -> &dyn GpuBackend {
         self.backend.as_ref()
+    }
+
+    /// The backend as a shared handle (to wrap it, see [`GpuContext::from_backend`]).
+    pub fn shared_backend(&self) -> Arc<dyn GpuBackend> {
+        self.backend.clone()
     }
 
     /// The device's description, with memory figures read now.
@@ -135,18 +156,31 @@ impl GpuVectorStorage {
     }
 
     /// Adds vectors; an id already present is replaced with the new data and payload (upsert),
-    /// and a removed id can be added again. The whole batch is checked first (dimension,
-    /// finite values, no id twice, non-zero under cosine): if any vector is bad, nothing
-    /// changes.
+    /// and a removed id can be added again. A batch is all or nothing: it is checked first
+    /// (dimension, finite values, no id twice, non-zero under cosine), and a failure anywhere
+    /// (a bad vector, memory, a device error) leaves the collection as it was.
     pub fn add_vectors(&self, vectors: &[GpuVector]) -> Result<()> {
-        self.write().upsert(vectors)
+        let mut guard = self.write();
+        let collection: &mut Collection = &mut guard;
+        exec::run(|| collection.upsert(vectors))?
+    }
+
+    /// [`GpuVectorStorage::add_vectors`] for vectors without payloads given as one row-major
+    /// array: `ids.len() * dimension` values, vector `i` at `values[i * dimension..]`. Nothing
+    /// is copied per vector, so loading a large matrix costs no more memory than the matrix.
+    pub fn add_vectors_flat<S: AsRef<str> + Sync>(&self, ids: &[S], values: &[f32]) -> Result<()> {
+        let mut guard = self.write();
+        let collection: &mut Collection = &mut guard;
+        exec::run(|| collection.upsert(&collection::FlatBatch { ids, values }))?
     }
 
     /// Makes room for `additional` more vectors, so that adding them does not reallocate
     /// (like `Vec::reserve`). Fails with [`HiveGpuError::VramLimitExceeded`] when the device
     /// lacks the memory, changing nothing.
     pub fn reserve(&self, additional: usize) -> Result<()> {
-        self.write().reserve(additional)
+        let mut guard = self.write();
+        let collection: &mut Collection = &mut guard;
+        exec::run(|| collection.reserve(additional))?
     }
 
     /// The `k` nearest neighbours of `query`, best first. `k` larger than the collection
@@ -166,7 +200,9 @@ impl GpuVectorStorage {
         if query.len() != dim {
             return Err(HiveGpuError::DimensionMismatch { expected: dim, actual: query.len(), id: None });
         }
-        let mut lists = index::flat::search(&self.read(), query, k, options)?;
+        let guard = self.read();
+        let collection: &Collection = &guard;
+        let mut lists = exec::run(|| index::flat::search(collection, query, k, options))??;
         lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
     }
 
@@ -186,14 +222,18 @@ impl GpuVectorStorage {
         k: usize,
         options: SearchOptions,
     ) -> Result<Vec<Vec<GpuSearchResult>>> {
-        index::flat::search(&self.read(), queries, k, options)
+        let guard = self.read();
+        let collection: &Collection = &guard;
+        exec::run(|| index::flat::search(collection, queries, k, options))?
     }
 
     /// Removes vectors by id. Every id must be present and listed once; otherwise nothing is
     /// removed. Space is reclaimed automatically once removed slots reach a quarter of the
     /// storage.
-    pub fn remove_vectors<S: AsRef<str>>(&self, ids: &[S]) -> Result<()> {
-        self.write().remove(ids)
+    pub fn remove_vectors<S: AsRef<str> + Sync>(&self, ids: &[S]) -> Result<()> {
+        let mut guard = self.write();
+        let collection: &mut Collection = &mut guard;
+        exec::run(|| collection.remove(ids))?
     }
 
     /// The stored vector (after the storage precision's rounding) and its payload.
@@ -235,7 +275,9 @@ impl GpuVectorStorage {
     /// Reclaims the slots of removed vectors now instead of waiting for the automatic
     /// threshold.
     pub fn compact(&self) -> Result<()> {
-        self.write().compact()
+        let mut guard = self.write();
+        let collection: &mut Collection = &mut guard;
+        exec::run(|| collection.compact())?
     }
 
     /// Slots in use, removed-but-not-yet-reclaimed ones included.

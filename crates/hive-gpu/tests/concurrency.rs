@@ -95,3 +95,64 @@ fn eight_searchers_and_one_writer() {
         assert_eq!(storage.vector_count(), 2000 + 100 * 50 + 100 * 10);
     }
 }
+
+/// Callers inside their own rayon pool, as servers and data pipelines call libraries: writers
+/// and searchers of one collection interleaved as jobs of one 16-thread pool. A collection that
+/// ran its parallel sections on the caller's pool while holding its lock let a waiting worker
+/// steal a sibling job, which then blocked on the lock that worker held: a hang for good. A
+/// watchdog turns a hang into a failure.
+#[test]
+fn writers_and_searchers_inside_one_rayon_pool_never_deadlock() {
+    use rayon::prelude::*;
+    for context in contexts() {
+        let backend = context.backend_type();
+        let storage = Arc::new(context.create_storage(DIM, GpuDistanceMetric::Euclidean).expect("storage"));
+        let seed: Vec<GpuVector> = (0..1000)
+            .map(|i| format!("s{i}"))
+            .map(|id| GpuVector::new(id.clone(), vector_for(&id)))
+            .collect();
+        storage.add_vectors(&seed).expect("seed");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let stress = {
+            let storage = storage.clone();
+            std::thread::spawn(move || {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(16).build().expect("a 16-thread pool");
+                pool.install(|| {
+                    (0..96usize).into_par_iter().for_each(|job| {
+                        let mut rng = Rng::new(job as u64);
+                        match job % 4 {
+                            // Batches above the collection's parallel threshold (512).
+                            0 => {
+                                let batch: Vec<GpuVector> = (0..600)
+                                    .map(|i| format!("j{job}-{i}"))
+                                    .map(|id| GpuVector::new(id.clone(), vector_for(&id)))
+                                    .collect();
+                                storage.add_vectors(&batch).expect("add in the pool");
+                            }
+                            1 => {
+                                let ids: Vec<String> = (0..600).map(|i| format!("f{job}-{i}")).collect();
+                                let values: Vec<f32> = ids.iter().flat_map(|id| vector_for(id)).collect();
+                                storage.add_vectors_flat(&ids, &values).expect("flat add in the pool");
+                                storage.remove_vectors(&ids[..300]).expect("remove in the pool");
+                            }
+                            _ => {
+                                let queries = rng.normals(64 * DIM);
+                                let lists = storage.search_batch(&queries, 10).expect("search in the pool");
+                                assert_eq!(lists.len(), 64);
+                                storage.search(&queries[..DIM], 5).expect("one query in the pool");
+                            }
+                        }
+                    });
+                });
+                let _ = sender.send(());
+            })
+        };
+        match receiver.recv_timeout(std::time::Duration::from_secs(300)) {
+            Ok(()) => stress.join().expect("the stress thread"),
+            Err(_) => panic!(
+                "{backend}: writers and searchers in one rayon pool made no progress for 300 s (deadlock)"
+            ),
+        }
+        assert_eq!(storage.vector_count(), 1000 + 24 * 600 + 24 * 300);
+    }
+}

@@ -10,8 +10,9 @@ use hive_gpu::{
     GpuContext, GpuDistanceMetric, GpuVector, HiveGpuError, Metadata, StorageConfig, StoragePrecision,
 };
 
-/// The model: live ids in first-insertion order (an upsert keeps the position, which is the
-/// collection's tie order) with their stored values and payloads.
+/// The model: live ids in the order they were last written (an upsert writes the vector anew
+/// at the end, and that order is the collection's tie order) with their stored values and
+/// payloads.
 #[derive(Default)]
 struct Model {
     order: Vec<String>,
@@ -24,9 +25,10 @@ impl Model {
             StoragePrecision::F32 => v.data.clone(),
             StoragePrecision::F16 => v.data.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
         };
-        if self.vectors.insert(v.id.clone(), (data, v.metadata.clone())).is_none() {
-            self.order.push(v.id.clone());
+        if self.vectors.insert(v.id.clone(), (data, v.metadata.clone())).is_some() {
+            self.order.retain(|x| x != &v.id);
         }
+        self.order.push(v.id.clone());
     }
 
     fn remove(&mut self, id: &str) {

@@ -4,8 +4,32 @@
 //! Each backend is a small set of coarse operations (store rows, fused distance + top-k over
 //! the stored rows for a batch of queries); the conformance suite checks every backend against
 //! an f64 reference through exactly these operations.
+//!
+//! # Soundness
+//!
+//! The CPU backend runs AVX-512, AVX2 or NEON code according to what the processor reports at
+//! run time, and nothing public lets safe code choose otherwise: its kernels and their
+//! instruction-set level are internal. This must not compile:
+//!
+//! ```compile_fail
+//! use hive_gpu::backend::cpu::simd::{Kernel, SimdLevel, distances};
+//! let mut out = [0.0f32; 1];
+//! distances(SimdLevel::Avx512, Kernel::L2, &[1.0; 16], &[2.0; 16], &mut out);
+//! ```
+//!
+//! while the public way in, a context on the CPU backend, picks the level itself:
+//!
+//! ```
+//! let context = hive_gpu::GpuContext::with_backend(hive_gpu::GpuBackendType::Cpu, 0)?;
+//! let storage = context.create_storage(16, hive_gpu::GpuDistanceMetric::Euclidean)?;
+//! storage.add_vectors(&[hive_gpu::GpuVector::new("x", vec![2.0; 16])])?;
+//! assert_eq!(storage.search(&[1.0; 16], 1)?[0].score, 4.0);
+//! # Ok::<(), hive_gpu::HiveGpuError>(())
+//! ```
 
-pub mod cpu;
+// The CPU backend's kernels stay inside the crate: they trust the instruction-set level they are
+// given (`cpu::simd::SimdLevel`), which only `SimdLevel::detect` may produce.
+pub(crate) mod cpu;
 pub(crate) mod gpu;
 pub(crate) mod tombstones;
 #[cfg(feature = "vulkan")]
@@ -71,10 +95,14 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// that many rows cannot fail. Fails with [`HiveGpuError::VramLimitExceeded`] when the
     /// device lacks the memory, changing nothing.
     fn reserve(&mut self, additional: usize) -> Result<()>;
-    /// Appends rows (row-major, a multiple of the dimension) as new live slots.
+    /// Appends rows (row-major, a multiple of the dimension) as new live slots. Slots are
+    /// written once: a collection replaces a vector by appending its new values and removing
+    /// the old slot, which keeps every change but the appends infallible.
     fn append(&mut self, rows: &[f32]) -> Result<()>;
-    /// Replaces the row in `slot` and marks it live.
-    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()>;
+    /// Drops every slot from `len` on: the rollback of appends whose batch could not be
+    /// finished. Cannot fail: it only forgets rows (a failed append may have left any number
+    /// of them written beyond what the store reported).
+    fn truncate(&mut self, len: usize);
     /// Marks slots as removed: searches skip them.
     fn tombstone(&mut self, slots: &[usize]);
     /// Keeps only the rows in `keep` (ascending slots), renumbered `0..keep.len()` in order.

@@ -15,6 +15,7 @@ pub enum SimdLevel {
     /// x86-64 with AVX2 and FMA.
     Avx2,
     /// 64-bit Arm with NEON.
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     Neon,
     /// No vector extension we use.
     Scalar,

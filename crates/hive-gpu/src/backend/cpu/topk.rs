@@ -57,19 +57,43 @@ impl Ord for Entry {
 
 /// Candidates of one query: the k best approximate distances seen so far plus every other row
 /// within the error margin of the k-th.
+///
+/// Ties cost no more than other data. Rows that tie with the k-th (duplicates: common in real
+/// collections) all pass the margin, so the list of near rows grows with them. It is pruned
+/// whenever it doubles (amortised linear time), and its owner can [`Collector::shrink`] it by
+/// scoring it exactly once it is [`Collector::crowded`], which bounds its memory too.
 #[derive(Debug, Clone)]
 pub struct Collector {
     k: usize,
     bound: ErrorBound,
     best: BinaryHeap<Entry>,
     near: Vec<Entry>,
+    /// `near` is pruned by the gate when it grows past this length, which then becomes twice
+    /// what survived: every entry is looked at O(1) times on average, whatever the ties.
+    near_cap: usize,
+    /// Rows with an approximate distance above this cannot be among the k nearest: the least
+    /// of the approximate gate (from `best`) and `exact_gate`.
     gate: f32,
+    /// The gate that k exactly scored rows prove (see [`Collector::shrink`]); +inf before.
+    exact_gate: f32,
 }
 
 impl Collector {
     /// An empty collector for `k >= 1` results.
     pub fn new(k: usize, bound: ErrorBound) -> Self {
-        Self { k, bound, best: BinaryHeap::with_capacity(k + 1), near: Vec::new(), gate: f32::INFINITY }
+        Self {
+            k,
+            bound,
+            best: BinaryHeap::with_capacity(k + 1),
+            near: Vec::new(),
+            near_cap: Self::base_cap(k),
+            gate: f32::INFINITY,
+            exact_gate: f32::INFINITY,
+        }
+    }
+
+    fn base_cap(k: usize) -> usize {
+        4 * k + 64
     }
 
     /// Rows with an approximate distance above this value cannot be among the true k nearest.
@@ -105,15 +129,16 @@ impl Collector {
         }
         if evicted.distance <= self.gate {
             self.near.push(evicted);
-            if self.near.len() > 4 * self.k + 64 {
+            if self.near.len() > self.near_cap {
                 let gate = self.gate;
                 self.near.retain(|e| e.distance <= gate);
+                self.near_cap = Self::base_cap(self.k).max(2 * self.near.len());
             }
         }
     }
 
     fn update_gate(&mut self) {
-        if let Some(worst) = self.best.peek() {
+        if let Some(worst) = self.best.peek().filter(|_| self.best.len() == self.k) {
             let d = worst.distance;
             // 2E at the k-th distance. A relative E is measured against the true value, which
             // may exceed d by E itself; the extra factor and the few ulps of |d| also cover the
@@ -121,10 +146,62 @@ impl Collector {
             let e = (self.bound.absolute + self.bound.relative * d.abs()) * (1.0 + 2.0 * self.bound.relative);
             self.gate = d + 2.0 * e + d.abs() * (4.0 * f32::EPSILON);
         }
+        self.gate = self.gate.min(self.exact_gate);
+    }
+
+    /// Whether the near list has grown enough (many rows tie with the k-th) that its owner
+    /// should [`Collector::shrink`] it.
+    pub fn crowded(&self) -> bool {
+        self.near.len() > (8 * self.k).max(4096)
+    }
+
+    /// Scores every candidate exactly with `exact` (the canonical f64 distance of a slot) and
+    /// keeps only the k best by (exact distance, slot): every other candidate is beaten by k
+    /// real rows, so it cannot be in the result.
+    ///
+    /// Those k rows also bound later ones. If `t_k` is the largest of their exact distances, a
+    /// row whose approximate distance `a` exceeds `t_k + E(t_k)` has a true distance
+    /// `t >= a - E(t) > t_k` (`t + E(t)` grows with `t`, as `relative < 1`), so it loses to all
+    /// k: that is the exact gate. Duplicates thus cost one exact score each, and the list stays
+    /// short however many rows tie.
+    pub fn shrink(&mut self, mut exact: impl FnMut(u32) -> f64) {
+        let gate = self.gate;
+        let mut scored: Vec<(f64, Entry)> = self
+            .best
+            .drain()
+            .chain(self.near.drain(..))
+            .filter(|e| e.distance <= gate)
+            .map(|e| (exact(e.slot), e))
+            .collect();
+        let by_exact = |a: &(f64, Entry), b: &(f64, Entry)| a.0.total_cmp(&b.0).then(a.1.slot.cmp(&b.1.slot));
+        if scored.len() > self.k {
+            scored.select_nth_unstable_by(self.k - 1, by_exact);
+            scored.truncate(self.k);
+        }
+        self.near_cap = Self::base_cap(self.k);
+        if scored.len() == self.k
+            && let Some(t_k) = scored.iter().map(|s| s.0).max_by(f64::total_cmp)
+        {
+            self.exact_gate = self.exact_gate.min(self.gate_above(t_k));
+        }
+        self.best.extend(scored.into_iter().map(|(_, e)| e));
+        self.update_gate();
+    }
+
+    /// `t + E(t)` with its rounding covered, as an f32 no smaller than the f64 value.
+    fn gate_above(&self, t: f64) -> f32 {
+        let (absolute, relative) = (f64::from(self.bound.absolute), f64::from(self.bound.relative));
+        let e = (absolute + relative * t.abs()) * (1.0 + 2.0 * relative);
+        let gate = t + e + t.abs() * (4.0 * f64::from(f32::EPSILON));
+        let rounded = gate as f32;
+        if f64::from(rounded) < gate { rounded.next_up() } else { rounded }
     }
 
     /// Moves every candidate of `other` (same k and bound) into `self`.
     pub fn merge(&mut self, other: Collector) {
+        // The other's exact gate rests on rows of the same collection: it bounds this one too.
+        self.exact_gate = self.exact_gate.min(other.exact_gate);
+        self.update_gate();
         for e in other.best.into_iter().chain(other.near) {
             self.push(e.distance, e.slot);
         }

@@ -306,23 +306,19 @@ impl<D: Driver> RowStore for GpuRows<D> {
         Ok(())
     }
 
-    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
-        if slot >= self.len || row.len() != self.dim {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "overwrite of slot {slot} of {} with {} values (dimension {})",
-                self.len,
-                row.len(),
-                self.dim
-            )));
+    fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
         }
-        self.upload_rows(slot, row)?;
-        if self.dead.set(slot, false)
-            && let Err(e) = self.upload_dead(slot / 32, slot / 32 + 1)
-        {
+        self.len = len;
+        // Slots past `len` were appended by the batch being rolled back and never removed, so
+        // their bits are clear on both sides; should one be set, the device copy is refreshed
+        // before the next search.
+        let before = self.dead.count();
+        self.dead.clear_from(len);
+        if self.dead.count() != before {
             self.mark_dead_stale();
-            return Err(e);
         }
-        Ok(())
     }
 
     fn tombstone(&mut self, slots: &[usize]) {

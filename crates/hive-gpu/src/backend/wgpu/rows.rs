@@ -802,14 +802,10 @@ impl RowStore for WgpuRows {
         outcome
     }
 
-    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
-        self.resync()?;
-        self.host.overwrite(slot, row)?;
-        let outcome = self.upload(slot, slot + 1).and_then(|()| self.sync_dead(slot / 32..slot / 32 + 1));
-        if outcome.is_err() {
-            self.stale = true;
-        }
-        outcome
+    fn truncate(&mut self, len: usize) {
+        // The host copy is the truth searches and uploads follow: device rows past its length
+        // are never read, and appends re-upload their tombstone words.
+        self.host.truncate(len);
     }
 
     fn tombstone(&mut self, slots: &[usize]) {
@@ -825,9 +821,12 @@ impl RowStore for WgpuRows {
     fn compact(&mut self, keep: &[usize]) -> Result<()> {
         self.host.compact(keep)?;
         self.chunks.truncate(self.host.len().div_ceil(self.rows_per_chunk));
+        // The host copy has changed, so the collection renumbers its ids whatever the device
+        // does: a failed upload leaves the device stale, and searches answer on the host until
+        // the next mutation resyncs it.
         let outcome = self.upload(0, self.host.len()).and_then(|()| self.sync_dead(self.all_dead_words()));
         self.stale = outcome.is_err();
-        outcome
+        Ok(())
     }
 
     fn clear(&mut self) {

@@ -99,12 +99,6 @@ impl CpuRows {
         }
     }
 
-    /// Records the norm and rounding residuals of the stored row in `slot`.
-    fn note_row(&mut self, slot: usize) {
-        let stats = self.row_stats(slot, &mut Vec::new());
-        self.record(slot, stats);
-    }
-
     /// Records the statistics of the stored rows from `first` on, measured in parallel.
     fn note_rows_from(&mut self, first: usize) {
         let stats: Vec<RowStats> = (first..self.len_slots())
@@ -186,14 +180,14 @@ impl CpuRows {
         topk::best_k(scored, k).into_iter().map(|(slot, distance)| Neighbor { slot, distance }).collect()
     }
 
-    /// Drops every slot from `len` on (a rollback of an append the caller could not finish).
-    pub(crate) fn truncate(&mut self, len: usize) {
-        self.dead.clear_from(len);
-        match &mut self.elements {
-            Elements::F32(v) => v.truncate(len * self.dim),
-            Elements::F16(v) => v.truncate(len * self.dim),
+    /// Shrinks the collector of query `q` once it is crowded (many rows tie with its k-th),
+    /// scoring its candidates exactly: see [`topk::Collector::shrink`].
+    fn thin(&self, collector: &mut topk::Collector, q: &[f32], metric: GpuDistanceMetric) {
+        if collector.crowded() {
+            let q_norm = simd::squared_norm_f64(q).sqrt();
+            let mut scratch = Vec::new();
+            collector.shrink(|slot| self.exact_distance(q, q_norm, slot as usize, metric, &mut scratch));
         }
-        self.sq_norms.truncate(len);
     }
 
     /// The removed-row bitmap (GPU backends upload its words as they are).
@@ -303,18 +297,16 @@ impl RowStore for CpuRows {
         Ok(())
     }
 
-    fn overwrite(&mut self, slot: usize, row: &[f32]) -> Result<()> {
-        if slot >= self.len_slots() || row.len() != self.dim {
-            return Err(HiveGpuError::InvalidArgument(format!("overwrite of slot {slot} out of range")));
+    fn truncate(&mut self, len: usize) {
+        if len >= self.len_slots() {
+            return;
         }
-        let range = slot * self.dim..(slot + 1) * self.dim;
+        self.dead.clear_from(len);
         match &mut self.elements {
-            Elements::F32(v) => v[range].copy_from_slice(row),
-            Elements::F16(v) => v[range].convert_from_f32_slice(row),
+            Elements::F32(v) => v.truncate(len * self.dim),
+            Elements::F16(v) => v.truncate(len * self.dim),
         }
-        self.note_row(slot);
-        self.dead.set(slot, false);
-        Ok(())
+        self.sq_norms.truncate(len);
     }
 
     fn tombstone(&mut self, slots: &[usize]) {
@@ -334,13 +326,32 @@ impl RowStore for CpuRows {
             )));
         }
         let dim = self.dim;
-        fn gather<T: Copy>(v: &[T], keep: &[usize], dim: usize) -> Vec<T> {
-            keep.iter().flat_map(|&s| v[s * dim..(s + 1) * dim].iter().copied()).collect()
+        // The kept rows are copied before anything changes, into memory asked for first: a
+        // compaction that cannot get it leaves the rows as they were.
+        fn gather<T: Copy>(v: &[T], keep: &[usize], dim: usize) -> Option<Vec<T>> {
+            let mut out = Vec::new();
+            out.try_reserve_exact(keep.len() * dim).ok()?;
+            out.extend(keep.iter().flat_map(|&s| v[s * dim..(s + 1) * dim].iter().copied()));
+            Some(out)
         }
-        self.elements = match &self.elements {
-            Elements::F32(v) => Elements::F32(gather(v, keep, dim)),
-            Elements::F16(v) => Elements::F16(gather(v, keep, dim)),
+        let element_bytes = match self.elements {
+            Elements::F32(_) => 4,
+            Elements::F16(_) => 2,
         };
+        let requested = (keep.len() * dim * element_bytes) as u64;
+        let too_much = || HiveGpuError::VramLimitExceeded {
+            backend: GpuBackendType::Cpu,
+            requested,
+            available: crate::memory::available_bytes().unwrap_or(0),
+        };
+        if crate::memory::available_bytes().is_some_and(|available| requested > available) {
+            return Err(too_much());
+        }
+        let gathered = match &self.elements {
+            Elements::F32(v) => gather(v, keep, dim).map(Elements::F32),
+            Elements::F16(v) => gather(v, keep, dim).map(Elements::F16),
+        };
+        self.elements = gathered.ok_or_else(too_much)?;
         self.dead.reset(keep.len());
         self.sq_norms = Vec::with_capacity(keep.len());
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);

@@ -104,6 +104,7 @@ impl CpuRows {
             })
             .reduce_with(|mut a, b| {
                 a.merge(b);
+                self.thin(&mut a, q, metric);
                 a
             })
             .unwrap_or_else(|| Collector::new(k, bound))
@@ -130,6 +131,7 @@ impl CpuRows {
             simd::distances(self.simd, kernel, q, rows, &mut raw[..count]);
             self.block_transform(metric, true, at, &mut scale[..count], &mut offset[..count]);
             filter::collect(self.simd, &mut collector, &raw[..count], &scale[..count], &offset[..count], at);
+            self.thin(&mut collector, q, metric);
             at += count;
         }
         collector
@@ -168,8 +170,11 @@ impl CpuRows {
         // Tasks come ordered by query block, then row range.
         let mut parts = partial.into_iter();
         let mut out = Vec::with_capacity(nq);
-        for _ in 0..query_blocks {
-            out.extend(merge_ranges(parts.by_ref().take(row_ranges)));
+        for b in 0..query_blocks {
+            let first = b * QUERY_BLOCK;
+            out.extend(merge_ranges(parts.by_ref().take(row_ranges), |i, c| {
+                self.thin(c, &queries[(first + i) * dim..(first + i + 1) * dim], metric)
+            }));
         }
         out
     }
@@ -196,8 +201,11 @@ impl CpuRows {
             let products = &mut products[..nq * count];
             inner_products(queries, rows, dim, nq, count, products);
             self.block_transform(metric, false, at, &mut scale[..count], &mut offset[..count]);
-            for (c, p) in collectors.iter_mut().zip(products.chunks_exact(count)) {
+            for ((c, p), q) in
+                collectors.iter_mut().zip(products.chunks_exact(count)).zip(queries.chunks_exact(dim))
+            {
                 filter::collect(self.simd, c, p, &scale[..count], &offset[..count], at);
+                self.thin(c, q, metric);
             }
             at += count;
         }
@@ -243,8 +251,10 @@ impl CpuRows {
                         if !kernel.products(qs, &packed, np, tile, &sums, &mut products) {
                             return None;
                         }
-                        for (c, p) in chunk.iter_mut().zip(products.chunks_exact(tile)) {
+                        for (i, (c, p)) in chunk.iter_mut().zip(products.chunks_exact(tile)).enumerate() {
                             filter::collect(self.simd, c, &p[..count], &scale[..count], &offset[..count], at);
+                            let q = g * group + i;
+                            self.thin(c, &queries[q * dim..(q + 1) * dim], metric);
                         }
                     }
                     at += count;
@@ -256,17 +266,22 @@ impl CpuRows {
             // The kernel declined (instructions missing): the f32 tiles give the same answer.
             return self.gemm_collect(queries, metric, k, &self.f32_bounds(queries, metric));
         };
-        merge_ranges(partial)
+        merge_ranges(partial, |i, c| self.thin(c, &queries[i * dim..(i + 1) * dim], metric))
     }
 }
 
-/// One candidate list per query from lists of the same queries over different row ranges.
-fn merge_ranges(parts: impl IntoIterator<Item = Vec<Collector>>) -> Vec<Collector> {
+/// One candidate list per query from lists of the same queries over different row ranges;
+/// `thin(i, list)` keeps query `i`'s merged list short.
+fn merge_ranges(
+    parts: impl IntoIterator<Item = Vec<Collector>>,
+    thin: impl Fn(usize, &mut Collector),
+) -> Vec<Collector> {
     let mut parts = parts.into_iter();
     let mut merged = parts.next().unwrap_or_default();
     for part in parts {
-        for (m, c) in merged.iter_mut().zip(part) {
+        for (i, (m, c)) in merged.iter_mut().zip(part).enumerate() {
             m.merge(c);
+            thin(i, m);
         }
     }
     merged

@@ -1,0 +1,107 @@
+//! The library's own worker threads, and the one rule that keeps callers' thread pools from
+//! deadlocking on a collection's lock.
+//!
+//! A collection's methods hold its lock while they run parallel work (validating a batch,
+//! scanning rows, building results). A rayon thread that waits for parallel work does not sleep:
+//! it runs other queued jobs of its pool meanwhile. Were that parallel work on the caller's
+//! pool, a waiting thread could pick up another of the caller's jobs (say an `add_vectors` on
+//! the same collection) and block on the lock that it itself holds further down its stack, for
+//! good. So:
+//!
+//! - every parallel section under a collection's lock runs on this module's pool, which runs
+//!   nothing but hive-gpu's own jobs, and none of those takes a collection's lock (the caller's
+//!   thread takes it before entering, and releases it after);
+//! - the caller's thread waits for the pool without running anything else: a plain thread
+//!   blocks inside `install`; a worker of another rayon pool (where `install` would keep it busy
+//!   with that pool's jobs) hands the section to a plain scoped thread and blocks on joining it;
+//! - inside the pool, a waiting worker may run another section's jobs; that is safe because no
+//!   job of ours blocks on anything another job holds across a parallel wait (the backends' own
+//!   mutexes guard short device calls, never a parallel section: see `backend/`).
+//!
+//! The pool has rayon's default size (`RAYON_NUM_THREADS`, else one thread per core) and is
+//! started on first use.
+
+use std::sync::OnceLock;
+
+use crate::error::{HiveGpuError, Result};
+
+/// Runs `section` on the library's pool and returns its result; the calling thread runs no
+/// foreign job meanwhile (see the module documentation).
+pub(crate) fn run<R: Send>(section: impl FnOnce() -> R + Send) -> Result<R> {
+    let pool = pool()?;
+    if pool.current_thread_index().is_some() {
+        // Already one of ours (a section calling a section): just run it.
+        return Ok(section());
+    }
+    if rayon::current_thread_index().is_none() {
+        // A plain thread waits on a lock inside `install`: it runs nothing else.
+        return Ok(pool.install(section));
+    }
+    // A worker of another pool would run that pool's jobs while it waits in `install`.
+    std::thread::scope(|scope| {
+        let waiter = std::thread::Builder::new()
+            .name("hive-gpu-waiter".into())
+            .spawn_scoped(scope, || pool.install(section))
+            .map_err(|e| HiveGpuError::Internal(format!("cannot start a thread to wait on: {e}")))?;
+        Ok(waiter.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    })
+}
+
+/// The pool, started on first use. A failure to start it (the OS refused threads) is
+/// reported, and the next call tries again.
+fn pool() -> Result<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    if let Some(pool) = POOL.get() {
+        return Ok(pool);
+    }
+    let built = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("hive-gpu-{i}"))
+        .build()
+        .map_err(|e| HiveGpuError::Internal(format!("cannot start hive-gpu's worker threads: {e}")))?;
+    // Two first calls may race: the loser's pool is dropped (its threads exit).
+    Ok(POOL.get_or_init(|| built))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rayon::prelude::*;
+
+    #[test]
+    fn sections_run_on_the_library_pool_from_any_thread() {
+        let ours = |_: ()| pool().expect("pool").current_thread_index().is_some();
+        assert!(run(|| ours(())).expect("from a plain thread"));
+        let foreign = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool");
+        assert!(foreign.install(|| run(|| ours(())).expect("from a foreign worker")));
+        // Nested: a section inside a section stays where it is.
+        assert!(run(|| run(|| ours(())).expect("nested")).expect("outer"));
+    }
+
+    #[test]
+    fn a_foreign_worker_waiting_on_a_section_runs_none_of_its_pool_s_jobs() {
+        // One foreign thread: if it stole while waiting, the job queued behind it would run on
+        // it before the section ends, and observe `inside` set.
+        let foreign = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a pool");
+        let inside = std::sync::atomic::AtomicBool::new(false);
+        let stole = std::sync::atomic::AtomicBool::new(false);
+        foreign.install(|| {
+            rayon::scope(|s| {
+                s.spawn(|_| {
+                    if inside.load(std::sync::atomic::Ordering::SeqCst) {
+                        stole.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                });
+                run(|| {
+                    inside.store(true, std::sync::atomic::Ordering::SeqCst);
+                    // Parallel work inside the section, long enough to give a thief a chance.
+                    let sum: u64 = (0..2_000_000u64).into_par_iter().map(|x| x % 7).sum();
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    inside.store(false, std::sync::atomic::Ordering::SeqCst);
+                    sum
+                })
+                .expect("section");
+            });
+        });
+        assert!(!stole.load(std::sync::atomic::Ordering::SeqCst));
+    }
+}
