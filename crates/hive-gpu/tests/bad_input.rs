@@ -245,3 +245,44 @@ fn unavailable_backends_say_why() {
     let err = GpuContext::with_backend(GpuBackendType::Cpu, 3).unwrap_err();
     assert!(matches!(err, HiveGpuError::DeviceNotFound { ordinal: 3, .. }), "{err:?}");
 }
+
+/// Any dimension works or is refused with a message naming it, on every backend, never a
+/// panic: the wgpu backend once panicked in `reserve` past 2^17 components (a chunk could hold
+/// fewer than its 256-row minimum, and `clamp(256, fewer)` panics).
+#[test]
+fn very_high_dimensions_work_or_are_refused_clearly() {
+    for context in contexts() {
+        let backend = context.backend_type();
+        for dim in [4_097usize, 131_073, 300_000, 2_000_000] {
+            let storage = match context.create_storage(dim, GpuDistanceMetric::Euclidean) {
+                Ok(storage) => storage,
+                Err(err) => {
+                    assert!(err.to_string().contains(&dim.to_string()), "{backend} {dim}: {err}");
+                    continue;
+                }
+            };
+            let vectors: Vec<GpuVector> = (0..3)
+                .map(|i| {
+                    GpuVector::new(
+                        format!("v{i}"),
+                        (0..dim).map(|j| ((i * 7 + j) % 11) as f32 - 5.0).collect(),
+                    )
+                })
+                .collect();
+            if let Err(err) = storage.reserve(3).and_then(|()| storage.add_vectors(&vectors)) {
+                assert!(
+                    matches!(err, HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::InvalidArgument(_)),
+                    "{backend} {dim}: {err:?}"
+                );
+                assert_eq!(storage.vector_count(), 0, "{backend} {dim}: a refused batch changes nothing");
+                continue;
+            }
+            let query: Vec<f32> = vectors[1].data.iter().map(|x| x + 0.25).collect();
+            let hits = storage.search(&query, 2).expect("one query");
+            assert_eq!(hits[0].id, "v1", "{backend} {dim}");
+            let batch =
+                storage.search_batch(&[query.clone(), vectors[2].data.clone()].concat(), 1).expect("a batch");
+            assert_eq!((batch[0][0].id.as_str(), batch[1][0].id.as_str()), ("v1", "v2"), "{backend} {dim}");
+        }
+    }
+}

@@ -198,7 +198,9 @@ impl WgpuRows {
             if self.chunks.get(c).is_some_and(|chunk| chunk.capacity >= needed) {
                 continue;
             }
-            let capacity = needed.next_power_of_two().clamp(256, self.rows_per_chunk);
+            // At least 256 rows where a chunk holds that many; very wide rows (past 2^17 f32
+            // components on a 128 MiB binding) hold fewer, and `clamp` would panic on them.
+            let capacity = needed.next_power_of_two().max(256).min(self.rows_per_chunk);
             let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
             // Whole 16-byte vectors: the kernels bind rows as vectors of 4 components.
             let rows =
