@@ -69,6 +69,10 @@ step "ROCm: libamdhip64-5 and libhiprtc-builtins5 (HIP runtime + hiprtc) for the
 need_apt libamdhip64-5 libhiprtc-builtins5
 export HIVE_GPU_REQUIRE_HIPRTC=1 HIVE_GPU_EXPECT_ROCM=no-device
 
+# The memory-limit test makes a 512 MiB memory cgroup (root, cgroup v1 or v2) and fills a
+# collection inside it: here a cgroup that cannot be made is a failure, not a skip.
+export HIVE_GPU_REQUIRE_CGROUP=1
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -21,6 +21,12 @@ const MAX_SQUARED_NORM: f64 = 1e37;
 /// Cosine ignores scale, so such a vector can simply be scaled up.
 const MIN_COSINE_SQUARED_NORM: f64 = 1e-36;
 
+/// Host bytes one stored id costs: its entry, and its key and slot in the id map with the
+/// map's spare room (a SwissTable runs up to 7/8 full). Ids beyond 23 bytes cost their length
+/// more; payloads their own size.
+const ENTRY_BYTES: usize =
+    std::mem::size_of::<Option<Entry>>() + (std::mem::size_of::<(SmolStr, usize)>() + 1) * 8 / 7;
+
 /// Vectors appended per call into the row store, bounding the temporary copy.
 const APPEND_CHUNK: usize = 8192;
 
@@ -234,6 +240,16 @@ impl Collection {
         drop(first_seen);
         let replaced: Vec<usize> = stored.into_iter().flatten().collect();
 
+        // Ids and payload handles live in host memory on every backend: claimed from the
+        // process's budget like the CPU backend's rows (see `memory::claim`).
+        let host_bytes = (count * ENTRY_BYTES) as u64;
+        crate::memory::claim(host_bytes).map_err(|(requested, available)| {
+            HiveGpuError::VramLimitExceeded {
+                backend: crate::types::GpuBackendType::Cpu,
+                requested,
+                available,
+            }
+        })?;
         self.rows.reserve(count)?;
         let inserted = count - replaced.len();
         self.entries.try_reserve(count).map_err(|_| out_of_memory(count))?;

@@ -54,6 +54,34 @@ pub(crate) fn check(what: impl FnOnce() -> String, bytes: u64) -> Result<()> {
     }
 }
 
+/// Claims `bytes` of host memory about to be written (rows appended, ids stored): Ok when the
+/// budget holds them, else `Err((bytes, available))`.
+///
+/// Reading the budget costs a few small files, too much for every single-vector add, so a
+/// read grants a credit: half of what remains after the claim, spent by later claims without
+/// another read. Half, because the rest of the process and the cgroup's other processes spend
+/// the same memory meanwhile; each read near the limit halves the credit again, so claims meet
+/// a fresh reading before the budget runs out. Capacity reserved ahead (a `Vec` doubling) costs
+/// nothing until written, which is why claims are made per write and not per reservation.
+pub(crate) fn claim(bytes: u64) -> std::result::Result<(), (u64, u64)> {
+    static CREDIT: std::sync::Mutex<u64> = std::sync::Mutex::new(0);
+    let mut credit = CREDIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if bytes <= *credit {
+        *credit -= bytes;
+        return Ok(());
+    }
+    let Some(available) = available_bytes() else {
+        // No budget known: nothing to check against (the allocation itself still fails cleanly).
+        return Ok(());
+    };
+    if bytes > available {
+        *credit = 0;
+        return Err((bytes, available));
+    }
+    *credit = (available - bytes) / 2;
+    Ok(())
+}
+
 /// The budget with `/proc` and `/sys` read below `root` (tests build a fake tree).
 fn budget_under(root: &Path) -> Option<Budget> {
     let mut best: Option<Budget> = None;

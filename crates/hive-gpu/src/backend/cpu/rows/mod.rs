@@ -246,25 +246,27 @@ impl RowStore for CpuRows {
                 self.len_slots()
             )));
         }
+        let values = additional * self.dim;
         let element_bytes = match self.elements {
             Elements::F32(_) => 4,
             Elements::F16(_) => 2,
         };
+        // Claimed from what this process may still allocate (cgroup and rlimit included) on
+        // every reservation, room or not: memory the kernel granted but never backed (a Vec's
+        // spare capacity) gets the process killed when the rows are written, long after
+        // `try_reserve` said yes.
         let requested = (additional * (self.dim * element_bytes + 4)) as u64;
         let too_much = |available: u64| HiveGpuError::VramLimitExceeded {
             backend: GpuBackendType::Cpu,
             requested,
             available,
         };
-        if let Some(available) = crate::memory::available_bytes()
-            && requested > available
-        {
-            return Err(too_much(available));
-        }
-        let values = additional * self.dim;
+        crate::memory::claim(requested).map_err(|(_, available)| too_much(available))?;
+        // Amortised growth may ask for up to twice the rows held; under an address-space limit
+        // that can fail where the rows asked for still fit, so exactly those are tried next.
         let reserved = match &mut self.elements {
-            Elements::F32(v) => v.try_reserve(values),
-            Elements::F16(v) => v.try_reserve(values),
+            Elements::F32(v) => v.try_reserve(values).or_else(|_| v.try_reserve_exact(values)),
+            Elements::F16(v) => v.try_reserve(values).or_else(|_| v.try_reserve_exact(values)),
         };
         reserved
             .and_then(|_| self.sq_norms.try_reserve(additional))
