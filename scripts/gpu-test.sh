@@ -5,8 +5,8 @@
 # Runs every test binary with HIVE_GPU_REQUIRE=cuda,vulkan (CUDA and NVIDIA's Vulkan driver; a
 # missing backend fails, never skips) and
 # HIVE_GPU_LARGE=1 (the ten-million-row case), after `hive-gpu info`; then the conformance suite
-# and the fuzzer again on the own GEMM kernel and with the fused filter on every batch. Logs go
-# to $OUT when set.
+# and the fuzzer again on the own GEMM kernel, with the fused filter on every batch, and with the
+# radix path's linear selection on every list. Logs go to $OUT when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .gpu/run-tests ] || { echo "no .gpu bundle: run bash scripts/gpu-bundle --workspace first" >&2; exit 2; }
@@ -49,4 +49,12 @@ for setting in HIVE_GPU_F16_FILTER=0 HIVE_GPU_ROUNDED_COPY_BYTES=0; do
         (cd crates/hive-gpu && env "$setting" HIVE_GPU_FUSED_MIN_ROWS=1 HIVE_GPU_FUSED_TILES=3 HIVE_GPU_TEST_BACKENDS=cuda HIVE_GPU_REQUIRE=cuda "../../.gpu/bin/$exe") 2>&1 |
             tee -a "$out/fused-f32.log"
     done
+done
+# The linear selection of long re-ranked lists (duplicates) wherever the radix path runs, not
+# only past 8,192 candidates: the conformance suite and the fuzzer again.
+for suite in conformance fuzz_exactness; do
+    exe=$(awk -F'\t' -v s="$suite" 'index($1, s "-") == 1 {print $1; exit}' .gpu/tests.tsv)
+    echo "== selection on every radix-path list: $suite ($exe)"
+    (cd crates/hive-gpu && HIVE_GPU_SELECT_MIN=1 HIVE_GPU_TEST_BACKENDS=cuda HIVE_GPU_REQUIRE=cuda "../../.gpu/bin/$exe") 2>&1 |
+        tee -a "$out/select.log"
 done

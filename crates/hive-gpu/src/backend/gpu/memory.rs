@@ -115,6 +115,9 @@ pub(super) struct Workspace<D: Driver> {
     pub(super) keys: Scratch<D>,
     pub(super) slots: Scratch<D>,
     pub(super) radix: Scratch<D>,
+    /// The k pairs the linear selection of a long re-ranked list keeps, before they are sorted.
+    pub(super) selected_keys: Scratch<D>,
+    pub(super) selected_slots: Scratch<D>,
     /// Results of the fused filter's sample search.
     pub(super) sample: Scratch<D>,
     /// The sample's norms, side by side.
@@ -147,6 +150,8 @@ impl<D: Driver> Workspace<D> {
             keys: Scratch::new(),
             slots: Scratch::new(),
             radix: Scratch::new(),
+            selected_keys: Scratch::new(),
+            selected_slots: Scratch::new(),
             sample: Scratch::new(),
             sample_norms: Scratch::new(),
             fused_state: Scratch::new(),

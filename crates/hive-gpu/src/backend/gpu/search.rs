@@ -24,6 +24,11 @@ use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 use half::slice::HalfFloatSliceExt;
 
+/// Re-ranked lists of the radix path at least this long (and at least twice k) are cut to
+/// their k best by a linear selection before the sort (see `select_k_pairs`); shorter ones
+/// are sorted whole, which costs fewer launches.
+const SELECT_MIN_CANDIDATES: usize = 8192;
+
 /// Largest on-chip candidate list (entries); larger k take the radix path.
 const MAX_LIST: usize = 4096;
 /// Batches of at least this many queries use GEMM tiles; fewer scan.
@@ -1063,6 +1068,91 @@ impl<D: Driver> GpuRows<D> {
         Ok(tau)
     }
 
+    /// The k smallest (key, slot) pairs of the re-ranked list `keys` / `slots` (`count` long),
+    /// by a radix select of the composite (see `hg_select_hist` in `kernels/search.cu`): returns
+    /// them, unsorted and padded with empty pairs to a power of two, with that length.
+    fn select_k_pairs(
+        &self,
+        ws: &mut Workspace<D>,
+        keys: DevicePtr,
+        slots: DevicePtr,
+        count: usize,
+        k: usize,
+        radix: DevicePtr,
+    ) -> Result<(DevicePtr, DevicePtr, usize)> {
+        let driver = self.driver().clone();
+        let kernels = &self.device.kernels;
+        let padded = k.next_power_of_two();
+        let selected_keys = ws.selected_keys.get(&driver, padded * 8)?;
+        let selected_slots = ws.selected_slots.get(&driver, padded * 4)?;
+        // Empty pairs (all ones: HG_NONE keys, slot 0xffffffff) sort last.
+        driver.fill(&ws.stream, selected_keys, 0xff, padded * 8)?;
+        driver.fill(&ws.stream, selected_slots, 0xff, padded * 4)?;
+        // The radix buffer: the histogram (256 words), then the radix path's 4-word state, then
+        // this selection's 8 words.
+        let (hist, state) = (radix, radix + 1024 + 16);
+        let host = ws.staging.get(&*driver, 32)?;
+        driver.synchronize(&ws.stream)?;
+        for (i, v) in [0u32, 0, 0, 0, 0, 0, k as u32, 0].iter().enumerate() {
+            host[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        driver.upload(&ws.stream, state, host, 32)?;
+        driver.fill(&ws.stream, hist, 0, 1024)?;
+        let grid = (driver.multiprocessors() * 8).min(count.div_ceil(BLOCK as usize).max(1) as u32);
+        for pass in 0..12u32 {
+            driver.launch(
+                &ws.stream,
+                kernels.select_hist,
+                (grid, 1),
+                BLOCK,
+                0,
+                &[
+                    Arg::Ptr(keys),
+                    Arg::Ptr(slots),
+                    Arg::U32(count as u32),
+                    Arg::Ptr(state),
+                    Arg::U32(pass),
+                    Arg::Ptr(hist),
+                ],
+            )?;
+            driver.launch(
+                &ws.stream,
+                kernels.select_pick,
+                (1, 1),
+                1,
+                0,
+                &[Arg::Ptr(hist), Arg::Ptr(state), Arg::U32(pass)],
+            )?;
+        }
+        driver.launch(
+            &ws.stream,
+            kernels.select_collect,
+            (grid, 1),
+            BLOCK,
+            0,
+            &[
+                Arg::Ptr(keys),
+                Arg::Ptr(slots),
+                Arg::U32(count as u32),
+                Arg::Ptr(state),
+                Arg::Ptr(selected_keys),
+                Arg::Ptr(selected_slots),
+            ],
+        )?;
+        // Exactly k pairs must have been kept (slots are unique, so the composite is): anything
+        // else is a broken kernel, never a silently short result.
+        let host = ws.staging.get(&*driver, 32)?;
+        driver.download(&ws.stream, host, state, 32)?;
+        driver.synchronize(&ws.stream)?;
+        let kept = u32::from_ne_bytes([host[28], host[29], host[30], host[31]]) as usize;
+        if kept != k {
+            return Err(HiveGpuError::Internal(format!(
+                "the selection kept {kept} of {count} pairs for k = {k}"
+            )));
+        }
+        Ok((selected_keys, selected_slots, padded))
+    }
+
     /// The radix-select path for query `q`: any k, any band size.
     #[allow(clippy::too_many_arguments)]
     fn radix_one(
@@ -1177,6 +1267,16 @@ impl<D: Driver> GpuRows<D> {
                 Arg::Ptr(slots),
             ],
         )?;
+        // A long list (many rows tie inside the band: duplicates) is cut to its k best first, in
+        // linear time; sorting all of it would cost count log^2 count.
+        // HIVE_GPU_SELECT_MIN=1 takes the selection wherever it applies (the GPU suite proves it
+        // on every radix-path search that way).
+        let select_min = env_usize("HIVE_GPU_SELECT_MIN").unwrap_or(SELECT_MIN_CANDIDATES);
+        let (keys, slots, padded) = if count >= select_min && count >= 2 * k {
+            self.select_k_pairs(ws, keys, slots, count, k, radix)?
+        } else {
+            (keys, slots, padded)
+        };
         let pairs = (padded / 2).max(1);
         let sort_grid = pairs.div_ceil(BLOCK as usize) as u32;
         let mut size = 2;

@@ -805,6 +805,76 @@ extern "C" __global__ void hg_rerank_list_f16(const u32* cand, u32 count, u32 pa
     hg_rerank_list<u16>(cand, count, padded, rows, dim, q, q_norm, metric, keys, slots);
 }
 
+// ---- The k smallest (key, slot) pairs of a long re-ranked list, in time linear in its length.
+// Sorting the whole list costs n log^2 n; when many rows tie inside the band (duplicates) the
+// list is most of the collection. Instead: a radix select over the 96-bit composite of the
+// 64-bit key, then the 32-bit slot, 8 bits a pass (12 passes). Slots are unique, so after the
+// last pass the prefix is the k-th composite itself, and exactly k pairs are at or below it.
+// state (u32 words): {key prefix lo, hi, key mask lo, hi, slot prefix, slot mask, remaining, count}.
+// Launch contract: hist and collect over a grid-stride loop of any size; pick on one thread;
+// `hist` is 256 zeroed words before the first pass (pick clears it for the next).
+
+__device__ __forceinline__ u32 hg_composite_digit(u64 key, u32 slot, u32 pass) {
+    return pass < 8 ? (u32)(key >> (56 - 8 * pass)) & 255u : (slot >> (24 - 8 * (pass - 8))) & 255u;
+}
+
+__device__ __forceinline__ bool hg_composite_matches(u64 key, u32 slot, const u32* state) {
+    u64 prefix = ((u64)state[1] << 32) | state[0], mask = ((u64)state[3] << 32) | state[2];
+    return (key & mask) == prefix && (slot & state[5]) == state[4];
+}
+
+extern "C" __global__ void hg_select_hist(const u64* keys, const u32* slots, u32 n, const u32* state, u32 pass,
+                                          u32* hist) {
+    __shared__ u32 local[256];
+    for (u32 i = threadIdx.x; i < 256; i += blockDim.x) local[i] = 0;
+    __syncthreads();
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u64 key = keys[i];
+        u32 slot = slots[i];
+        if (hg_composite_matches(key, slot, state)) atomicAdd(&local[hg_composite_digit(key, slot, pass)], 1u);
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < 256; i += blockDim.x)
+        if (local[i]) atomicAdd(&hist[i], local[i]);
+}
+
+// One thread: the bucket holding the remaining k-th composite joins the prefix; clears `hist`.
+extern "C" __global__ void hg_select_pick(u32* hist, u32* state, u32 pass) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    u32 remaining = state[6], below = 0, bucket = 255;
+    for (u32 b = 0; b < 256; b++) {
+        if (below + hist[b] >= remaining) { bucket = b; break; }
+        below += hist[b];
+    }
+    if (pass < 8) {
+        u32 shift = 56 - 8 * pass, word = shift / 32, bit = shift % 32;
+        state[word] |= bucket << bit;
+        state[2 + word] |= 255u << bit;
+    } else {
+        u32 shift = 24 - 8 * (pass - 8);
+        state[4] |= bucket << shift;
+        state[5] |= 255u << shift;
+    }
+    state[6] = remaining - below;
+    for (u32 b = 0; b < 256; b++) hist[b] = 0;
+}
+
+// Every pair at or below the k-th composite (exactly k of them) into `out_keys` / `out_slots`.
+extern "C" __global__ void hg_select_collect(const u64* keys, const u32* slots, u32 n, u32* state, u64* out_keys,
+                                             u32* out_slots) {
+    u64 kth = ((u64)state[1] << 32) | state[0];
+    u32 kth_slot = state[4];
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u64 key = keys[i];
+        u32 slot = slots[i];
+        if (key < kth || (key == kth && slot <= kth_slot)) {
+            u32 at = atomicAdd(&state[7], 1u);
+            out_keys[at] = key;
+            out_slots[at] = slot;
+        }
+    }
+}
+
 // One compare-exchange step of a bitonic sort over global memory (key, slot) pairs.
 extern "C" __global__ void hg_bitonic_step(u64* keys, u32* slots, u32 n, u32 size, u32 stride) {
     u32 t = blockIdx.x * blockDim.x + threadIdx.x;
