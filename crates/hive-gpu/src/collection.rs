@@ -201,11 +201,11 @@ impl Collection {
         let count = batch.len();
         let config = self.config;
         if let Some(values) = batch.flat_values()
-            && values.len() != count * config.dimension
+            && count.checked_mul(config.dimension) != Some(values.len())
         {
             return Err(HiveGpuError::InvalidArgument(format!(
-                "{count} ids need {} values of dimension {}, got {}",
-                count * config.dimension,
+                "{count} ids of dimension {} need {count} x {} values, got {}",
+                config.dimension,
                 config.dimension,
                 values.len()
             )));

@@ -286,3 +286,19 @@ fn very_high_dimensions_work_or_are_refused_clearly() {
         }
     }
 }
+
+/// A flat batch whose values are not exactly one vector per id is refused whole.
+#[test]
+fn flat_batches_need_one_vector_per_id() {
+    for context in contexts() {
+        let storage = context.create_storage(2, GpuDistanceMetric::Euclidean).expect("storage");
+        for values in [&[1.0f32, 2.0, 3.0][..], &[1.0; 5][..], &[][..]] {
+            let err = storage.add_vectors_flat(&["a", "b"], values).unwrap_err();
+            assert!(matches!(err, HiveGpuError::InvalidArgument(_)), "{err:?}");
+            assert!(err.to_string().contains("2 ids of dimension 2"), "{err}");
+        }
+        assert_eq!(storage.vector_count(), 0);
+        storage.add_vectors_flat(&["a", "b"], &[1.0, 2.0, 3.0, 4.0]).expect("one vector per id");
+        assert_eq!(storage.get_vector("b").expect("get").expect("b").data, vec![3.0, 4.0]);
+    }
+}
