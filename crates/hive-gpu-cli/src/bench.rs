@@ -88,8 +88,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
             let (recall, recall_source) = recall(&data, &timings.ids, k, metric, use_groundtruth);
             let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
             let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
-            let p99 = (timings.calls.len() >= MIN_CALLS_FOR_P99)
-                .then(|| percentile(&timings.calls, 0.99).as_secs_f64() * 1e3);
+            let p99 = p99_ms(&timings.calls);
             let threads = rayon::current_num_threads();
             if args.json {
                 out!(
@@ -243,6 +242,12 @@ fn recall(
     )
 }
 
+/// The 99th percentile of the call times in milliseconds, where enough calls were timed for
+/// one to exist.
+fn p99_ms(calls: &[Duration]) -> Option<f64> {
+    (calls.len() >= MIN_CALLS_FOR_P99).then(|| percentile(calls, 0.99).as_secs_f64() * 1e3)
+}
+
 fn median(values: &[Duration]) -> Duration {
     percentile(values, 0.5)
 }
@@ -253,5 +258,18 @@ fn percentile(values: &[Duration], p: f64) -> Duration {
     match sorted.len() {
         0 => Duration::ZERO,
         n => sorted[((n - 1) as f64 * p).round() as usize],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn p99_needs_a_hundred_calls() {
+        let calls: Vec<Duration> = (1..=99).map(Duration::from_millis).collect();
+        assert_eq!(p99_ms(&calls), None, "99 calls have no 99th percentile, only a slowest call");
+        let calls: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(p99_ms(&calls), Some(99.0));
     }
 }

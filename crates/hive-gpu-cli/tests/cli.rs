@@ -318,9 +318,11 @@ fn bench_json_reports_the_effective_k_and_p99_only_over_enough_calls() {
     let json = stdout(&out);
     assert_eq!(field(&json, "k"), 10_000.0, "{json}");
     assert_eq!(field(&json, "k_requested"), 20_000.0, "{json}");
-    // One call of 2 queries per pass: too few calls for a 99th percentile.
-    assert!(json.contains(r#""p99_ms":null"#), "{json}");
     assert!(field(&json, "rounds") >= 3.0, "{json}");
+    // One call per pass: p99 exactly where at least 100 calls were timed (a fast machine
+    // makes them within the timed second, a slow one does not).
+    let p99_given = !json.contains(r#""p99_ms":null"#);
+    assert_eq!(p99_given, field(&json, "calls") >= 100.0, "{json}");
     let out = run(&["bench", "--batch", "1", "--json", "--backend", "cpu"], &[]);
     let json = stdout(&out);
     assert!(field(&json, "calls") >= 100.0 && field(&json, "p99_ms") > 0.0, "{json}");

@@ -279,10 +279,13 @@ struct Model {
 }
 
 impl Model {
+    /// An upsert writes the vector anew after every other: the collection's tie order is the
+    /// order of last writes.
     fn upsert(&mut self, id: &str, stored: Vec<f32>) {
-        if self.vectors.insert(id.to_string(), stored).is_none() {
-            self.order.push(id.to_string());
+        if self.vectors.insert(id.to_string(), stored).is_some() {
+            self.order.retain(|x| x != id);
         }
+        self.order.push(id.to_string());
     }
     fn remove(&mut self, id: &str) {
         self.vectors.remove(id);
