@@ -59,6 +59,8 @@ impl Tombstones {
     }
 
     /// Marks every slot from `slot` on live.
+    // Only the wgpu backend calls this (directly, or through CpuRows).
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn clear_from(&mut self, slot: usize) {
         let end = self.words.len() * 32;
         for s in slot..end {
@@ -78,6 +80,8 @@ impl Tombstones {
     }
 
     /// The words (bit `s % 32` of word `s / 32` is slot `s`).
+    // Only the wgpu backend calls this (directly, or through CpuRows).
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn words(&self) -> &[u32] {
         &self.words
     }
