@@ -82,8 +82,6 @@ pub enum VectorFormat {
     Idx,
 }
 
-use VectorFormat as Format;
-
 /// Names the formats [`read_vectors`] accepts, for its error message.
 const ACCEPTED_FORMATS: &str = ".fvecs, .bvecs, .npy, or IDX (a name containing \"idx\" or \
                                 ending in \"-ubyte\", optionally followed by .gz)";
@@ -97,10 +95,10 @@ const ACCEPTED_FORMATS: &str = ".fvecs, .bvecs, .npy, or IDX (a name containing 
 /// whatever the chosen reader reports.
 pub fn read_vectors(path: &Path) -> Result<Matrix> {
     match format_of(path) {
-        Some(Format::Fvecs) => read_fvecs(path),
-        Some(Format::Bvecs) => read_bvecs(path),
-        Some(Format::Npy) => read_npy(path),
-        Some(Format::Idx) => read_idx(path),
+        Some(VectorFormat::Fvecs) => read_fvecs(path),
+        Some(VectorFormat::Bvecs) => read_bvecs(path),
+        Some(VectorFormat::Npy) => read_npy(path),
+        Some(VectorFormat::Idx) => read_idx(path),
         None => Err(HiveGpuError::InvalidArgument(format!(
             "cannot tell the vector format of {} from its name; accepted: {ACCEPTED_FORMATS}",
             path.display()
@@ -119,10 +117,10 @@ pub fn read_vectors(path: &Path) -> Result<Matrix> {
 /// [`HiveGpuError::Io`] when `reader` fails.
 pub fn decode_vectors(format: VectorFormat, name: &Path, reader: impl Read, len: u64) -> Result<Matrix> {
     match format {
-        Format::Fvecs => texmex::decode_fvecs(name, reader, len, MemoryBudget::Process),
-        Format::Bvecs => texmex::decode_bvecs(name, reader, len, MemoryBudget::Process),
-        Format::Npy => npy::decode_npy(name, reader, len, MemoryBudget::Process),
-        Format::Idx => idx::decode_idx(name, reader, len, MemoryBudget::Process),
+        VectorFormat::Fvecs => texmex::decode_fvecs(name, reader, len, MemoryBudget::Process),
+        VectorFormat::Bvecs => texmex::decode_bvecs(name, reader, len, MemoryBudget::Process),
+        VectorFormat::Npy => npy::decode_npy(name, reader, len, MemoryBudget::Process),
+        VectorFormat::Idx => idx::decode_idx(name, reader, len, MemoryBudget::Process),
     }
 }
 
@@ -135,17 +133,17 @@ pub fn decode_ivecs(name: &Path, reader: impl Read, len: u64) -> Result<IdMatrix
     texmex::decode_ivecs_with(name, reader, len, MemoryBudget::Process)
 }
 
-fn format_of(path: &Path) -> Option<Format> {
+fn format_of(path: &Path) -> Option<VectorFormat> {
     let name = path.file_name()?.to_string_lossy().to_lowercase();
     if name.ends_with(".fvecs") {
-        Some(Format::Fvecs)
+        Some(VectorFormat::Fvecs)
     } else if name.ends_with(".bvecs") {
-        Some(Format::Bvecs)
+        Some(VectorFormat::Bvecs)
     } else if name.ends_with(".npy") {
-        Some(Format::Npy)
+        Some(VectorFormat::Npy)
     } else {
         let stem = name.strip_suffix(".gz").unwrap_or(&name);
-        (stem.contains("idx") || stem.ends_with("-ubyte")).then_some(Format::Idx)
+        (stem.contains("idx") || stem.ends_with("-ubyte")).then_some(VectorFormat::Idx)
     }
 }
 
@@ -296,15 +294,15 @@ mod tests {
     #[test]
     fn format_of_recognises_names() {
         let cases = [
-            ("base.fvecs", Some(Format::Fvecs)),
-            ("dir.npy/BASE.FVECS", Some(Format::Fvecs)),
-            ("bigann_base.bvecs", Some(Format::Bvecs)),
-            ("embeddings.npy", Some(Format::Npy)),
-            ("train-images-idx3-ubyte", Some(Format::Idx)),
-            ("train-images-idx3-ubyte.gz", Some(Format::Idx)),
-            ("t10k-labels-idx1-ubyte.gz", Some(Format::Idx)),
-            ("images-ubyte", Some(Format::Idx)),
-            ("digits.idx", Some(Format::Idx)),
+            ("base.fvecs", Some(VectorFormat::Fvecs)),
+            ("dir.npy/BASE.FVECS", Some(VectorFormat::Fvecs)),
+            ("bigann_base.bvecs", Some(VectorFormat::Bvecs)),
+            ("embeddings.npy", Some(VectorFormat::Npy)),
+            ("train-images-idx3-ubyte", Some(VectorFormat::Idx)),
+            ("train-images-idx3-ubyte.gz", Some(VectorFormat::Idx)),
+            ("t10k-labels-idx1-ubyte.gz", Some(VectorFormat::Idx)),
+            ("images-ubyte", Some(VectorFormat::Idx)),
+            ("digits.idx", Some(VectorFormat::Idx)),
             ("groundtruth.ivecs", None),
             ("vectors.csv", None),
             ("base.fvecs.gz", None),
