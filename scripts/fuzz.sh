@@ -26,8 +26,10 @@
 # A longer campaign, e.g. one hour per target, keeping what it finds in a corpus of your own:
 #   scripts/fuzz.sh 3600
 #   FUZZ_JOBS=4 scripts/fuzz.sh 3600 npy        # 4 libFuzzer processes for one target
-#   then minimise what is worth keeping into the seed corpus (keep it small: under ~200 KB):
-#   fuzz/target/<host>/release/npy -merge=1 fuzz/corpus/npy fuzz/target/fuzz-run/npy/corpus
+#   then merge what adds coverage into the seed corpus (counting edges only keeps it small;
+#   keep fuzz/corpus near 200 KB):
+#   fuzz/target/<host>/release/npy -merge=1 -use_counters=0 -max_len=2048 \
+#       fuzz/corpus/npy fuzz/target/fuzz-run/npy/corpus
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../fuzz"
 
