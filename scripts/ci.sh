@@ -82,6 +82,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --workspace --locked
 
+# Coverage-guided fuzzing of the file readers on stable (docs/FUZZING.md): 20 s per target over
+# a copy of the checked-in seed corpus; any crash, hang or runaway allocation fails CI.
+step "fuzz the file readers (scripts/fuzz.sh 20)"
+bash scripts/fuzz.sh 20
+
 # The same suites again with the lower CPU kernel levels forced, so the AVX2 and scalar
 # kernels, and the f32 GEMM path that serves CPUs without AVX512-BF16, are proven too.
 for level in avx2 scalar; do

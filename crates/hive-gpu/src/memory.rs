@@ -43,7 +43,13 @@ pub(crate) fn total_bytes() -> Option<u64> {
 /// Refuses `bytes` more for `what` when the budget cannot hold them (an unknown budget
 /// refuses nothing: the allocation itself still fails cleanly through `try_reserve`).
 pub(crate) fn check(what: impl FnOnce() -> String, bytes: u64) -> Result<()> {
-    match budget() {
+    check_within(what, bytes, budget())
+}
+
+/// [`check`] against a given budget: the decision alone, so tests can ask it about budgets
+/// this machine does not have without allocating anything.
+pub(crate) fn check_within(what: impl FnOnce() -> String, bytes: u64, budget: Option<Budget>) -> Result<()> {
+    match budget {
         Some(budget) if bytes > budget.bytes => Err(HiveGpuError::OutOfMemory {
             what: what(),
             requested: bytes,

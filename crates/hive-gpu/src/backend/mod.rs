@@ -30,6 +30,9 @@
 // The CPU backend's kernels stay inside the crate: they trust the instruction-set level they are
 // given (`cpu::simd::SimdLevel`), which only `SimdLevel::detect` may produce.
 pub(crate) mod cpu;
+// The engine is compiled in every build, so its host code is checked without the features,
+// but only the CUDA and ROCm backends call it.
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) mod gpu;
 pub(crate) mod tombstones;
 #[cfg(feature = "vulkan")]

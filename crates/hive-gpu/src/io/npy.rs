@@ -2,32 +2,50 @@
 //! a little-endian header length, a Python dict literal with `descr`, `fortran_order` and
 //! `shape`, then the raw array data.
 
+use std::io::Read;
 use std::path::Path;
 
 use half::f16;
 
-use super::{Matrix, invalid, read_file};
+use super::source::{MemoryBudget, Source, allocate, open_regular};
+use super::{Matrix, invalid};
 use crate::error::Result;
 
 const FORMAT: &str = "npy";
 const MAGIC: &[u8] = b"\x93NUMPY";
+
+/// The longest header read. NumPy's own reader refuses longer ones by default
+/// (`max_header_size`, 10000 since NumPy 1.24); a header of the dtypes read here is about 128
+/// bytes, so a longer one is corrupt and must not make us allocate what it claims.
+const MAX_HEADER_LEN: u64 = 10_000;
+
+/// The keys of an npy header: NumPy refuses a header whose keys are not exactly these.
+const KEYS: [&str; 3] = ["descr", "fortran_order", "shape"];
 
 /// Reads a `.npy` file holding a 2-D array (or a 1-D array, read as one row) in C order, of
 /// dtype `<f4`, `>f4`, `<f2`, `>f2` (half floats widened to f32) or `|u1` / `<u1` (widened
 /// to f32).
 ///
 /// # Errors
-/// [`HiveGpuError::Io`](crate::error::HiveGpuError::Io) when the file cannot be read;
+/// [`HiveGpuError::Io`](crate::error::HiveGpuError::Io) when the file cannot be read or is
+/// not a regular file;
 /// [`HiveGpuError::InvalidFormat`](crate::error::HiveGpuError::InvalidFormat) for a bad
-/// magic or version, an unparsable header, another dtype, `fortran_order: True`, more than
-/// two dimensions, an empty array, or data that does not match the shape.
+/// magic or version, an unparsable header (longer than 10000 bytes, a key repeated, a key
+/// other than `descr`, `fortran_order` and `shape`), another dtype, `fortran_order: True`,
+/// more than two dimensions, an empty array, or data that does not match the shape;
+/// [`HiveGpuError::OutOfMemory`](crate::error::HiveGpuError::OutOfMemory) when the array does
+/// not fit in the memory this process may still take.
 pub fn read_npy(path: &Path) -> Result<Matrix> {
-    parse_npy(path, &read_file(path)?)
+    let (file, len) = open_regular(path)?;
+    decode_npy(path, file, len, MemoryBudget::Process)
 }
 
-fn parse_npy(path: &Path, bytes: &[u8]) -> Result<Matrix> {
-    let (header, data) = split_header(path, bytes)?;
-    let header = parse_header(path, header)?;
+/// Decodes `len` bytes of npy from `reader`: the shape must account for every byte after the
+/// header before the output is allocated.
+pub(super) fn decode_npy(path: &Path, reader: impl Read, len: u64, budget: MemoryBudget) -> Result<Matrix> {
+    let mut src = Source::new(path, FORMAT, reader, len);
+    let header = read_header(&mut src)?;
+    let header = parse_header(path, &header)?;
     if header.fortran_order {
         return Err(invalid(
             path,
@@ -44,42 +62,57 @@ fn parse_npy(path: &Path, bytes: &[u8]) -> Result<Matrix> {
         )
     })?;
     let (rows, dim) = matrix_shape(path, &header.shape)?;
-    let (rows, dim) = check_data_len(path, &header.shape, rows, dim, dtype, data.len())?;
-    Ok(Matrix { rows, dim, data: dtype.decode(data) })
+    check_data_len(path, &header.shape, rows, dim, dtype, len - src.pos())?;
+    let mut data = allocate(path, FORMAT, rows, dim, budget)?;
+    dtype.decode(&mut src, rows * dim, &mut data).map_err(|e| src.error(e, "the array data"))?;
+    // The data length was checked, and its allocation succeeded: both fit in usize.
+    Ok(Matrix { rows: rows as usize, dim: dim as usize, data })
 }
 
-/// Splits the file after the magic and version into the header text and the array data.
-fn split_header<'a>(path: &Path, bytes: &'a [u8]) -> Result<(&'a [u8], &'a [u8])> {
-    let rest = bytes
-        .strip_prefix(MAGIC)
-        .ok_or_else(|| invalid(path, FORMAT, "bad magic: the file does not start with \\x93NUMPY"))?;
-    let truncated = || invalid(path, FORMAT, "truncated: the file ends inside the preamble");
-    let (&[major, minor], rest) = rest.split_first_chunk::<2>().ok_or_else(truncated)?;
+/// Reads the magic, the version and the header, and returns the header's text.
+fn read_header<R: Read>(src: &mut Source<'_, R>) -> Result<Vec<u8>> {
+    let mut magic = [0u8; MAGIC.len()];
+    let got = src.read_upto(&mut magic).map_err(|e| src.error(e, "the magic"))?;
+    if magic[..got] != *MAGIC {
+        return Err(src.invalid("bad magic: the file does not start with \\x93NUMPY"));
+    }
+    let truncated = |src: &Source<'_, R>| src.invalid("truncated: the file ends inside the preamble");
+    let mut version = [0u8; 2];
+    if src.read_upto(&mut version).map_err(|e| src.error(e, "the preamble"))? < 2 {
+        return Err(truncated(src));
+    }
     // Version 1.0 stores the header length in 2 bytes; 2.0 and 3.0 (UTF-8 header) in 4.
-    let len_size = match (major, minor) {
-        (1, 0) => 2,
-        (2, 0) | (3, 0) => 4,
-        _ => {
-            return Err(invalid(
-                path,
-                FORMAT,
-                format!("unsupported format version {major}.{minor} (supported: 1.0, 2.0, 3.0)"),
-            ));
+    let len_size = match version {
+        [1, 0] => 2,
+        [2, 0] | [3, 0] => 4,
+        [major, minor] => {
+            return Err(
+                src.invalid(format!("unsupported format version {major}.{minor} (supported: 1.0, 2.0, 3.0)"))
+            );
         }
     };
-    let (len_bytes, rest) = rest.split_at_checked(len_size).ok_or_else(truncated)?;
-    let header_len = len_bytes.iter().rev().fold(0usize, |len, &b| (len << 8) | usize::from(b));
-    rest.split_at_checked(header_len).ok_or_else(|| {
-        invalid(
-            path,
-            FORMAT,
-            format!(
-                "truncated: the header is {header_len} bytes long, but only {} bytes follow \
-                 the preamble",
-                rest.len()
-            ),
-        )
-    })
+    let mut len_bytes = [0u8; 4];
+    if src.read_upto(&mut len_bytes[..len_size]).map_err(|e| src.error(e, "the preamble"))? < len_size {
+        return Err(truncated(src));
+    }
+    let header_len = u64::from(u32::from_le_bytes(len_bytes));
+    let left = src.len() - src.pos();
+    if header_len > left {
+        return Err(src.invalid(format!(
+            "truncated: the header is {header_len} bytes long, but only {left} bytes follow the \
+             preamble"
+        )));
+    }
+    if header_len > MAX_HEADER_LEN {
+        return Err(src.invalid(format!(
+            "the header is {header_len} bytes long; headers longer than {MAX_HEADER_LEN} bytes \
+             are refused, as NumPy refuses them by default (max_header_size)"
+        )));
+    }
+    // At most MAX_HEADER_LEN bytes, and within the file.
+    let mut header = vec![0u8; header_len as usize];
+    src.read_exact(&mut header).map_err(|e| src.error(e, "the header"))?;
+    Ok(header)
 }
 
 /// The three keys of an npy header.
@@ -95,6 +128,19 @@ fn parse_header(path: &Path, header: &[u8]) -> Result<Header> {
     let mut parser = Parser { text: header, pos: 0 };
     let entries =
         parser.dict().map_err(|e| bad(format!("cannot parse the header at byte {}: {e}", parser.pos)))?;
+    for (i, (key, _)) in entries.iter().enumerate() {
+        if !KEYS.contains(&key.as_str()) {
+            return Err(bad(format!(
+                "unexpected key {key:?} in the header: an npy header holds exactly 'descr', \
+                 'fortran_order' and 'shape' (NumPy refuses any other)"
+            )));
+        }
+        if entries[..i].iter().any(|(k, _)| k == key) {
+            // Python's dict literal keeps the last value and a first-match reader the first:
+            // the two would read different arrays from the same file.
+            return Err(bad(format!("the header repeats the key {key:?}; each key must appear once")));
+        }
+    }
     let find = |key: &str| {
         entries
             .iter()
@@ -149,18 +195,10 @@ fn matrix_shape(path: &Path, shape: &[u64]) -> Result<(u64, u64)> {
     Ok((rows, dim))
 }
 
-/// Checks the data against the shape before anything is allocated for it, and returns the
-/// shape as `usize`.
-fn check_data_len(
-    path: &Path,
-    shape: &[u64],
-    rows: u64,
-    dim: u64,
-    dtype: Dtype,
-    len: usize,
-) -> Result<(usize, usize)> {
+/// Checks that the `len` bytes after the header are exactly the data of the shape, before
+/// anything is allocated for it.
+fn check_data_len(path: &Path, shape: &[u64], rows: u64, dim: u64, dtype: Dtype, len: u64) -> Result<()> {
     let needed = rows.checked_mul(dim).and_then(|n| n.checked_mul(dtype.size()));
-    let len = len as u64;
     let reason = match needed {
         None => format!("shape {} overflows a 64-bit byte count", show_shape(shape)),
         Some(needed) if needed > len => format!(
@@ -172,8 +210,7 @@ fn check_data_len(
             len - needed,
             show_shape(shape)
         ),
-        // Both fit in usize: their product is at most the length of a slice in memory.
-        Some(_) => return Ok((rows as usize, dim as usize)),
+        Some(_) => return Ok(()),
     };
     Err(invalid(path, FORMAT, reason))
 }
@@ -220,14 +257,14 @@ impl Dtype {
         }
     }
 
-    /// Widens every element of `data`, whose length is a multiple of the element size.
-    fn decode(self, data: &[u8]) -> Vec<f32> {
+    /// Decodes `count` elements from `src` into `out`, widened to f32.
+    fn decode<R: Read>(self, src: &mut Source<'_, R>, count: u64, out: &mut Vec<f32>) -> std::io::Result<()> {
         match self {
-            Self::F4Le => data.as_chunks().0.iter().map(|b| f32::from_le_bytes(*b)).collect(),
-            Self::F4Be => data.as_chunks().0.iter().map(|b| f32::from_be_bytes(*b)).collect(),
-            Self::F2Le => data.as_chunks().0.iter().map(|b| f16::from_le_bytes(*b).to_f32()).collect(),
-            Self::F2Be => data.as_chunks().0.iter().map(|b| f16::from_be_bytes(*b).to_f32()).collect(),
-            Self::U1 => data.iter().map(|&b| f32::from(b)).collect(),
+            Self::F4Le => src.read_into(count, out, f32::from_le_bytes),
+            Self::F4Be => src.read_into(count, out, f32::from_be_bytes),
+            Self::F2Le => src.read_into(count, out, |b| f16::from_le_bytes(b).to_f32()),
+            Self::F2Be => src.read_into(count, out, |b| f16::from_be_bytes(b).to_f32()),
+            Self::U1 => src.read_into(count, out, |[b]: [u8; 1]| f32::from(b)),
         }
     }
 }
@@ -567,6 +604,55 @@ mod tests {
     }
 
     #[test]
+    fn a_header_repeating_a_key_is_refused() {
+        // NumPy (a dict literal) would read the last 'shape', (2, 2); a first-match reader the
+        // first, (1, 2), and the data fits either way when the second is a prefix of it.
+        for header in [
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2), 'shape': (2, 2), }",
+            "{'descr': '<f4', 'descr': '<f2', 'fortran_order': False, 'shape': (1, 2), }",
+            "{'descr': '<f4', 'fortran_order': False, 'fortran_order': True, 'shape': (1, 2), }",
+        ] {
+            let bytes = npy(1, header, &f32_le(&[1.0, 2.0]));
+            let reason = invalid_reason(read("a_header_repeating_a_key_is_refused", &bytes), "npy");
+            assert!(reason.contains("repeats the key"), "{header}: {reason}");
+        }
+    }
+
+    #[test]
+    fn a_header_with_a_key_numpy_does_not_know_is_refused() {
+        for (header, key) in [
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2), 'extra': 1, }", "extra"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2), 'Shape': (9, 9), }", "Shape"),
+        ] {
+            let bytes = npy(1, header, &f32_le(&[1.0, 2.0]));
+            let reason = invalid_reason(read("a_header_with_an_unknown_key", &bytes), "npy");
+            assert!(reason.contains("unexpected key") && reason.contains(key), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_header_longer_than_numpy_reads_is_refused_before_it_is_read() {
+        let long = format!("{}{}", dict("<f4", "(1, 2)"), " ".repeat(20_000));
+        let bytes = npy(2, &long, &f32_le(&[1.0, 2.0]));
+        let reason = invalid_reason(read("a_header_longer_than_numpy_reads", &bytes), "npy");
+        assert!(reason.contains("10000"), "{reason}");
+    }
+
+    #[test]
+    fn an_array_beyond_the_memory_budget_is_refused_before_decoding() {
+        let bytes = npy(1, &dict("|u1", "(3, 2)"), &[0, 1, 2, 3, 4, 5]);
+        let path = Path::new("budget.npy");
+        // Six bytes in the file are six f32, 24 bytes, in memory.
+        match decode_npy(path, &bytes[..], bytes.len() as u64, MemoryBudget::Fixed(23)) {
+            Err(HiveGpuError::OutOfMemory { what, requested: 24, available: 23, .. }) => {
+                assert!(what.contains("budget.npy") && what.contains("3 x 2"), "{what}");
+            }
+            other => panic!("expected OutOfMemory for 24 of 23 bytes, got {other:?}"),
+        }
+        assert!(decode_npy(path, &bytes[..], bytes.len() as u64, MemoryBudget::Fixed(24)).is_ok());
+    }
+
+    #[test]
     fn missing_file_is_io_error() {
         let dir = TempDir::new("npy_missing_file_is_io_error");
         let result = read_npy(&dir.path("absent.npy"));
@@ -577,9 +663,10 @@ mod tests {
     fn every_prefix_is_rejected_without_panic() {
         let bytes = npy(1, &dict("<f4", "(2, 2)"), &f32_le(&[1.0, 2.0, 3.0, 4.0]));
         let path = Path::new("prefix.npy");
+        let parse = |bytes: &[u8]| decode_npy(path, bytes, bytes.len() as u64, MemoryBudget::Process);
         for len in 0..bytes.len() {
-            invalid_reason(parse_npy(path, &bytes[..len]), "npy");
+            invalid_reason(parse(&bytes[..len]), "npy");
         }
-        assert!(parse_npy(path, &bytes).is_ok());
+        assert!(parse(&bytes).is_ok());
     }
 }

@@ -3,25 +3,29 @@
 //! file has the same `d`.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 
-use super::{IdMatrix, Matrix, invalid, io_error, read_file};
+use super::source::{MemoryBudget, Source, allocate, open_regular};
+use super::{IdMatrix, Matrix, invalid, io_error};
 use crate::error::{HiveGpuError, Result};
 
 /// The largest `d` a record may declare; anything above is a corrupt header, not a vector.
 const MAX_DIM: usize = 1 << 24;
 
 /// Bytes of the `int32 d` that starts every record.
-const HEADER_LEN: usize = 4;
+const HEADER_LEN: u64 = 4;
 
 /// Reads a `.fvecs` file: float32 vectors.
 ///
 /// # Errors
-/// [`HiveGpuError::Io`] when the file cannot be read; [`HiveGpuError::InvalidFormat`] when it
-/// is empty, truncated, declares a dimension outside `1..=2^24`, or mixes dimensions.
+/// [`HiveGpuError::Io`] when the file cannot be read or is not a regular file;
+/// [`HiveGpuError::InvalidFormat`] when it is empty, truncated, declares a dimension outside
+/// `1..=2^24`, or mixes dimensions; [`HiveGpuError::OutOfMemory`] when its vectors do not fit
+/// in the memory this process may still take.
 pub fn read_fvecs(path: &Path) -> Result<Matrix> {
-    parse_fvecs(path, &read_file(path)?)
+    let (file, len) = open_regular(path)?;
+    decode_fvecs(path, file, len, MemoryBudget::Process)
 }
 
 /// Parses the bytes of an `.fvecs` file already in memory; `path` names it in errors.
@@ -29,11 +33,7 @@ pub fn read_fvecs(path: &Path) -> Result<Matrix> {
 /// # Errors
 /// As [`read_fvecs`], without the I/O failures.
 pub fn parse_fvecs(path: &Path, bytes: &[u8]) -> Result<Matrix> {
-    let (rows, dim) = check_records(path, "fvecs", bytes, 4)?;
-    let data = payloads(bytes, dim, 4)
-        .flat_map(|payload| payload.as_chunks::<4>().0)
-        .map(|b| f32::from_le_bytes(*b));
-    Ok(Matrix { rows, dim, data: collect_exact(data, rows * dim) })
+    decode_fvecs(path, bytes, bytes.len() as u64, MemoryBudget::Process)
 }
 
 /// Reads a `.bvecs` file: uint8 vectors, each component widened to f32.
@@ -41,10 +41,8 @@ pub fn parse_fvecs(path: &Path, bytes: &[u8]) -> Result<Matrix> {
 /// # Errors
 /// As [`read_fvecs`].
 pub fn read_bvecs(path: &Path) -> Result<Matrix> {
-    let bytes = read_file(path)?;
-    let (rows, dim) = check_records(path, "bvecs", &bytes, 1)?;
-    let data = payloads(&bytes, dim, 1).flatten().map(|&b| f32::from(b));
-    Ok(Matrix { rows, dim, data: collect_exact(data, rows * dim) })
+    let (file, len) = open_regular(path)?;
+    decode_bvecs(path, file, len, MemoryBudget::Process)
 }
 
 /// Reads a `.ivecs` file: int32 rows, typically ground-truth neighbour ids.
@@ -52,7 +50,8 @@ pub fn read_bvecs(path: &Path) -> Result<Matrix> {
 /// # Errors
 /// As [`read_fvecs`].
 pub fn read_ivecs(path: &Path) -> Result<IdMatrix> {
-    parse_ivecs(path, &read_file(path)?)
+    let (file, len) = open_regular(path)?;
+    decode_ivecs_with(path, file, len, MemoryBudget::Process)
 }
 
 /// Parses the bytes of an `.ivecs` file already in memory; `path` names it in errors.
@@ -60,11 +59,30 @@ pub fn read_ivecs(path: &Path) -> Result<IdMatrix> {
 /// # Errors
 /// As [`read_ivecs`], without the I/O failures.
 pub fn parse_ivecs(path: &Path, bytes: &[u8]) -> Result<IdMatrix> {
-    let (rows, dim) = check_records(path, "ivecs", bytes, 4)?;
-    let data = payloads(bytes, dim, 4)
-        .flat_map(|payload| payload.as_chunks::<4>().0)
-        .map(|b| i32::from_le_bytes(*b));
-    Ok(IdMatrix { rows, dim, data: collect_exact(data, rows * dim) })
+    decode_ivecs_with(path, bytes, bytes.len() as u64, MemoryBudget::Process)
+}
+
+/// Decodes `len` bytes of fvecs from `reader`.
+pub(super) fn decode_fvecs(path: &Path, reader: impl Read, len: u64, budget: MemoryBudget) -> Result<Matrix> {
+    let (rows, dim, data) = decode_records(path, "fvecs", reader, len, f32::from_le_bytes, budget)?;
+    Ok(Matrix { rows, dim, data })
+}
+
+/// Decodes `len` bytes of bvecs from `reader`.
+pub(super) fn decode_bvecs(path: &Path, reader: impl Read, len: u64, budget: MemoryBudget) -> Result<Matrix> {
+    let (rows, dim, data) = decode_records(path, "bvecs", reader, len, |[b]: [u8; 1]| f32::from(b), budget)?;
+    Ok(Matrix { rows, dim, data })
+}
+
+/// Decodes `len` bytes of ivecs from `reader`.
+pub(super) fn decode_ivecs_with(
+    path: &Path,
+    reader: impl Read,
+    len: u64,
+    budget: MemoryBudget,
+) -> Result<IdMatrix> {
+    let (rows, dim, data) = decode_records(path, "ivecs", reader, len, i32::from_le_bytes, budget)?;
+    Ok(IdMatrix { rows, dim, data })
 }
 
 /// Writes `m` as a `.fvecs` file, replacing any file at `path`.
@@ -87,34 +105,56 @@ pub fn write_ivecs(path: &Path, m: &IdMatrix) -> Result<()> {
     write_records(path, m.dim, &m.data, |x| x.to_le_bytes())
 }
 
-/// Walks every record header and returns `(rows, dim)` once the file is known to be whole
-/// records of one valid dimension, so the decoders after it need no checks of their own.
-fn check_records(path: &Path, format: &'static str, bytes: &[u8], elem_len: usize) -> Result<(usize, usize)> {
-    if bytes.is_empty() {
+/// Decodes records of `N`-byte values and returns `(rows, dim, values)`.
+///
+/// The first record's `d` and the length give the shape (`len / record length` rows), so the
+/// output is allocated once, before decoding, and never beyond what the length can hold; every
+/// later record's `d` is checked as it streams past. A length that is not whole records is
+/// wrong whatever the records say: then nothing is allocated, and the records are still walked
+/// so the error names the first bad one in file order, as a reader of the whole file would.
+fn decode_records<T, const N: usize>(
+    path: &Path,
+    format: &'static str,
+    reader: impl Read,
+    len: u64,
+    convert: impl Fn([u8; N]) -> T,
+    budget: MemoryBudget,
+) -> Result<(usize, usize, Vec<T>)> {
+    if len == 0 {
         return Err(invalid(path, format, "no vectors: the file is empty"));
     }
-    let first = record_dim(path, format, bytes, 0, 0)?;
+    let mut src = Source::new(path, format, reader, len);
+    let first = record_dim(&mut src, 0, 0)?;
     let dim = usize::try_from(first).ok().filter(|d| (1..=MAX_DIM).contains(d)).ok_or_else(|| {
         invalid(path, format, format!("record 0 declares dimension {first}; it must be in 1..={MAX_DIM}"))
     })?;
-    // Cannot overflow: dim <= 2^24 and elem_len <= 4.
-    let record_len = HEADER_LEN + dim * elem_len;
+    // Cannot overflow: dim <= 2^24 and N <= 4.
+    let values = dim as u64;
+    let record_len = HEADER_LEN + values * N as u64;
+    let rows = len / record_len;
+    let mut out = if len.is_multiple_of(record_len) {
+        Some(allocate(path, format, rows, values, budget)?)
+    } else {
+        None
+    };
 
-    let mut index = 0;
-    let mut offset = 0;
-    while offset < bytes.len() {
-        let d = record_dim(path, format, bytes, index, offset)?;
-        if usize::try_from(d) != Ok(dim) {
-            return Err(invalid(
-                path,
-                format,
-                format!(
-                    "record {index} (byte offset {offset}) has dimension {d}, \
-                     but record 0 has dimension {dim}"
-                ),
-            ));
+    let mut index = 0u64;
+    while index * record_len < len {
+        let offset = index * record_len;
+        if index > 0 {
+            let d = record_dim(&mut src, index, offset)?;
+            if usize::try_from(d) != Ok(dim) {
+                return Err(invalid(
+                    path,
+                    format,
+                    format!(
+                        "record {index} (byte offset {offset}) has dimension {d}, \
+                         but record 0 has dimension {dim}"
+                    ),
+                ));
+            }
         }
-        let left = bytes.len() - offset;
+        let left = len - offset;
         if left < record_len {
             return Err(invalid(
                 path,
@@ -125,39 +165,32 @@ fn check_records(path: &Path, format: &'static str, bytes: &[u8], elem_len: usiz
                 ),
             ));
         }
-        offset += record_len;
+        let read = match &mut out {
+            Some(out) => src.read_into(values, out, &convert),
+            None => src.skip(values * N as u64),
+        };
+        read.map_err(|e| src.error(e, format_args!("record {index}")))?;
         index += 1;
     }
-    Ok((index, dim))
+    // Whole records always reach here with the output; a partial one has returned above.
+    let data =
+        out.ok_or_else(|| HiveGpuError::Internal(format!("{format}: a partial record was not reported")))?;
+    // The output's allocation succeeded, so its row count fits a usize.
+    Ok((rows as usize, dim, data))
 }
 
-/// The `d` of the record at `offset`.
-fn record_dim(path: &Path, format: &'static str, bytes: &[u8], index: usize, offset: usize) -> Result<i32> {
-    let header = bytes.get(offset..).and_then(|rest| rest.first_chunk::<HEADER_LEN>());
-    match header {
-        Some(header) => Ok(i32::from_le_bytes(*header)),
-        None => Err(invalid(
-            path,
-            format,
-            format!(
-                "truncated: record {index} starts at byte offset {offset}, but the file ends \
-                 inside its 4-byte dimension header (at byte {})",
-                bytes.len()
-            ),
-        )),
+/// Reads the `d` of the record at `offset`, which the stream has reached.
+fn record_dim<R: Read>(src: &mut Source<'_, R>, index: u64, offset: u64) -> Result<i32> {
+    if src.len() - offset < HEADER_LEN {
+        return Err(src.invalid(format!(
+            "truncated: record {index} starts at byte offset {offset}, but the file ends inside \
+             its 4-byte dimension header (at byte {})",
+            src.len()
+        )));
     }
-}
-
-/// The value bytes of each record of a file that passed [`check_records`].
-fn payloads(bytes: &[u8], dim: usize, elem_len: usize) -> impl Iterator<Item = &[u8]> {
-    bytes.chunks_exact(HEADER_LEN + dim * elem_len).map(|record| &record[HEADER_LEN..])
-}
-
-/// Collects into a vector allocated once: a flattening iterator cannot say its length.
-fn collect_exact<T>(values: impl Iterator<Item = T>, len: usize) -> Vec<T> {
-    let mut data = Vec::with_capacity(len);
-    data.extend(values);
-    data
+    let mut header = [0u8; HEADER_LEN as usize];
+    src.read_exact(&mut header).map_err(|e| src.error(e, format_args!("the header of record {index}")))?;
+    Ok(i32::from_le_bytes(header))
 }
 
 fn check_shape(rows: usize, dim: usize, len: usize) -> Result<()> {
@@ -383,6 +416,63 @@ mod tests {
         let path = dir.write("big.fvecs", &record(1 << 24, &[0; 8]));
         let reason = invalid_reason(read_fvecs(&path), "fvecs");
         assert!(reason.contains("truncated"), "{reason}");
+    }
+
+    /// The fields of an `OutOfMemory` error; fails the test on anything else.
+    fn out_of_memory<T: std::fmt::Debug>(result: Result<T>) -> (String, u64, u64) {
+        match result {
+            Err(HiveGpuError::OutOfMemory { what, requested, available, .. }) => (what, requested, available),
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn output_beyond_the_memory_budget_is_refused_before_decoding() {
+        let path = Path::new("budget.fvecs");
+        let bytes = fvecs_bytes(&[&[1.0, 2.0], &[3.0, 4.0]]);
+        let len = bytes.len() as u64;
+        let (what, requested, available) =
+            out_of_memory(decode_fvecs(path, &bytes[..], len, MemoryBudget::Fixed(15)));
+        assert_eq!((requested, available), (16, 15));
+        assert!(what.contains("budget.fvecs") && what.contains("2 x 2"), "{what}");
+        assert!(decode_fvecs(path, &bytes[..], len, MemoryBudget::Fixed(16)).is_ok());
+        out_of_memory(decode_ivecs_with(path, &bytes[..], len, MemoryBudget::Fixed(15)));
+        // bvecs widen each byte to a 4-byte f32: the budget counts the output, not the file.
+        let bvecs = [record(2, &[1, 2]), record(2, &[3, 4])].concat();
+        let (_, requested, _) =
+            out_of_memory(decode_bvecs(path, &bvecs[..], bvecs.len() as u64, MemoryBudget::Fixed(15)));
+        assert_eq!(requested, 16);
+        let message =
+            decode_fvecs(path, &bytes[..], len, MemoryBudget::Fixed(15)).expect_err("oom").to_string();
+        assert!(message.contains("16 bytes needed") && message.contains("15 bytes available"), "{message}");
+    }
+
+    #[test]
+    fn a_length_that_is_not_whole_records_allocates_nothing() {
+        // With no budget at all, any allocation would be refused as OutOfMemory: these files
+        // are refused as truncated instead, so nothing was allocated for them.
+        let path = Path::new("partial.fvecs");
+        let mut bytes = fvecs_bytes(&[&[1.0, 2.0], &[3.0, 4.0]]);
+        bytes.pop();
+        let reason = invalid_reason(
+            decode_fvecs(path, &bytes[..], bytes.len() as u64, MemoryBudget::Fixed(0)),
+            "fvecs",
+        );
+        assert!(reason.contains("truncated") && reason.contains("record 1"), "{reason}");
+        // A huge first dimension in a small file: the shape comes from the length, not the header.
+        let huge = record(1 << 24, &[0; 64]);
+        let reason =
+            invalid_reason(decode_bvecs(path, &huge[..], huge.len() as u64, MemoryBudget::Fixed(0)), "bvecs");
+        assert!(reason.contains("truncated"), "{reason}");
+    }
+
+    #[test]
+    fn a_mismatched_record_after_whole_records_is_still_found() {
+        // The length is whole records of record 0's dimension, but a later record lies.
+        let mut bytes = fvecs_bytes(&[&[1.0, 2.0], &[3.0, 4.0], &[5.0, 6.0]]);
+        bytes[12..16].copy_from_slice(&1i32.to_le_bytes());
+        let reason = invalid_reason(parse_fvecs(Path::new("lie.fvecs"), &bytes), "fvecs");
+        assert!(reason.contains("record 1") && reason.contains("dimension 1"), "{reason}");
     }
 
     #[test]

@@ -164,6 +164,8 @@ impl CpuRows {
 
     /// The exact k best of `slots` for query `q` (f64 distances, ties by slot): the re-rank
     /// that a backend computing its candidates elsewhere (wgpu) shares with this one.
+    // Only the wgpu backend, which keeps its host rows here, calls this.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn rerank(
         &self,
         q: &[f32],
@@ -191,16 +193,22 @@ impl CpuRows {
     }
 
     /// The removed-row bitmap (GPU backends upload its words as they are).
+    // Only the wgpu backend, which keeps its host rows here, calls this.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn tombstones(&self) -> &Tombstones {
         &self.dead
     }
 
     /// At least the largest squared norm of any slot.
+    // Only the wgpu backend, which keeps its host rows here, calls this.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn max_squared_norm(&self) -> f32 {
         self.max_sq_norm
     }
 
     /// Live rows.
+    // Only the wgpu backend, which keeps its host rows here, calls this.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn live(&self) -> usize {
         self.len_slots() - self.dead.count()
     }
