@@ -10,7 +10,11 @@
 //!
 //! - every parallel section under a collection's lock runs on this module's pool, which runs
 //!   nothing but hive-gpu's own jobs, and none of those takes a collection's lock (the caller's
-//!   thread takes it before entering, and releases it after);
+//!   thread takes it before entering, and releases it after). Writes enter the pool as a whole;
+//!   searches where their parallel work arises (a CPU search, a big batch's preparation, its
+//!   results), so a single GPU query, which has none, keeps the caller's thread and pays no
+//!   hand-over (about 15 us on the H100 machine, 7% of that query: docs/PERFORMANCE.md). No
+//!   code under a collection's lock calls rayon except inside [`run`];
 //! - the caller's thread waits for the pool without running anything else: a plain thread
 //!   blocks inside `install`; a worker of another rayon pool (where `install` would keep it busy
 //!   with that pool's jobs) hands the section to a plain scoped thread and blocks on joining it;

@@ -200,9 +200,9 @@ impl GpuVectorStorage {
         if query.len() != dim {
             return Err(HiveGpuError::DimensionMismatch { expected: dim, actual: query.len(), id: None });
         }
-        let guard = self.read();
-        let collection: &Collection = &guard;
-        let mut lists = exec::run(|| index::flat::search(collection, query, k, options))??;
+        // Parallel work of a search runs on the library's pool where it arises (`exec`): a
+        // single GPU query has none, and keeps the caller's thread.
+        let mut lists = index::flat::search(&self.read(), query, k, options)?;
         lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
     }
 
@@ -222,9 +222,7 @@ impl GpuVectorStorage {
         k: usize,
         options: SearchOptions,
     ) -> Result<Vec<Vec<GpuSearchResult>>> {
-        let guard = self.read();
-        let collection: &Collection = &guard;
-        exec::run(|| index::flat::search(collection, queries, k, options))?
+        index::flat::search(&self.read(), queries, k, options)
     }
 
     /// Removes vectors by id. Every id must be present and listed once; otherwise nothing is

@@ -59,32 +59,35 @@ pub(crate) fn search(
         (0..pieces.count).map(|_| OnceLock::new()).collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    rayon::scope(|scope| {
-        for _ in 0..pieces.workers {
-            scope.spawn(|scope| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= pieces.count || failed.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let range = pieces.range(i, nq);
-                    let piece = &queries[range.start * dim..range.end * dim];
-                    match collection.rows().knn(piece, k, config.metric) {
-                        Ok(neighbours) => {
-                            let slot = &done[i];
-                            scope.spawn(move |_| {
-                                let _ = slot.set(to_results(collection, neighbours, k, options));
-                            });
+    // On the library's pool (`crate::exec`): the caller holds the collection's lock.
+    crate::exec::run(|| {
+        rayon::scope(|scope| {
+            for _ in 0..pieces.workers {
+                scope.spawn(|scope| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= pieces.count || failed.load(Ordering::Relaxed) {
+                            break;
                         }
-                        Err(e) => {
-                            failed.store(true, Ordering::Relaxed);
-                            let _ = done[i].set(Err(e));
+                        let range = pieces.range(i, nq);
+                        let piece = &queries[range.start * dim..range.end * dim];
+                        match collection.rows().knn(piece, k, config.metric) {
+                            Ok(neighbours) => {
+                                let slot = &done[i];
+                                scope.spawn(move |_| {
+                                    let _ = slot.set(to_results(collection, neighbours, k, options));
+                                });
+                            }
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                let _ = done[i].set(Err(e));
+                            }
                         }
                     }
-                }
-            });
-        }
-    });
+                });
+            }
+        })
+    })?;
     let mut results = Vec::with_capacity(nq);
     for (i, piece) in done.into_iter().enumerate() {
         let found = match piece.into_inner() {
@@ -161,7 +164,7 @@ fn to_results(
             .collect()
     };
     let results = if neighbours.len() * k >= PARALLEL_RESULTS {
-        neighbours.into_par_iter().map(one).collect()
+        crate::exec::run(|| neighbours.into_par_iter().map(one).collect())?
     } else {
         neighbours.into_iter().map(one).collect()
     };

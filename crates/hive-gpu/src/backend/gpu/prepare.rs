@@ -68,6 +68,20 @@ pub(super) fn prepare(
     path: Approximation,
     gate_path: Approximation,
     max_sq_norm: f64,
+) -> crate::error::Result<Prepared> {
+    let prepare = || prepare_on_this_thread(queries, dim, metric, path, gate_path, max_sq_norm);
+    // Batches big enough for the per-query work to run in parallel (`per_query`, `per_row`) run
+    // it on the library's pool (`crate::exec`); smaller ones stay on the caller's thread.
+    if queries.len() / dim >= PARALLEL_QUERIES { crate::exec::run(prepare) } else { Ok(prepare()) }
+}
+
+fn prepare_on_this_thread(
+    queries: &[f32],
+    dim: usize,
+    metric: GpuDistanceMetric,
+    path: Approximation,
+    gate_path: Approximation,
+    max_sq_norm: f64,
 ) -> Prepared {
     let nq = queries.len() / dim;
     let row = |q: usize| &queries[q * dim..(q + 1) * dim];
@@ -194,7 +208,8 @@ mod tests {
             }
         }
         let half = Approximation::GemmF16 { scale: 1.0 };
-        let prepared = prepare(&queries, dim, GpuDistanceMetric::DotProduct, half, half, 1e30);
+        let prepared =
+            prepare(&queries, dim, GpuDistanceMetric::DotProduct, half, half, 1e30).expect("prepare");
         for (q, row) in queries.chunks_exact(dim).enumerate() {
             let scale = bounds::f16_scale(row);
             for (c, &x) in row.iter().enumerate() {

@@ -81,13 +81,17 @@ fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0)
 }
 
-/// Copies into the pinned staging buffer, on several threads for a big batch's queries.
-fn copy_bytes(to: &mut [u8], from: &[u8]) {
+/// Copies into the pinned staging buffer, on several threads (of the library's pool) for a big
+/// batch's queries.
+fn copy_bytes(to: &mut [u8], from: &[u8]) -> Result<()> {
     const CHUNK: usize = 1 << 20;
     if from.len() >= 4 * CHUNK {
-        to.par_chunks_mut(CHUNK).zip(from.par_chunks(CHUNK)).for_each(|(t, f)| t.copy_from_slice(f));
+        crate::exec::run(|| {
+            to.par_chunks_mut(CHUNK).zip(from.par_chunks(CHUNK)).for_each(|(t, f)| t.copy_from_slice(f))
+        })
     } else {
         to.copy_from_slice(from);
+        Ok(())
     }
 }
 
@@ -415,7 +419,7 @@ impl<D: Driver> GpuRows<D> {
         let cosine = metric == GpuDistanceMetric::Cosine;
         let gate_path = |path| if radix_only { Approximation::Scan } else { path };
         let max_sq = f64::from(self.max_sq_norm);
-        let mut prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq);
+        let mut prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq)?;
         // The rounded filter turns products into distances with 2 / (scale * row_scale) in
         // f32. A batch where that factor is no normal f32 for some query (queries or rows at
         // the ends of f32's range) takes the plain f32 tiles instead.
@@ -424,7 +428,7 @@ impl<D: Driver> GpuRows<D> {
         {
             path = Approximation::GemmF32;
             fused = None;
-            prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq);
+            prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq)?;
         }
         let half = matches!(path, Approximation::GemmF16 { .. } | Approximation::RoundedF16 { .. });
         let Prepared { q_norms, gate_mul, gate_add, scan_mul, scan_add, .. } = &prepared;
@@ -447,22 +451,22 @@ impl<D: Driver> GpuRows<D> {
         let base = ws.inputs.get(&driver, input_bytes)?;
         let staging = ws.staging.get(&*driver, input_bytes.max(outputs.bytes))?;
         let mut offset = 0usize;
-        let mut put = |bytes: &[u8], size: usize| -> DevicePtr {
-            copy_bytes(&mut staging[offset..offset + bytes.len()], bytes);
+        let mut put = |bytes: &[u8], size: usize| -> Result<DevicePtr> {
+            copy_bytes(&mut staging[offset..offset + bytes.len()], bytes)?;
             let at = base + offset as u64;
             offset += size;
-            at
+            Ok(at)
         };
-        let exact = put(bytemuck::cast_slice(queries), sizes[0]);
-        let approx_ptr = if cosine { put(bytemuck::cast_slice(&prepared.unit), sizes[1]) } else { exact };
+        let exact = put(bytemuck::cast_slice(queries), sizes[0])?;
+        let approx_ptr = if cosine { put(bytemuck::cast_slice(&prepared.unit), sizes[1])? } else { exact };
         let half_ptr =
-            if half { put(bytemuck::cast_slice(prepared.halves.reinterpret_cast()), sizes[2]) } else { 0 };
-        let inv_scale_ptr = put(bytemuck::cast_slice(&inv_scale), sizes[3]);
-        let q_norms_ptr = put(bytemuck::cast_slice(q_norms), sizes[4]);
-        let gate_mul_ptr = put(bytemuck::cast_slice(gate_mul), sizes[5]);
-        let gate_add_ptr = put(bytemuck::cast_slice(gate_add), sizes[6]);
-        let scan_mul_ptr = put(bytemuck::cast_slice(scan_mul), sizes[7]);
-        let scan_add_ptr = put(bytemuck::cast_slice(scan_add), sizes[8]);
+            if half { put(bytemuck::cast_slice(prepared.halves.reinterpret_cast()), sizes[2])? } else { 0 };
+        let inv_scale_ptr = put(bytemuck::cast_slice(&inv_scale), sizes[3])?;
+        let q_norms_ptr = put(bytemuck::cast_slice(q_norms), sizes[4])?;
+        let gate_mul_ptr = put(bytemuck::cast_slice(gate_mul), sizes[5])?;
+        let gate_add_ptr = put(bytemuck::cast_slice(gate_add), sizes[6])?;
+        let scan_mul_ptr = put(bytemuck::cast_slice(scan_mul), sizes[7])?;
+        let scan_add_ptr = put(bytemuck::cast_slice(scan_add), sizes[8])?;
         driver.upload(&ws.stream, base, staging, input_bytes)?;
         let inputs = Inputs {
             exact,
@@ -587,7 +591,7 @@ impl<D: Driver> GpuRows<D> {
             Ok(Some(row))
         };
         if nq * k >= PARALLEL_RESULTS {
-            (0..nq).into_par_iter().map(parse).collect()
+            crate::exec::run(|| (0..nq).into_par_iter().map(parse).collect())?
         } else {
             (0..nq).map(parse).collect()
         }

@@ -396,18 +396,21 @@ impl WgpuRows {
                 None => self.candidates(block, t, k, cap, metric)?,
             };
             device_time += started.elapsed();
-            let ranked: Vec<Vec<Neighbor>> = candidates
-                .into_par_iter()
-                .enumerate()
-                .map(|(i, found)| {
-                    let q = &block[i * dim..(i + 1) * dim];
-                    Ok(match found {
-                        Some(slots) => self.host.rerank(q, &slots, k, metric),
-                        // The band held more rows than the buffer: the exact host search.
-                        None => self.host.knn(q, k, metric)?.pop().unwrap_or_default(),
+            // On the library's pool (`crate::exec`): the caller may hold a collection's lock.
+            let ranked: Vec<Vec<Neighbor>> = crate::exec::run(|| {
+                candidates
+                    .into_par_iter()
+                    .enumerate()
+                    .map(|(i, found)| {
+                        let q = &block[i * dim..(i + 1) * dim];
+                        Ok(match found {
+                            Some(slots) => self.host.rerank(q, &slots, k, metric),
+                            // The band held more rows than the buffer: the exact host search.
+                            None => self.host.knn(q, k, metric)?.pop().unwrap_or_default(),
+                        })
                     })
-                })
-                .collect::<Result<_>>()?;
+                    .collect::<Result<_>>()
+            })??;
             results.extend(ranked);
         }
         if profile {

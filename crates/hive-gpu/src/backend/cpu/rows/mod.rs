@@ -234,6 +234,53 @@ impl CpuRows {
             }
         }
     }
+
+    /// [`RowStore::knn`]'s work, on the library's pool.
+    fn knn_on_pool(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let dim = self.dim;
+        let live = self.len_slots() - self.dead.count();
+        if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
+                queries.len()
+            )));
+        }
+        let nq = queries.len() / dim;
+        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
+        let bytes = self.all_bytes
+            && dim <= int8::MAX_DIM
+            && int8::available()
+            && queries.iter().all(|&x| int8::is_byte(x));
+        let collectors = if nq >= BF16_MIN_QUERIES && bytes {
+            // Exact integer products; only the f32 conversion rounds, well inside the f32 bound.
+            let bounds = self.f32_bounds(queries, metric);
+            self.tiled_collect(TileKernel::Bytes, queries, metric, k, &bounds)
+        } else {
+            self.approximate_collect(queries, &q_norms, metric, k)
+        };
+        Ok(collectors
+            .into_par_iter()
+            .zip(queries.par_chunks_exact(dim))
+            .zip(q_norms.par_iter())
+            .map(|((collector, q), &q_norm)| {
+                let mut scratch = Vec::new();
+                let scored = collector
+                    .into_slots()
+                    .into_iter()
+                    .map(|slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
+                    .collect();
+                topk::best_k(scored, k)
+                    .into_iter()
+                    .map(|(slot, distance)| Neighbor { slot, distance })
+                    .collect()
+            })
+            .collect())
+    }
 }
 
 fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
@@ -401,44 +448,9 @@ impl RowStore for CpuRows {
     }
 
     fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
-        let dim = self.dim;
-        let live = self.len_slots() - self.dead.count();
-        if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
-                queries.len()
-            )));
-        }
-        let nq = queries.len() / dim;
-        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
-        let bytes = self.all_bytes
-            && dim <= int8::MAX_DIM
-            && int8::available()
-            && queries.iter().all(|&x| int8::is_byte(x));
-        let collectors = if nq >= BF16_MIN_QUERIES && bytes {
-            // Exact integer products; only the f32 conversion rounds, well inside the f32 bound.
-            let bounds = self.f32_bounds(queries, metric);
-            self.tiled_collect(TileKernel::Bytes, queries, metric, k, &bounds)
-        } else {
-            self.approximate_collect(queries, &q_norms, metric, k)
-        };
-        Ok(collectors
-            .into_par_iter()
-            .zip(queries.par_chunks_exact(dim))
-            .zip(q_norms.par_iter())
-            .map(|((collector, q), &q_norm)| {
-                let mut scratch = Vec::new();
-                let scored = collector
-                    .into_slots()
-                    .into_iter()
-                    .map(|slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
-                    .collect();
-                topk::best_k(scored, k)
-                    .into_iter()
-                    .map(|(slot, distance)| Neighbor { slot, distance })
-                    .collect()
-            })
-            .collect())
+        // Every CPU search is parallel: on the library's pool, since the caller may hold a
+        // collection's lock (`crate::exec`).
+        crate::exec::run(|| self.knn_on_pool(queries, k, metric))?
     }
 }
 
