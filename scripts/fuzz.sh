@@ -11,7 +11,7 @@
 # runtime with the system C++ compiler and links it in as `main`. `--cfg fuzzing` is what
 # libfuzzer-sys and cargo-fuzz set; debug assertions and overflow checks make arithmetic bugs
 # crash instead of wrapping. There is no AddressSanitizer (nightly only), which the readers do
-# not need: hive-gpu has no `unsafe`, so what fuzzing hunts here is panics, overflows, hangs
+# not need: the readers use no `unsafe`, so what fuzzing hunts here is panics, overflows, hangs
 # and excessive allocation (-rss_limit_mb, -malloc_limit_mb).
 # The flags are passed with --target so that they reach only the target's code, never build
 # scripts or proc macros (which would fail to link without the libFuzzer runtime), and build
