@@ -56,12 +56,14 @@ mod exec;
 mod index;
 pub mod io;
 mod memory;
+pub mod tuning;
 pub mod types;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, select_best_backend};
 pub use error::{HiveGpuError, Result};
+pub use tuning::Tuning;
 pub use types::{
     BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector, Metadata,
     SearchOptions, SearchPrecision, SmolStr, StorageConfig, StoragePrecision,
@@ -74,6 +76,8 @@ use collection::Collection;
 #[derive(Debug, Clone)]
 pub struct GpuContext {
     backend: Arc<dyn GpuBackend>,
+    /// The engines' knobs, read once when the context opened; every collection keeps a copy.
+    tuning: Tuning,
 }
 
 impl GpuContext {
@@ -84,9 +88,23 @@ impl GpuContext {
         Self::with_backend(select_best_backend()?, 0)
     }
 
-    /// A context on device `ordinal` of `backend`.
+    /// A context on device `ordinal` of `backend`, tuned by the `HIVE_GPU_*` tuning variables
+    /// set now ([`Tuning::from_env`]; a malformed one is an error naming it).
     pub fn with_backend(backend: GpuBackendType, ordinal: usize) -> Result<Self> {
-        Ok(Self { backend: backend::open(backend, ordinal)? })
+        let tuning = Tuning::from_env()?;
+        Ok(Self { backend: backend::open(backend, ordinal)?, tuning })
+    }
+
+    /// This context with `tuning` instead (for the collections it creates from now on): how
+    /// code and tests force a path without touching the process's environment.
+    pub fn with_tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
+        self
+    }
+
+    /// The knobs this context's collections run with.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
     }
 
     /// The backend this context runs on.
@@ -97,7 +115,7 @@ impl GpuContext {
     /// A context on a backend of the caller's: a [`GpuBackend`] implementation of its own,
     /// or one that wraps a real backend (to inject faults in tests, to count calls).
     pub fn from_backend(backend: Arc<dyn GpuBackend>) -> Self {
-        Self { backend }
+        Self { backend, tuning: Tuning::default() }
     }
 
     /// The backend's op set, for code that drives row stores directly.
@@ -112,7 +130,14 @@ impl GpuContext {
 
     /// The device's description, with memory figures read now.
     pub fn device_info(&self) -> GpuDeviceInfo {
-        self.backend.device_info()
+        let mut info = self.backend.device_info();
+        if self.tuning.own_gemm
+            && matches!(self.backend.backend_type(), GpuBackendType::Cuda | GpuBackendType::Rocm)
+            && let Some(driver) = info.driver_version.as_mut()
+        {
+            driver.push_str("; GEMMs on hive-gpu's own kernel (Tuning::own_gemm)");
+        }
+        info
     }
 
     /// An empty f32 collection of `dimension`-component vectors compared by `metric`.
@@ -125,7 +150,7 @@ impl GpuContext {
         if config.dimension == 0 {
             return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
         }
-        let rows = self.backend.new_rows(config.dimension, config.precision, config.search)?;
+        let rows = self.backend.new_rows(config.dimension, config.precision, config.search, &self.tuning)?;
         Ok(GpuVectorStorage {
             backend: self.backend.clone(),
             inner: RwLock::new(Collection::new(config, rows)),

@@ -50,9 +50,10 @@ impl GpuBackend for FaultyBackend {
         dim: usize,
         precision: StoragePrecision,
         search: SearchPrecision,
+        tuning: &hive_gpu::Tuning,
     ) -> hive_gpu::Result<Box<dyn RowStore>> {
         Ok(Box::new(FaultyRows {
-            inner: self.inner.new_rows(dim, precision, search)?,
+            inner: self.inner.new_rows(dim, precision, search, tuning)?,
             dim,
             plan: self.plan.clone(),
         }))

@@ -187,8 +187,10 @@ fn cosine_rejects_vectors_too_small_for_f32() {
 #[test]
 fn row_store_rejects_bad_arguments() {
     for context in contexts() {
-        let mut rows =
-            context.backend().new_rows(2, StoragePrecision::F32, SearchPrecision::Exact).expect("rows");
+        let mut rows = context
+            .backend()
+            .new_rows(2, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
+            .expect("rows");
         rows.append(&[1.0, 2.0, 3.0, 4.0]).expect("append");
         assert!(rows.knn(&[1.0, 2.0], 0, GpuDistanceMetric::Euclidean).is_err(), "k = 0");
         assert!(rows.knn(&[1.0, 2.0], 3, GpuDistanceMetric::Euclidean).is_err(), "k > live rows");
@@ -214,8 +216,10 @@ fn zero_dimension_is_rejected() {
 #[test]
 fn too_little_memory_is_vram_limit_exceeded() {
     for context in contexts() {
-        let mut rows =
-            context.backend().new_rows(4096, StoragePrecision::F32, SearchPrecision::Exact).expect("rows");
+        let mut rows = context
+            .backend()
+            .new_rows(4096, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
+            .expect("rows");
         // 2^30 rows of 4096 f32: 16 TiB, far beyond any machine's free memory (and within every
         // backend's row-count limit, so the memory check is what refuses it).
         let err = rows.reserve(1 << 30).unwrap_err();

@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{Rng, assert_exact, contexts, data_dir, reference};
+use common::{Rng, assert_exact, contexts_with_forced_paths, data_dir, describe, reference};
 use hive_gpu::io;
 use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector, GpuVectorStorage, StorageConfig, StoragePrecision};
 
@@ -113,7 +113,7 @@ fn check_values(
     let references: Vec<_> =
         queries.chunks_exact(dim).map(|q| reference(metric, &vectors, q, max_k)).collect();
     for &k in ks {
-        let what = format!("{} {metric} {precision} dim {dim} n {n} k {k}", context.backend_type());
+        let what = format!("{} {metric} {precision} dim {dim} n {n} k {k}", describe(&context));
         // A large batch, a small one and single queries take different kernels on some backends
         // (CPU: bf16 tiles, f32 GEMM tiles, SIMD scan); all must be exact.
         for size in [nq, SMALL_BATCH] {
@@ -133,7 +133,7 @@ fn check_values(
 }
 
 fn run_cases(cases: &[Case], precision: StoragePrecision) {
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         for (ci, case) in cases.iter().enumerate() {
             for (mi, &metric) in METRICS.iter().enumerate() {
                 check_case(&context, case, metric, precision, 1000 + (ci * 10 + mi) as u64);
@@ -179,7 +179,7 @@ fn large_dims_f16_match_f64_reference() {
 #[test]
 fn hundred_thousand_vectors_match_f64_reference() {
     let case = Case { dim: 128, n: 100_000, nq: 16, ks: &[10, 100] };
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         for precision in [StoragePrecision::F32, StoragePrecision::F16] {
             check_case(&context, &case, GpuDistanceMetric::Euclidean, precision, 77);
         }
@@ -196,7 +196,7 @@ fn byte_valued_data_match_f64_reference() {
         Case { dim: 128, n: 5000, nq: 20, ks: &[1, 10, 100, 1000] },
         Case { dim: 785, n: 2000, nq: 17, ks: &[1, 10, 100] },
     ];
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         for (ci, case) in cases.iter().enumerate() {
             for (mi, &metric) in METRICS.iter().enumerate() {
                 for precision in [StoragePrecision::F32, StoragePrecision::F16] {
@@ -243,7 +243,7 @@ fn adversarial_rounding_cases() {
         (GpuDistanceMetric::DotProduct, vec![vec![p(60), 0.0], vec![0.0, p(50)]], vec![p(-127), p(-125)]),
         (GpuDistanceMetric::Cosine, vec![vec![1.0, p(-130)], vec![1.0, -p(-130)]], vec![1.0, p(-127)]),
     ];
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         for (ci, (metric, rows, query)) in cases.iter().enumerate() {
             let dim = query.len();
             let storage = context.create_storage(dim, *metric).expect("storage");
@@ -282,7 +282,7 @@ fn adversarial_rounding_cases() {
 #[test]
 fn near_duplicates_far_from_origin_are_ranked_exactly() {
     let (dim, n, nq) = (64, 3000, 24);
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         let mut rng = Rng::new(5);
         let centre: Vec<f32> = (0..dim).map(|_| 1000.0 + rng.normal()).collect();
         let near = |rng: &mut Rng| -> Vec<f32> { centre.iter().map(|&c| c + 1e-3 * rng.normal()).collect() };
@@ -325,7 +325,7 @@ fn near_duplicates_far_from_origin_are_ranked_exactly() {
 fn tiny_vectors_are_ranked_exactly() {
     let (dim, n, nq) = (16, 3000, 24);
     let unit = 2f32.powi(-64);
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct] {
             let mut rng = Rng::new(17);
             let base: Vec<f32> = (0..n * dim).map(|_| unit * rng.normal()).collect();
@@ -337,7 +337,7 @@ fn tiny_vectors_are_ranked_exactly() {
             let batch = storage.search_batch(&queries, 10).expect("batch search");
             for (qi, q) in queries.chunks_exact(dim).enumerate() {
                 let want = reference(metric, &vectors, q, 10);
-                let what = format!("{} {metric} tiny vectors, query {qi}", context.backend_type());
+                let what = format!("{} {metric} tiny vectors, query {qi}", describe(&context));
                 assert_exact(&what, metric, &batch[qi], &want, &by_id, q);
             }
         }
@@ -348,7 +348,7 @@ fn tiny_vectors_are_ranked_exactly() {
 /// compaction.
 #[test]
 fn ties_are_ordered_by_storage_order() {
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         for metric in METRICS {
             let storage = context.create_storage(4, metric).expect("storage");
             let same = vec![1.0, 2.0, 3.0, 4.0];
@@ -378,7 +378,7 @@ fn ground_truth_recall(name: &str) {
     let base = io::read_fvecs(&dir.join(format!("{name}_base.fvecs"))).expect("base");
     let queries = io::read_fvecs(&dir.join(format!("{name}_query.fvecs"))).expect("queries");
     let truth = io::read_ivecs(&dir.join(format!("{name}_groundtruth.ivecs"))).expect("ground truth");
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         let storage = context.create_storage(base.dim, GpuDistanceMetric::Euclidean).expect("storage");
         fill(&storage, &base.data, base.dim, StoragePrecision::F32);
         let batch = storage.search_batch(&queries.data, 10).expect("batch");
@@ -388,7 +388,7 @@ fn ground_truth_recall(name: &str) {
             let qi = if i < queries.rows { i } else { i - queries.rows };
             let want: Vec<String> = truth.row(qi)[..10].iter().map(|id| format!("v{id}")).collect();
             let got: Vec<String> = list.iter().map(|r| r.id.to_string()).collect();
-            assert_eq!(got, want, "{} {name}: query {qi} (recall@10 must be 1.0)", context.backend_type());
+            assert_eq!(got, want, "{} {name}: query {qi} (recall@10 must be 1.0)", describe(&context));
         }
     }
 }
@@ -406,7 +406,7 @@ fn fmnistsmall_recall_at_10_is_one() {
 /// Metadata comes back with results when asked, and only then.
 #[test]
 fn payloads_are_returned_on_request() {
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         let storage = context.create_storage(2, GpuDistanceMetric::DotProduct).expect("storage");
         let meta: hive_gpu::Metadata = [("title".to_string(), "first".to_string())].into();
         storage
@@ -431,7 +431,7 @@ fn payloads_are_returned_on_request() {
 fn large_batches_searched_in_pieces_keep_their_order() {
     // 4,100 queries: three pieces, the last one a query short.
     let (dim, n, nq, k) = (8, 300, 4100, 5);
-    for context in contexts() {
+    for context in contexts_with_forced_paths() {
         let mut rng = Rng::new(11);
         let base = rng.normals(n * dim);
         let queries = rng.normals(nq * dim);
@@ -441,10 +441,10 @@ fn large_batches_searched_in_pieces_keep_their_order() {
         let by_id: HashMap<&str, &[f32]> =
             vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
         let batch = storage.search_batch(&queries, k).expect("batch search");
-        assert_eq!(batch.len(), nq, "{}: one list per query", context.backend_type());
+        assert_eq!(batch.len(), nq, "{}: one list per query", describe(&context));
         for (qi, q) in queries.chunks_exact(dim).enumerate() {
             let want = reference(metric, &vectors, q, k);
-            let what = format!("{} large batch, query {qi}", context.backend_type());
+            let what = format!("{} large batch, query {qi}", describe(&context));
             assert_exact(&what, metric, &batch[qi], &want, &by_id, q);
         }
     }

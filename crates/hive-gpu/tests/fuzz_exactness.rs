@@ -1049,8 +1049,10 @@ fn fuzz_exactness() {
 #[test]
 fn fuzz_exactness_gpu_backends() {
     let seeds = std::env::var("FUZZ_GPU_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
-    for ctx in common::contexts().into_iter().filter(|c| c.backend_type() != GpuBackendType::Cpu) {
-        eprintln!("fuzzing {}", ctx.backend_type());
+    for ctx in
+        common::contexts_with_forced_paths().into_iter().filter(|c| c.backend_type() != GpuBackendType::Cpu)
+    {
+        eprintln!("fuzzing {}", common::describe(&ctx));
         campaign(&ctx, seeds);
     }
 }

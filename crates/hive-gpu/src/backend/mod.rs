@@ -73,12 +73,13 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     fn backend_type(&self) -> GpuBackendType;
     /// The device's description, read now (free memory changes).
     fn device_info(&self) -> GpuDeviceInfo;
-    /// Empty row storage for vectors of `dim` components.
+    /// Empty row storage for vectors of `dim` components, searched with `tuning`'s knobs.
     fn new_rows(
         &self,
         dim: usize,
         precision: StoragePrecision,
         search: SearchPrecision,
+        tuning: &crate::tuning::Tuning,
     ) -> Result<Box<dyn RowStore>>;
 }
 

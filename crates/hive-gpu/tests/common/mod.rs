@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use hive_gpu::{GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, detect_available_backends};
+use hive_gpu::{
+    GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, Tuning, detect_available_backends,
+};
 
 /// A context on every available backend. `HIVE_GPU_REQUIRE=cuda,vulkan` turns an absent
 /// backend into a failure, so a GPU run can never pass by skipping.
@@ -37,6 +39,62 @@ pub fn contexts() -> Vec<GpuContext> {
         .collect();
     assert!(!contexts.is_empty(), "the CPU backend is always available");
     contexts
+}
+
+/// [`contexts`], and on each GPU backend the same context once more for every engine path a
+/// [`Tuning`] can force, so the suites prove every path in one process (no process-global
+/// variables): on CUDA/ROCm the engine's own GEMM kernel, the fused filter on every batch
+/// (f16 rows rounded into a copy, TF32, rounded inside the filter) and the radix path's linear
+/// selection on every list; on a hardware Vulkan adapter the cooperative-matrix filter on every
+/// batch. The software adapter and the CPU have no such paths, so CI runs each suite once there.
+pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
+    let mut out = Vec::new();
+    for context in contexts() {
+        let fused = |t: &mut Tuning| {
+            t.fused_min_rows = 1;
+            t.fused_tiles = 3;
+        };
+        let variants: Vec<Tuning> = match context.backend_type() {
+            GpuBackendType::Cuda | GpuBackendType::Rocm => vec![
+                tuned(|t| t.own_gemm = true),
+                tuned(fused),
+                tuned(|t| {
+                    fused(t);
+                    t.f16_filter = false;
+                }),
+                tuned(|t| {
+                    fused(t);
+                    t.rounded_copy_bytes = 0;
+                }),
+                tuned(|t| t.select_min_candidates = 1),
+            ],
+            GpuBackendType::Vulkan if !context.device_info().software => {
+                vec![tuned(|t| t.fused_min_rows = 1)]
+            }
+            _ => Vec::new(),
+        };
+        let forced: Vec<GpuContext> = variants.into_iter().map(|t| context.clone().with_tuning(t)).collect();
+        out.push(context);
+        out.extend(forced);
+    }
+    out
+}
+
+/// The default tuning with `change` applied.
+fn tuned(change: impl FnOnce(&mut Tuning)) -> Tuning {
+    let mut tuning = Tuning::default();
+    change(&mut tuning);
+    tuning
+}
+
+/// A context's backend and, where it differs from the default, its tuning, for messages.
+pub fn describe(context: &GpuContext) -> String {
+    let tuning = context.tuning();
+    if *tuning == Tuning::default() {
+        context.backend_type().to_string()
+    } else {
+        format!("{} ({tuning:?})", context.backend_type())
+    }
 }
 
 /// SplitMix64: small, seeded, reproducible.

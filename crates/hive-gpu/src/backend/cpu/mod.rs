@@ -69,6 +69,7 @@ impl GpuBackend for CpuBackend {
         dim: usize,
         precision: StoragePrecision,
         _search: SearchPrecision,
+        _tuning: &crate::tuning::Tuning,
     ) -> Result<Box<dyn RowStore>> {
         crate::backend::check_new_rows(dim)?;
         Ok(Box::new(rows::CpuRows::new(dim, precision, self.simd)))

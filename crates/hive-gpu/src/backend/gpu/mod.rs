@@ -31,15 +31,14 @@ pub(crate) struct Device<D: Driver> {
     pub(crate) driver: Arc<D>,
     pub(crate) kernels: Kernels<D>,
     pub(crate) backend: GpuBackendType,
-    /// Every GEMM runs on the engine's own kernel (`HIVE_GPU_OWN_GEMM=1`, to test on CUDA the
-    /// path ROCm takes without rocBLAS), not only those the driver's BLAS cannot run.
-    own_gemm: bool,
 }
 
 impl<D: Driver> Device<D> {
-    /// Queues `C = A^T B` (see [`GemmTn`]) on the BLAS library or on the engine's own kernel.
-    pub(crate) fn gemm(&self, stream: &D::Stream, g: &GemmTn) -> Result<()> {
-        if !self.own_gemm && self.driver.has_gemm(g.inputs) {
+    /// Queues `C = A^T B` (see [`GemmTn`]) on the BLAS library or on the engine's own kernel:
+    /// where the BLAS cannot run it, or always with `own_gemm` (to test on CUDA the path ROCm
+    /// takes without rocBLAS).
+    pub(crate) fn gemm(&self, stream: &D::Stream, g: &GemmTn, own_gemm: bool) -> Result<()> {
+        if !own_gemm && self.driver.has_gemm(g.inputs) {
             return self.driver.gemm_tn(stream, g);
         }
         const TILE: usize = 64;
@@ -80,8 +79,7 @@ impl<D: Driver> GpuEngine<D> {
     /// cache the engine).
     pub(crate) fn new(driver: Arc<D>, backend: GpuBackendType, prelude: &str) -> Result<Self> {
         let kernels = Kernels::compile(&*driver, prelude)?;
-        let own_gemm = std::env::var("HIVE_GPU_OWN_GEMM").as_deref() == Ok("1");
-        Ok(Self { device: Arc::new(Device { driver, kernels, backend, own_gemm }) })
+        Ok(Self { device: Arc::new(Device { driver, kernels, backend }) })
     }
 }
 
@@ -98,11 +96,6 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
             info.available_vram_bytes = free as u64;
             info.used_vram_bytes = total.saturating_sub(free) as u64;
         }
-        if self.device.own_gemm
-            && let Some(driver) = info.driver_version.as_mut()
-        {
-            driver.push_str("; GEMMs on hive-gpu's own kernel (HIVE_GPU_OWN_GEMM=1)");
-        }
         info
     }
 
@@ -111,9 +104,10 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
         dim: usize,
         precision: StoragePrecision,
         search: SearchPrecision,
+        tuning: &crate::tuning::Tuning,
     ) -> Result<Box<dyn RowStore>> {
         crate::backend::check_new_rows(dim)?;
-        Ok(Box::new(rows::GpuRows::new(self.device.clone(), dim, precision, search)?))
+        Ok(Box::new(rows::GpuRows::new(self.device.clone(), dim, precision, search, tuning.clone())?))
     }
 }
 

@@ -14,6 +14,7 @@ use super::memory::{DeviceBuffer, Staging, Workspace};
 use crate::backend::tombstones::Tombstones;
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
+use crate::tuning::Tuning;
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 
 /// Rows staged per upload: large enough to keep the copy engine busy, small enough to
@@ -71,6 +72,8 @@ pub(crate) struct GpuRows<D: Driver> {
     pub(super) dim: usize,
     pub(super) precision: StoragePrecision,
     pub(super) search: SearchPrecision,
+    /// The knobs of the context that created the collection.
+    pub(super) tuning: Tuning,
     pub(super) len: usize,
     pub(super) arrays: Option<Arrays<D>>,
     /// Host copy of the tombstone bitmap (the device holds the same words).
@@ -90,6 +93,7 @@ impl<D: Driver> GpuRows<D> {
         dim: usize,
         precision: StoragePrecision,
         search: SearchPrecision,
+        tuning: Tuning,
     ) -> Result<Self> {
         let stream = device.driver.stream(false)?;
         Ok(Self {
@@ -97,6 +101,7 @@ impl<D: Driver> GpuRows<D> {
             dim,
             precision,
             search,
+            tuning,
             len: 0,
             arrays: None,
             dead: Tombstones::default(),

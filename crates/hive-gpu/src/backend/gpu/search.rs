@@ -24,23 +24,10 @@ use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 use half::slice::HalfFloatSliceExt;
 
-/// Re-ranked lists of the radix path at least this long (and at least twice k) are cut to
-/// their k best by a linear selection before the sort (see `select_k_pairs`); shorter ones
-/// are sorted whole, which costs fewer launches.
-const SELECT_MIN_CANDIDATES: usize = 8192;
-
 /// Largest on-chip candidate list (entries); larger k take the radix path.
 const MAX_LIST: usize = 4096;
 /// Batches of at least this many queries use GEMM tiles; fewer scan.
 const GEMM_MIN_QUERIES: usize = 8;
-/// Device bytes one GEMM tile of dot products may take.
-const TILE_BYTES: usize = 256 << 20;
-/// The largest f16 copy of f32 rows one search makes for the f16 filter (a million rows of
-/// 256 components); each concurrent search has its own.
-const ROUNDED_COPY_BYTES: usize = 512 << 20;
-/// Collections smaller than this take the GEMM tiles rather than the fused filter, whose
-/// sample search would be too small to give useful thresholds.
-const FUSED_MIN_ROWS: usize = 1 << 17;
 /// The fused filter's thresholds come from a search of every `SAMPLE_STRIDE`-th row.
 pub(crate) const SAMPLE_STRIDE: usize = 32;
 /// Candidate entries per query in the fused filter's buffer.
@@ -52,12 +39,6 @@ pub(crate) const FUSED_CAP: usize = 2048;
 pub(crate) fn sample_rank(len: usize, live: usize, k: usize) -> Option<usize> {
     let j = (2 * k).div_ceil(SAMPLE_STRIDE) + 8;
     (len.div_ceil(SAMPLE_STRIDE) >= 4 * j && live >= len / 2).then_some(j)
-}
-
-/// The collection size from which batches take a fused filter: `FUSED_MIN_ROWS`, or
-/// `HIVE_GPU_FUSED_MIN_ROWS` (tests use 1 to run the filter on small collections).
-pub(crate) fn fused_min_rows() -> usize {
-    env_usize("HIVE_GPU_FUSED_MIN_ROWS").unwrap_or(FUSED_MIN_ROWS)
 }
 
 /// The candidate list size of a tensor-core path for k: room for its wider band.
@@ -75,10 +56,6 @@ fn metric_code(metric: GpuDistanceMetric) -> i32 {
         GpuDistanceMetric::DotProduct => 1,
         GpuDistanceMetric::Cosine => 2,
     }
-}
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0)
 }
 
 /// Copies into the pinned staging buffer, on several threads (of the library's pool) for a big
@@ -275,8 +252,8 @@ impl<D: Driver> GpuRows<D> {
     /// rows to f16 on the device (`RoundedF16`: half TF32's band, half its tensor-core work;
     /// L2 and dot product, dimension a multiple of 8), else run on TF32: the gate's band and
     /// the f64 re-rank keep them exact, and queries whose band overflowed re-run on plain f32
-    /// GEMMs. `HIVE_GPU_FUSED=0` turns the filter off and `HIVE_GPU_F16_FILTER=0` keeps f32
-    /// rows on TF32; `HIVE_GPU_FUSED_MIN_ROWS` lowers the size from which it runs (tests use 1).
+    /// GEMMs. `Tuning::fused` turns the filter off and `Tuning::f16_filter` keeps f32 rows on
+    /// TF32; `Tuning::fused_min_rows` is the size from which it runs (tests use 1).
     fn fused_approximation(
         &self,
         nq: usize,
@@ -285,7 +262,7 @@ impl<D: Driver> GpuRows<D> {
         path: Approximation,
     ) -> Option<Approximation> {
         self.device.kernels.tensor.as_ref()?;
-        if std::env::var("HIVE_GPU_FUSED").as_deref() == Ok("0") {
+        if !self.tuning.fused {
             return None;
         }
         // Rows no scale brings into f16's range (a norm that overflowed f32) stay on TF32.
@@ -297,7 +274,7 @@ impl<D: Driver> GpuRows<D> {
             && self.dim.is_multiple_of(8)
             && self.largest_component() * self.row_scale() <= 32768.0
             && self.mma_shared_bytes(rounded_path) <= self.driver().max_shared_bytes()
-            && std::env::var("HIVE_GPU_F16_FILTER").as_deref() != Ok("0");
+            && self.tuning.f16_filter;
         let tensor_path = match path {
             Approximation::GemmF32 | Approximation::GemmTf32 if rounded => rounded_path,
             Approximation::GemmF32 | Approximation::GemmTf32 => Approximation::GemmTf32,
@@ -306,7 +283,7 @@ impl<D: Driver> GpuRows<D> {
                 return None;
             }
         };
-        let min_rows = fused_min_rows();
+        let min_rows = self.tuning.fused_min_rows;
         let kcap = self.path_list_size(k, tensor_path);
         let fits = nq >= GEMM_MIN_QUERIES
             && self.len >= min_rows
@@ -701,9 +678,9 @@ impl<D: Driver> GpuRows<D> {
         let n = self.len;
         let kcap = list_size(k);
         let sortn = Self::scan_sort_size(k);
-        let per_sm = env_usize("HIVE_GPU_SCAN_BLOCKS_PER_SM").unwrap_or(4);
+        let per_sm = self.tuning.scan_blocks_per_sm;
         // Passes between merge checks; the kernel caps it so the buffer stays half free.
-        let max_sub = env_usize("HIVE_GPU_SCAN_SUBROUNDS").unwrap_or(64);
+        let max_sub = self.tuning.scan_subrounds;
         let (rows, norms, dead) = self.arrays_ptrs()?;
         let kernel =
             if self.is_f16() { self.device.kernels.scan_topk_f16 } else { self.device.kernels.scan_topk_f32 };
@@ -766,10 +743,10 @@ impl<D: Driver> GpuRows<D> {
         let (n, dim) = (self.len.div_ceil(stride), self.dim);
         let kcap = self.path_list_size(k, path);
         let sortn = (2 * kcap).max(2048);
-        let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq).min(MAX_GRID_Y);
-        let tile_budget = env_usize("HIVE_GPU_TILE_BYTES").unwrap_or(TILE_BYTES);
+        let chunk = self.tuning.tile_queries.min(nq).min(MAX_GRID_Y);
+        let tile_budget = self.tuning.tile_bytes;
         let tile_rows = (tile_budget / (chunk * 4)).clamp(256, n.max(256)).div_ceil(256) * 256;
-        let tile_rows = env_usize("HIVE_GPU_TILE_ROWS").unwrap_or(tile_rows).min(n.div_ceil(256) * 256);
+        let tile_rows = self.tuning.tile_rows.unwrap_or(tile_rows).min(n.div_ceil(256) * 256);
         // Segments per query so that even a few queries fill the device.
         let wanted = (driver.multiprocessors() as usize * 8).div_ceil(chunk);
         let segments = wanted.min(tile_rows.div_ceil(1024)).max(1);
@@ -840,6 +817,7 @@ impl<D: Driver> GpuRows<D> {
                         ldc: tile_rows,
                         inputs: inputs_kind,
                     },
+                    self.tuning.own_gemm,
                 )?;
                 driver.record(gemm_done, &ws.gemm_stream)?;
                 profile.mark(&*driver, &ws.gemm_stream, "gemm")?;
@@ -920,7 +898,7 @@ impl<D: Driver> GpuRows<D> {
         driver.upload(&ws.stream, state, host, state_bytes)?;
 
         let kcap = self.path_list_size(k, path);
-        let chunk = env_usize("HIVE_GPU_TILE_QUERIES").unwrap_or(4096).min(nq);
+        let chunk = self.tuning.tile_queries.min(nq);
         let cand = ws.fused_cand.get(&driver, chunk * FUSED_CAP * 8)?;
         let counts = ws.fused_counts.get(&driver, chunk * 4)?;
         let (rows, norms, dead) = self.arrays_ptrs()?;
@@ -938,8 +916,7 @@ impl<D: Driver> GpuRows<D> {
         };
         // Row tiles per block: enough to amortize loading its query tile, few enough that the
         // grid has many blocks to balance.
-        let tiles =
-            env_usize("HIVE_GPU_FUSED_TILES").unwrap_or(32).max(n.div_ceil(MMA_TILE).div_ceil(MAX_GRID_Y));
+        let tiles = self.tuning.fused_tiles.max(n.div_ceil(MMA_TILE).div_ceil(MAX_GRID_Y));
         let row_groups = n.div_ceil(MMA_TILE).div_ceil(tiles);
         let shared = mma_shared_bytes(row_element, element as usize, dim);
         for q0 in (0..nq).step_by(chunk) {
@@ -987,7 +964,7 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// The rows scaled by `row_scale` and rounded to f16 in `ws`, for the f16 filter, if the
-    /// copy fits `HIVE_GPU_ROUNDED_COPY_BYTES` (512 MiB unless set) and the device's memory.
+    /// copy fits `Tuning::rounded_copy_bytes` and the device's memory.
     /// One pass over the rows per search costs less than converting every staged step in
     /// every block of the filter (which re-reads the rows once per 128 queries); beyond the
     /// budget, or with too little memory, the filter converts in place (`f32h`).
@@ -1002,8 +979,7 @@ impl<D: Driver> GpuRows<D> {
         };
         let values = self.len * self.dim;
         // Unlike the other sizes, 0 is a setting here: no copy.
-        let budget = std::env::var("HIVE_GPU_ROUNDED_COPY_BYTES").ok().and_then(|v| v.parse().ok());
-        if values * 2 > budget.unwrap_or(ROUNDED_COPY_BYTES) {
+        if values * 2 > self.tuning.rounded_copy_bytes {
             return Ok(None);
         }
         let driver = self.driver().clone();
@@ -1273,10 +1249,9 @@ impl<D: Driver> GpuRows<D> {
         )?;
         // A long list (many rows tie inside the band: duplicates) is cut to its k best first, in
         // linear time; sorting all of it would cost count log^2 count.
-        // HIVE_GPU_SELECT_MIN=1 takes the selection wherever it applies (the GPU suite proves it
-        // on every radix-path search that way).
-        let select_min = env_usize("HIVE_GPU_SELECT_MIN").unwrap_or(SELECT_MIN_CANDIDATES);
-        let (keys, slots, padded) = if count >= select_min && count >= 2 * k {
+        // A `select_min_candidates` of 1 takes the selection wherever it applies (the GPU suite
+        // proves it on every radix-path search that way).
+        let (keys, slots, padded) = if count >= self.tuning.select_min_candidates && count >= 2 * k {
             self.select_k_pairs(ws, keys, slots, count, k, radix)?
         } else {
             (keys, slots, padded)

@@ -23,7 +23,7 @@ use super::rows::{
 use super::{layout_entry, storage};
 use crate::backend::RowStore;
 use crate::backend::gpu::bounds::{self, Approximation};
-use crate::backend::gpu::search::{FUSED_CAP, SAMPLE_STRIDE, fused_min_rows, sample_rank, wide_list_size};
+use crate::backend::gpu::search::{FUSED_CAP, SAMPLE_STRIDE, sample_rank, wide_list_size};
 use crate::error::{HiveGpuError, Result};
 use crate::types::{GpuDistanceMetric, StoragePrecision};
 
@@ -74,7 +74,6 @@ pub(super) fn adapter_supports(adapter: &wgpu::Adapter) -> bool {
                 && p.ab_type == wgpu::CooperativeScalarType::F16
                 && p.cr_type == wgpu::CooperativeScalarType::F32
         })
-        && std::env::var("HIVE_GPU_WGPU_COOP").as_deref() != Ok("0")
 }
 
 /// The features a device needs for the filter.
@@ -228,7 +227,8 @@ impl WgpuRows {
             && k <= MAX_K
             && dim.is_multiple_of(16)
             && dim <= MAX_DIM
-            && len >= fused_min_rows()
+            && self.tuning.wgpu_coop
+            && len >= self.tuning.fused_min_rows
             && len < u32::MAX as usize / 2;
         if !fits {
             return None;

@@ -135,7 +135,8 @@ pub(crate) struct Kernels {
     scan: [wgpu::ComputePipeline; 2],
     scan_select: [wgpu::ComputePipeline; 2],
     /// `scan_select` with eight lanes per row, where the adapter has fixed-size subgroups of at
-    /// least 8 lanes (unless `HIVE_GPU_WGPU_SUBGROUPS=0`); rows of a length divisible by 4.
+    /// least 8 lanes (collections use it unless `Tuning::wgpu_subgroups` is off); rows of a
+    /// length divisible by 4.
     scan_select_wide: Option<[wgpu::ComputePipeline; 2]>,
     merge_lists: wgpu::ComputePipeline,
     radix_hist: wgpu::ComputePipeline,
@@ -232,8 +233,7 @@ impl WgpuBackend {
         let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
             && details.subgroup_min_size >= 8
             && details.subgroup_min_size == details.subgroup_max_size
-            && 256 % details.subgroup_min_size == 0
-            && std::env::var("HIVE_GPU_WGPU_SUBGROUPS").as_deref() != Ok("0");
+            && 256 % details.subgroup_min_size == 0;
         let coop = filter::adapter_supports(adapter);
         let request = |features: wgpu::Features| {
             let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
@@ -503,8 +503,9 @@ impl GpuBackend for WgpuBackend {
         dim: usize,
         precision: StoragePrecision,
         _search: SearchPrecision,
+        tuning: &crate::tuning::Tuning,
     ) -> Result<Box<dyn RowStore>> {
         crate::backend::check_new_rows(dim)?;
-        Ok(Box::new(rows::WgpuRows::new(self.device.clone(), dim, precision)?))
+        Ok(Box::new(rows::WgpuRows::new(self.device.clone(), dim, precision, tuning.clone())?))
     }
 }

@@ -15,6 +15,7 @@ use crate::backend::gpu::bounds::{self, Approximation};
 use crate::backend::tombstones::Tombstones;
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
+use crate::tuning::Tuning;
 use crate::types::{GpuDistanceMetric, StoragePrecision};
 
 /// Bytes of one kernel parameter block (16 words, `Params` in `common.wgsl`).
@@ -95,6 +96,8 @@ pub(crate) struct WgpuRows {
     /// Set when the device copy may lag the host (a failed upload): the next search re-uploads
     /// everything first.
     stale: bool,
+    /// The knobs of the context that created the collection.
+    pub(super) tuning: Tuning,
     pub(super) work: Mutex<Work>,
 }
 
@@ -118,7 +121,12 @@ fn buffer_len(buffer: &Option<wgpu::Buffer>) -> u64 {
 }
 
 impl WgpuRows {
-    pub(super) fn new(device: Arc<WgpuDevice>, dim: usize, precision: StoragePrecision) -> Result<Self> {
+    pub(super) fn new(
+        device: Arc<WgpuDevice>,
+        dim: usize,
+        precision: StoragePrecision,
+        tuning: Tuning,
+    ) -> Result<Self> {
         let element = match precision {
             StoragePrecision::F32 => 4,
             StoragePrecision::F16 => 2,
@@ -145,6 +153,7 @@ impl WgpuRows {
             max_inv_norm: 0.0,
             stale: false,
             work: Mutex::new(Work::default()),
+            tuning,
         })
     }
 
@@ -629,7 +638,11 @@ impl WgpuRows {
                 }
                 pass.set_bind_group(0, group, &[offset]);
                 if lists.is_some() {
-                    let wide = device.kernels.scan_select_wide.as_ref().filter(|_| dim.is_multiple_of(4));
+                    let wide = device
+                        .kernels
+                        .scan_select_wide
+                        .as_ref()
+                        .filter(|_| dim.is_multiple_of(4) && self.tuning.wgpu_subgroups);
                     pass.set_pipeline(wide.map_or(&device.kernels.scan_select[variant], |w| &w[variant]));
                     pass.dispatch_workgroups(rows_here.div_ceil(SELECT_ROWS) as u32, 1, 1);
                 } else if t == 1 {

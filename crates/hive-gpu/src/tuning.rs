@@ -1,0 +1,191 @@
+//! Every knob of the search engines, read in one place: [`Tuning`].
+//!
+//! A context reads the `HIVE_GPU_*` tuning variables once, when it opens
+//! ([`Tuning::from_env`]), and every collection it creates keeps that copy: no search code reads
+//! the environment. Code and tests that want a path forced build a [`Tuning`] and open their
+//! context with it ([`crate::GpuContext::with_tuning`]), not through process-global variables.
+//!
+//! Not here: the users' own switches (`HIVE_GPU_BACKEND`, `HIVE_GPU_ADAPTER`,
+//! `HIVE_GPU_PROFILE`), and `HIVE_GPU_CPU_SIMD`, which lowers the CPU's instruction-set level
+//! for the whole process (the level is detected once and is what makes the kernels sound).
+
+use crate::error::{HiveGpuError, Result};
+
+/// The knobs of the search engines, with the defaults the measurements in
+/// `docs/PERFORMANCE.md` chose. Start from [`Tuning::default`] (or [`Tuning::from_env`]) and set
+/// the fields to change; new knobs may be added, so the struct cannot be built literally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Tuning {
+    /// CUDA/ROCm batch GEMMs on the engine's own kernel instead of cuBLAS/rocBLAS (the path ROCm
+    /// takes without rocBLAS). `HIVE_GPU_OWN_GEMM=1`.
+    pub own_gemm: bool,
+    /// CUDA batches may take the fused tensor-core filter (false: cuBLAS tiles, for
+    /// comparison). `HIVE_GPU_FUSED=0` turns it off.
+    pub fused: bool,
+    /// The collection size from which CUDA and wgpu batches take the fused filter (at least 1;
+    /// tests use 1). `HIVE_GPU_FUSED_MIN_ROWS`.
+    pub fused_min_rows: usize,
+    /// Row tiles each block of CUDA's fused filter streams (at least 1; tests use 3).
+    /// `HIVE_GPU_FUSED_TILES`.
+    pub fused_tiles: usize,
+    /// CUDA's fused filter multiplies f32 rows rounded to f16 where their range allows (false:
+    /// TF32 always). `HIVE_GPU_F16_FILTER=0` turns it off.
+    pub f16_filter: bool,
+    /// The largest f16 copy of the f32 rows one CUDA search makes for the f16 filter, in bytes;
+    /// 0: no copy, the filter rounds every staged step itself. `HIVE_GPU_ROUNDED_COPY_BYTES`.
+    pub rounded_copy_bytes: usize,
+    /// Re-ranked lists of the radix path at least this long are cut to their k best by a linear
+    /// selection before they are sorted (at least 1; tests use 1). `HIVE_GPU_SELECT_MIN`.
+    pub select_min_candidates: usize,
+    /// Queries per GPU tile (at least 1). `HIVE_GPU_TILE_QUERIES`.
+    pub tile_queries: usize,
+    /// Bytes of one tile of distances (at least 1). `HIVE_GPU_TILE_BYTES`.
+    pub tile_bytes: usize,
+    /// Rows per tile, where set (else derived from `tile_bytes`). `HIVE_GPU_TILE_ROWS`.
+    pub tile_rows: Option<usize>,
+    /// Blocks per multiprocessor of the single-query scan (at least 1).
+    /// `HIVE_GPU_SCAN_BLOCKS_PER_SM`.
+    pub scan_blocks_per_sm: usize,
+    /// Scan passes between merge checks, at most (the kernel caps it further so the buffer
+    /// stays half free; at least 1). `HIVE_GPU_SCAN_SUBROUNDS`.
+    pub scan_subrounds: usize,
+    /// wgpu batches may take the cooperative-matrix filter where the adapter has it (false: the
+    /// plain tiles, for comparison). `HIVE_GPU_WGPU_COOP=0` turns it off.
+    pub wgpu_coop: bool,
+    /// wgpu single queries may read a row with eight lanes where subgroups allow it (false: a
+    /// row per thread). `HIVE_GPU_WGPU_SUBGROUPS=0` turns it off.
+    pub wgpu_subgroups: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            own_gemm: false,
+            fused: true,
+            fused_min_rows: 131_072,
+            fused_tiles: 32,
+            f16_filter: true,
+            rounded_copy_bytes: 512 << 20,
+            select_min_candidates: 8192,
+            tile_queries: 4096,
+            tile_bytes: 256 << 20,
+            tile_rows: None,
+            scan_blocks_per_sm: 4,
+            scan_subrounds: 64,
+            wgpu_coop: true,
+            wgpu_subgroups: true,
+        }
+    }
+}
+
+impl Tuning {
+    /// The defaults with every `HIVE_GPU_*` tuning variable that is set applied.
+    ///
+    /// # Errors
+    /// [`HiveGpuError::InvalidArgument`] naming the variable when a value is not what it takes
+    /// (a switch takes `0` or `1`; a size a whole number, at least 1 where the field says so):
+    /// a typo is reported, never silently replaced by the default.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`Tuning::from_env`] over any source of variables (tests give a map).
+    fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut t = Self::default();
+        let switch = |name: &str, value: &mut bool| -> Result<()> {
+            match get(name).as_deref().map(str::trim) {
+                None | Some("") => Ok(()),
+                Some("1") => {
+                    *value = true;
+                    Ok(())
+                }
+                Some("0") => {
+                    *value = false;
+                    Ok(())
+                }
+                Some(other) => {
+                    Err(HiveGpuError::InvalidArgument(format!("{name}={other:?}: expected 0 or 1")))
+                }
+            }
+        };
+        let size = |name: &str, min: usize| -> Result<Option<usize>> {
+            match get(name).as_deref().map(str::trim) {
+                None | Some("") => Ok(None),
+                Some(text) => match text.parse::<usize>() {
+                    Ok(value) if value >= min => Ok(Some(value)),
+                    _ => Err(HiveGpuError::InvalidArgument(format!(
+                        "{name}={text:?}: expected a whole number of at least {min}"
+                    ))),
+                },
+            }
+        };
+        switch("HIVE_GPU_OWN_GEMM", &mut t.own_gemm)?;
+        switch("HIVE_GPU_FUSED", &mut t.fused)?;
+        switch("HIVE_GPU_F16_FILTER", &mut t.f16_filter)?;
+        switch("HIVE_GPU_WGPU_COOP", &mut t.wgpu_coop)?;
+        switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
+        let sizes: [(&str, usize, &mut usize); 8] = [
+            ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
+            ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
+            ("HIVE_GPU_ROUNDED_COPY_BYTES", 0, &mut t.rounded_copy_bytes),
+            ("HIVE_GPU_SELECT_MIN", 1, &mut t.select_min_candidates),
+            ("HIVE_GPU_TILE_QUERIES", 1, &mut t.tile_queries),
+            ("HIVE_GPU_TILE_BYTES", 1, &mut t.tile_bytes),
+            ("HIVE_GPU_SCAN_BLOCKS_PER_SM", 1, &mut t.scan_blocks_per_sm),
+            ("HIVE_GPU_SCAN_SUBROUNDS", 1, &mut t.scan_subrounds),
+        ];
+        for (name, min, field) in sizes {
+            if let Some(value) = size(name, min)? {
+                *field = value;
+            }
+        }
+        t.tile_rows = size("HIVE_GPU_TILE_ROWS", 1)?;
+        Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(vars: &[(&str, &str)]) -> Result<Tuning> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Tuning::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn nothing_set_is_the_defaults() {
+        assert_eq!(from(&[]).expect("defaults"), Tuning::default());
+    }
+
+    #[test]
+    fn set_variables_reach_their_fields() {
+        let t = from(&[
+            ("HIVE_GPU_OWN_GEMM", "1"),
+            ("HIVE_GPU_FUSED", "0"),
+            ("HIVE_GPU_FUSED_MIN_ROWS", "1"),
+            ("HIVE_GPU_ROUNDED_COPY_BYTES", "0"),
+            ("HIVE_GPU_TILE_ROWS", "512"),
+            ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
+        ])
+        .expect("valid");
+        assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups);
+        assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
+        assert_eq!(t.tile_queries, Tuning::default().tile_queries);
+    }
+
+    #[test]
+    fn a_typo_is_an_error_naming_the_variable_not_a_silent_default() {
+        for (name, value) in [
+            ("HIVE_GPU_FUSED", "no"),
+            ("HIVE_GPU_TILE_QUERIES", "4k"),
+            ("HIVE_GPU_FUSED_MIN_ROWS", "0"),
+            ("HIVE_GPU_SCAN_SUBROUNDS", "-3"),
+        ] {
+            let err = from(&[(name, value)]).expect_err("refused");
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+}
