@@ -113,7 +113,7 @@ fn check_values(
     let references: Vec<_> =
         queries.chunks_exact(dim).map(|q| reference(metric, &vectors, q, max_k)).collect();
     for &k in ks {
-        let what = format!("{} {metric} {precision} dim {dim} n {n} k {k}", describe(&context));
+        let what = format!("{} {metric} {precision} dim {dim} n {n} k {k}", describe(context));
         // A large batch, a small one and single queries take different kernels on some backends
         // (CPU: bf16 tiles, f32 GEMM tiles, SIMD scan); all must be exact.
         for size in [nq, SMALL_BATCH] {
