@@ -189,11 +189,27 @@ impl StorageConfig {
     }
 }
 
-/// Options of one search call.
+/// Options of one search call. Options will be added (filters, search parameters of the
+/// approximate indexes), so it is built with [`SearchOptions::default`] and its `with_*`
+/// methods, never literally, and adding one breaks no caller.
+///
+/// ```
+/// let options = hive_gpu::SearchOptions::default().with_metadata(true);
+/// assert!(options.with_metadata);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct SearchOptions {
     /// Return each neighbour's payload in [`GpuSearchResult::metadata`].
     pub with_metadata: bool,
+}
+
+impl SearchOptions {
+    /// These options, returning payloads with the results or not.
+    pub fn with_metadata(mut self, yes: bool) -> Self {
+        self.with_metadata = yes;
+        self
+    }
 }
 
 /// The kinds of backend hive-gpu knows.
