@@ -10,6 +10,9 @@ use smol_str::SmolStr;
 
 use crate::backend::RowStore;
 use crate::error::{HiveGpuError, Result};
+use crate::filter::Filter;
+use crate::payload::{INDEXED_VALUE_BYTES, Payload, PayloadIndex, PayloadValue, check_payload};
+use crate::slots::SlotSet;
 use crate::types::{GpuDistanceMetric, GpuVector, Metadata, StorageConfig, StoragePrecision};
 
 /// Squared norms above this could overflow f32 arithmetic in distance kernels
@@ -45,21 +48,28 @@ struct Entry {
     id: SmolStr,
     /// None for an empty payload (the common case). Shared with the results that return it.
     metadata: Option<Arc<Metadata>>,
+    /// None for no typed field (the common case). Shared with the results that return it.
+    payload: Option<Arc<Payload>>,
 }
 
 impl Entry {
-    fn new(id: &str, metadata: &Metadata) -> Self {
-        Self { id: SmolStr::new(id), metadata: shared(metadata) }
+    fn new(id: &str, metadata: &Metadata, payload: &Payload) -> Self {
+        Self {
+            id: SmolStr::new(id),
+            metadata: (!metadata.is_empty()).then(|| Arc::new(metadata.clone())),
+            payload: (!payload.is_empty()).then(|| Arc::new(payload.clone())),
+        }
     }
 
     fn metadata(&self) -> &Arc<Metadata> {
         static EMPTY: LazyLock<Arc<Metadata>> = LazyLock::new(Arc::default);
         self.metadata.as_ref().unwrap_or(&EMPTY)
     }
-}
 
-fn shared(metadata: &Metadata) -> Option<Arc<Metadata>> {
-    (!metadata.is_empty()).then(|| Arc::new(metadata.clone()))
+    fn payload(&self) -> &Arc<Payload> {
+        static EMPTY: LazyLock<Arc<Payload>> = LazyLock::new(Arc::default);
+        self.payload.as_ref().unwrap_or(&EMPTY)
+    }
 }
 
 /// A collection: a row store plus the bookkeeping that maps ids to its slots.
@@ -70,7 +80,10 @@ pub(crate) struct Collection {
     /// One per slot; None for a removed (tombstoned) slot.
     entries: Vec<Option<Entry>>,
     slot_of: IdMap<SmolStr, usize>,
-    removed: usize,
+    /// The removed slots (the row store keeps the same set for its searches).
+    removed: SlotSet,
+    /// Every payload field's index, for filters.
+    payloads: PayloadIndex,
 }
 
 /// Whose values are being checked, for error messages.
@@ -164,7 +177,14 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
 
 impl Collection {
     pub(crate) fn new(config: StorageConfig, rows: Box<dyn RowStore>) -> Self {
-        Self { config, rows, entries: Vec::new(), slot_of: IdMap::default(), removed: 0 }
+        Self {
+            config,
+            rows,
+            entries: Vec::new(),
+            slot_of: IdMap::default(),
+            removed: SlotSet::default(),
+            payloads: PayloadIndex::default(),
+        }
     }
 
     pub(crate) fn config(&self) -> &StorageConfig {
@@ -177,7 +197,7 @@ impl Collection {
 
     /// Live vectors.
     pub(crate) fn len(&self) -> usize {
-        self.entries.len() - self.removed
+        self.entries.len() - self.removed.count()
     }
 
     /// Slots in use, removed ones included.
@@ -185,9 +205,16 @@ impl Collection {
         self.entries.len()
     }
 
-    /// Id and payload of a live slot.
-    pub(crate) fn entry(&self, slot: usize) -> Option<(&SmolStr, &Arc<Metadata>)> {
-        self.entries.get(slot)?.as_ref().map(|e| (&e.id, e.metadata()))
+    /// Id, metadata and typed payload of a live slot.
+    pub(crate) fn entry(&self, slot: usize) -> Option<(&SmolStr, &Arc<Metadata>, &Arc<Payload>)> {
+        self.entries.get(slot)?.as_ref().map(|e| (&e.id, e.metadata(), e.payload()))
+    }
+
+    /// The live slots that pass `filter`.
+    pub(crate) fn allowed(&self, filter: &Filter) -> Result<SlotSet> {
+        let len = self.entries.len();
+        let passing = filter.slots(len, &self.payloads, &|id| self.slot_of.get(id).copied())?;
+        Ok(passing.and(&self.removed.complement(len)))
     }
 
     /// Inserts new ids and replaces existing ones, all or nothing.
@@ -219,7 +246,9 @@ impl Collection {
                     "vector {i} of the batch has an empty id"
                 )));
             }
-            check_values(batch.values(i, config.dimension), &config, Subject::Vector(id)).err()
+            check_values(batch.values(i, config.dimension), &config, Subject::Vector(id))
+                .and_then(|()| check_payload(id, batch.metadata(i), batch.payload(i)))
+                .err()
         });
         if let Some(error) = invalid {
             return Err(error);
@@ -242,7 +271,7 @@ impl Collection {
 
         // Ids and payload handles live in host memory on every backend: claimed from the
         // process's budget like the CPU backend's rows (see `memory::claim`).
-        let host_bytes = (count * ENTRY_BYTES) as u64;
+        let host_bytes = (count * ENTRY_BYTES + batch.payload_bytes()) as u64;
         crate::memory::claim(host_bytes).map_err(|(requested, available)| {
             HiveGpuError::VramLimitExceeded {
                 backend: crate::types::GpuBackendType::Cpu,
@@ -251,13 +280,14 @@ impl Collection {
             }
         })?;
         self.rows.reserve(count)?;
+        self.removed.try_reserve(self.entries.len() + count).map_err(|_| out_of_memory(count))?;
         let inserted = count - replaced.len();
         self.entries.try_reserve(count).map_err(|_| out_of_memory(count))?;
         self.slot_of.try_reserve(inserted).map_err(|_| out_of_memory(inserted))?;
         let added: Vec<Entry> = (0..count)
             .into_par_iter()
             .with_min_len(MIN_PARALLEL)
-            .map(|i| Entry::new(batch.id(i), batch.metadata(i)))
+            .map(|i| Entry::new(batch.id(i), batch.metadata(i), batch.payload(i)))
             .collect();
 
         let first_slot = self.rows.len();
@@ -270,10 +300,12 @@ impl Collection {
         self.rows.tombstone(&replaced);
         for &slot in &replaced {
             self.entries[slot] = None;
+            self.removed.set(slot, true);
         }
-        self.removed += replaced.len();
         for (offset, entry) in added.into_iter().enumerate() {
-            self.slot_of.insert(entry.id.clone(), first_slot + offset);
+            let slot = first_slot + offset;
+            self.payloads.insert(slot, entry.metadata(), entry.payload());
+            self.slot_of.insert(entry.id.clone(), slot);
             self.entries.push(Some(entry));
         }
         self.compact_if_worth_it();
@@ -335,8 +367,8 @@ impl Collection {
             if let Some(entry) = self.entries[slot].take() {
                 self.slot_of.remove(&entry.id);
             }
+            self.removed.set(slot, true);
         }
-        self.removed += slots.len();
         self.compact_if_worth_it();
         Ok(())
     }
@@ -345,14 +377,14 @@ impl Collection {
     /// optimisation: if the device cannot do it now, the tombstones stay valid and the next
     /// write tries again.
     fn compact_if_worth_it(&mut self) {
-        if self.removed > 0 && self.removed * 4 >= self.entries.len() {
+        if self.removed.count() > 0 && self.removed.count() * 4 >= self.entries.len() {
             let _ = self.compact();
         }
     }
 
     /// Drops removed slots, renumbering live ones in their order.
     pub(crate) fn compact(&mut self) -> Result<()> {
-        if self.removed == 0 {
+        if self.removed.count() == 0 {
             return Ok(());
         }
         let keep: Vec<usize> = (0..self.entries.len()).filter(|&s| self.entries[s].is_some()).collect();
@@ -366,8 +398,16 @@ impl Collection {
                 *s = slot;
             }
         }
+        // The payload indexes list slots: rebuilt for the new numbering.
+        let mut payloads = PayloadIndex::default();
+        for (slot, entry) in entries.iter().enumerate() {
+            if let Some(e) = entry {
+                payloads.insert(slot, e.metadata(), e.payload());
+            }
+        }
+        self.payloads = payloads;
         self.entries = entries;
-        self.removed = 0;
+        self.removed = SlotSet::default();
         Ok(())
     }
 
@@ -375,7 +415,12 @@ impl Collection {
         let Some(&slot) = self.slot_of.get(id) else { return Ok(None) };
         let Some(entry) = self.entries[slot].as_ref() else { return Ok(None) };
         let data = self.rows.read_row(slot)?;
-        Ok(Some(GpuVector { id: entry.id.to_string(), data, metadata: Metadata::clone(entry.metadata()) }))
+        Ok(Some(GpuVector {
+            id: entry.id.to_string(),
+            data,
+            metadata: Metadata::clone(entry.metadata()),
+            payload: Payload::clone(entry.payload()),
+        }))
     }
 
     pub(crate) fn contains(&self, id: &str) -> bool {
@@ -386,7 +431,8 @@ impl Collection {
         self.rows.clear();
         self.entries = Vec::new();
         self.slot_of = IdMap::default();
-        self.removed = 0;
+        self.removed = SlotSet::default();
+        self.payloads = PayloadIndex::default();
     }
 }
 
@@ -399,8 +445,12 @@ pub(crate) trait Batch: Sync {
     /// The values of vector `i` (`dim` is the collection's dimension; a vector of another
     /// length fails validation).
     fn values(&self, i: usize, dim: usize) -> &[f32];
-    /// The payload of vector `i`.
+    /// The string payload of vector `i`.
     fn metadata(&self, i: usize) -> &Metadata;
+    /// The typed payload of vector `i`.
+    fn payload(&self, i: usize) -> &Payload;
+    /// Host bytes the batch's payloads will take, with their index entries (an estimate).
+    fn payload_bytes(&self) -> usize;
     /// Every vector's values in one row-major array, where the batch has them so.
     fn flat_values(&self) -> Option<&[f32]> {
         None
@@ -419,6 +469,27 @@ impl Batch for [GpuVector] {
     }
     fn metadata(&self, i: usize) -> &Metadata {
         &self[i].metadata
+    }
+    fn payload(&self, i: usize) -> &Payload {
+        &self[i].payload
+    }
+    fn payload_bytes(&self) -> usize {
+        let text = |k: &String, v: &str| k.len() + v.len() + 2 * std::mem::size_of::<String>();
+        self.iter()
+            .map(|v| {
+                v.metadata.iter().map(|(k, x)| text(k, x) + INDEXED_VALUE_BYTES).sum::<usize>()
+                    + v.payload
+                        .iter()
+                        .map(|(k, x)| {
+                            let s = match x {
+                                PayloadValue::String(s) => s.as_str(),
+                                _ => "",
+                            };
+                            text(k, s) + INDEXED_VALUE_BYTES
+                        })
+                        .sum::<usize>()
+            })
+            .sum()
     }
 }
 
@@ -442,6 +513,13 @@ impl<S: AsRef<str> + Sync> Batch for FlatBatch<'_, S> {
     fn metadata(&self, _i: usize) -> &Metadata {
         static EMPTY: LazyLock<Metadata> = LazyLock::new(Metadata::new);
         &EMPTY
+    }
+    fn payload(&self, _i: usize) -> &Payload {
+        static EMPTY: LazyLock<Payload> = LazyLock::new(Payload::new);
+        &EMPTY
+    }
+    fn payload_bytes(&self) -> usize {
+        0
     }
     fn flat_values(&self) -> Option<&[f32]> {
         Some(self.values)

@@ -8,10 +8,11 @@
 //!
 //! What ships: exact k-NN (flat) search of f32 and f16 vectors under Euclidean, cosine and
 //! inner-product metrics, single queries and batches, upserts and removals, payloads returned
-//! with results. The CPU and CUDA backends and the wgpu backend on NVIDIA's Vulkan driver and on
+//! with results, and exact filtered search ([`Filter`]: id lists and predicates over typed
+//! payload fields). The CPU and CUDA backends and the wgpu backend on NVIDIA's Vulkan driver and on
 //! Mesa's software Vulkan are tested; the ROCm backend compiles its kernels for AMD targets but
 //! has never run on an AMD GPU. Not there yet: persistence (a collection lives in process
-//! memory only), filtered search, approximate indexes (IVF, quantization, graphs) and Python
+//! memory only), approximate indexes (IVF, quantization, graphs) and Python
 //! bindings.
 //!
 //! ```
@@ -53,9 +54,12 @@ pub mod backend;
 mod collection;
 pub mod error;
 mod exec;
+mod filter;
 mod index;
 pub mod io;
 mod memory;
+mod payload;
+pub mod slots;
 pub mod tuning;
 pub mod types;
 
@@ -63,6 +67,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, select_best_backend};
 pub use error::{HiveGpuError, Result};
+pub use filter::{Filter, MAX_FILTER_DEPTH};
+pub use payload::{Payload, PayloadValue};
 pub use tuning::Tuning;
 pub use types::{
     BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector, Metadata,
@@ -211,7 +217,13 @@ impl GpuVectorStorage {
     /// The `k` nearest neighbours of `query`, best first. `k` larger than the collection
     /// returns every vector.
     pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<GpuSearchResult>> {
-        self.search_with(query, k, SearchOptions::default())
+        self.search_with(query, k, &SearchOptions::default())
+    }
+
+    /// The `k` nearest neighbours of `query` among the vectors that pass `filter`, best first
+    /// (all of them when fewer than `k` pass; none when none does). Exact, like every search.
+    pub fn search_filtered(&self, query: &[f32], k: usize, filter: &Filter) -> Result<Vec<GpuSearchResult>> {
+        self.search_with(query, k, &SearchOptions::default().with_filter(filter.clone()))
     }
 
     /// [`GpuVectorStorage::search`] with options (e.g. returning payloads).
@@ -219,7 +231,7 @@ impl GpuVectorStorage {
         &self,
         query: &[f32],
         k: usize,
-        options: SearchOptions,
+        options: &SearchOptions,
     ) -> Result<Vec<GpuSearchResult>> {
         let dim = self.dimension();
         if query.len() != dim {
@@ -237,7 +249,7 @@ impl GpuVectorStorage {
     /// searched in pieces of about 2,048, four at a time, so that preparing queries and building
     /// results overlaps the device's work; a GPU then keeps up to four search workspaces.
     pub fn search_batch(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<GpuSearchResult>>> {
-        self.search_batch_with(queries, k, SearchOptions::default())
+        self.search_batch_with(queries, k, &SearchOptions::default())
     }
 
     /// [`GpuVectorStorage::search_batch`] with options.
@@ -245,7 +257,7 @@ impl GpuVectorStorage {
         &self,
         queries: &[f32],
         k: usize,
-        options: SearchOptions,
+        options: &SearchOptions,
     ) -> Result<Vec<Vec<GpuSearchResult>>> {
         index::flat::search(&self.read(), queries, k, options)
     }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 pub use smol_str::SmolStr;
 
 use crate::error::HiveGpuError;
+use crate::filter::Filter;
+use crate::payload::{Payload, PayloadValue};
 
 /// Free-form key/value payload stored with a vector and optionally returned with results.
 pub type Metadata = HashMap<String, String>;
@@ -19,19 +21,28 @@ pub struct GpuVector {
     pub id: String,
     /// The components; must have the collection's dimension and be finite.
     pub data: Vec<f32>,
-    /// Payload kept with the vector.
+    /// String payload kept with the vector (each entry is also a string field filters can
+    /// match, see [`crate::Filter`]).
     pub metadata: Metadata,
+    /// Typed payload fields (strings, integers, floats, flags) that filters can match.
+    pub payload: Payload,
 }
 
 impl GpuVector {
     /// A vector without payload.
     pub fn new(id: impl Into<String>, data: Vec<f32>) -> Self {
-        Self { id: id.into(), data, metadata: Metadata::new() }
+        Self { id: id.into(), data, metadata: Metadata::new(), payload: Payload::new() }
     }
 
-    /// A vector with payload.
+    /// A vector with string payload.
     pub fn with_metadata(id: impl Into<String>, data: Vec<f32>, metadata: Metadata) -> Self {
-        Self { id: id.into(), data, metadata }
+        Self { id: id.into(), data, metadata, payload: Payload::new() }
+    }
+
+    /// This vector with the typed payload field `field` set to `value`.
+    pub fn with_field(mut self, field: impl Into<String>, value: impl Into<PayloadValue>) -> Self {
+        self.payload.insert(field.into(), value.into());
+        self
     }
 }
 
@@ -57,6 +68,9 @@ pub struct GpuSearchResult {
     /// The neighbour's payload, when the search asked for it (shared with the collection, not
     /// copied; an empty payload when the vector has none).
     pub metadata: Option<Arc<Metadata>>,
+    /// The neighbour's typed payload fields, when the search asked for payloads (shared, not
+    /// copied; empty when the vector has none).
+    pub payload: Option<Arc<Payload>>,
 }
 
 /// How vectors are compared.
@@ -197,17 +211,26 @@ impl StorageConfig {
 /// let options = hive_gpu::SearchOptions::default().with_metadata(true);
 /// assert!(options.with_metadata);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 #[non_exhaustive]
 pub struct SearchOptions {
-    /// Return each neighbour's payload in [`GpuSearchResult::metadata`].
+    /// Return each neighbour's payload in [`GpuSearchResult::metadata`] and
+    /// [`GpuSearchResult::payload`].
     pub with_metadata: bool,
+    /// Return only vectors that pass this filter (exactly the k nearest of them).
+    pub filter: Option<Filter>,
 }
 
 impl SearchOptions {
     /// These options, returning payloads with the results or not.
     pub fn with_metadata(mut self, yes: bool) -> Self {
         self.with_metadata = yes;
+        self
+    }
+
+    /// These options, restricted to the vectors that pass `filter`.
+    pub fn with_filter(mut self, filter: Filter) -> Self {
+        self.filter = Some(filter);
         self
     }
 }

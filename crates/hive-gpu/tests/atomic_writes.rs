@@ -121,8 +121,9 @@ impl RowStore for FaultyRows {
         queries: &[f32],
         k: usize,
         metric: GpuDistanceMetric,
+        allowed: Option<&hive_gpu::slots::SlotSet>,
     ) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
-        self.inner.knn(queries, k, metric)
+        self.inner.knn(queries, k, metric, allowed)
     }
     fn release_scratch(&self) {
         self.inner.release_scratch()

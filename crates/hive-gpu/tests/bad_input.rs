@@ -192,9 +192,9 @@ fn row_store_rejects_bad_arguments() {
             .new_rows(2, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
             .expect("rows");
         rows.append(&[1.0, 2.0, 3.0, 4.0]).expect("append");
-        assert!(rows.knn(&[1.0, 2.0], 0, GpuDistanceMetric::Euclidean).is_err(), "k = 0");
-        assert!(rows.knn(&[1.0, 2.0], 3, GpuDistanceMetric::Euclidean).is_err(), "k > live rows");
-        assert!(rows.knn(&[1.0, 2.0, 3.0], 1, GpuDistanceMetric::Euclidean).is_err(), "partial query");
+        assert!(rows.knn(&[1.0, 2.0], 0, GpuDistanceMetric::Euclidean, None).is_err(), "k = 0");
+        assert!(rows.knn(&[1.0, 2.0], 3, GpuDistanceMetric::Euclidean, None).is_err(), "k > live rows");
+        assert!(rows.knn(&[1.0, 2.0, 3.0], 1, GpuDistanceMetric::Euclidean, None).is_err(), "partial query");
         assert!(rows.read_row(5).is_err(), "slot out of range");
         assert!(rows.compact(&[1, 0]).is_err(), "descending slots");
         assert!(rows.compact(&[7]).is_err(), "slot out of range");

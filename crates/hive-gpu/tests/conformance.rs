@@ -418,7 +418,7 @@ fn payloads_are_returned_on_request() {
         let plain = storage.search(&[1.0, 0.0], 1).expect("search");
         assert_eq!(plain[0].metadata, None);
         let options = hive_gpu::SearchOptions::default().with_metadata(true);
-        let rich = storage.search_with(&[1.0, 0.0], 2, options).expect("search");
+        let rich = storage.search_with(&[1.0, 0.0], 2, &options).expect("search");
         assert_eq!(rich[0].metadata.as_deref(), Some(&meta));
         assert_eq!(rich[1].metadata.as_deref(), Some(&hive_gpu::Metadata::new()));
         assert_eq!(rich[0].score, 1.0, "dot product score is q.x");

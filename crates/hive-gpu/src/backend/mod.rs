@@ -34,11 +34,12 @@ pub(crate) mod cpu;
 // but only the CUDA and ROCm backends call it.
 #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) mod gpu;
-pub(crate) mod tombstones;
+
 #[cfg(feature = "vulkan")]
 pub(crate) mod wgpu;
 
 use crate::error::{HiveGpuError, Result};
+use crate::slots::SlotSet;
 use crate::types::{
     BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, SearchPrecision, StoragePrecision,
 };
@@ -117,9 +118,17 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     fn read_row(&self, slot: usize) -> Result<Vec<f32>>;
     /// Bytes of memory the rows occupy on the device.
     fn memory_bytes(&self) -> usize;
-    /// Exact k nearest live rows for each query of a row-major batch, best first, ties by slot.
-    /// `k` must be at least 1 and at most the number of live rows.
-    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>>;
+    /// Exact k nearest rows for each query of a row-major batch, best first, ties by slot,
+    /// among the live rows, or with `allowed` among the live rows that are members of it (a
+    /// filter's [`SlotSet`]: slots it does not cover are not allowed). `k` must be at least 1
+    /// and at most the number of rows searched.
+    fn knn(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>>;
     /// Frees the scratch memory idle searches keep for reuse (a GPU backend's workspaces).
     /// Called before a search that ran out of device memory beside others runs again alone.
     fn release_scratch(&self) {}

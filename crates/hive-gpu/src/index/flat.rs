@@ -4,6 +4,7 @@
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
+use crate::slots::SlotSet;
 use crate::types::{GpuDistanceMetric, GpuSearchResult, SearchOptions};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,9 +24,10 @@ pub(crate) fn search(
     collection: &Collection,
     queries: &[f32],
     k: usize,
-    options: SearchOptions,
+    options: &SearchOptions,
 ) -> Result<Vec<Vec<GpuSearchResult>>> {
     let config = *collection.config();
+    let with_payload = options.with_metadata;
     let dim = config.dimension;
     if k == 0 {
         return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
@@ -45,12 +47,19 @@ pub(crate) fn search(
     if collection.len() == 0 {
         return Err(HiveGpuError::EmptyCollection);
     }
-    let k = k.min(collection.len());
     let nq = queries.len() / dim;
+    // A filter becomes the live slots that pass it, read by every kernel of the search.
+    let allowed = options.filter.as_ref().map(|f| collection.allowed(f)).transpose()?;
+    let allowed = allowed.as_ref();
+    let searched = allowed.map_or(collection.len(), SlotSet::count);
+    if searched == 0 {
+        return Ok(vec![Vec::new(); nq]);
+    }
+    let k = k.min(searched);
     let pieces = Pieces::of(nq);
     if pieces.count == 1 {
-        let neighbours = collection.rows().knn(queries, k, config.metric)?;
-        return to_results(collection, neighbours, k, options);
+        let neighbours = collection.rows().knn(queries, k, config.metric, allowed)?;
+        return to_results(collection, neighbours, k, with_payload);
     }
     // Pieces are searched by `WORKERS` threads in turn, and each piece's results are built on
     // other threads while its worker searches the next: the device is not left idle while
@@ -71,11 +80,11 @@ pub(crate) fn search(
                         }
                         let range = pieces.range(i, nq);
                         let piece = &queries[range.start * dim..range.end * dim];
-                        match collection.rows().knn(piece, k, config.metric) {
+                        match collection.rows().knn(piece, k, config.metric, allowed) {
                             Ok(neighbours) => {
                                 let slot = &done[i];
                                 scope.spawn(move |_| {
-                                    let _ = slot.set(to_results(collection, neighbours, k, options));
+                                    let _ = slot.set(to_results(collection, neighbours, k, with_payload));
                                 });
                             }
                             Err(e) => {
@@ -99,7 +108,12 @@ pub(crate) fn search(
                 collection.rows().release_scratch();
                 let range = pieces.range(i, nq);
                 let piece = &queries[range.start * dim..range.end * dim];
-                to_results(collection, collection.rows().knn(piece, k, config.metric)?, k, options)?
+                to_results(
+                    collection,
+                    collection.rows().knn(piece, k, config.metric, allowed)?,
+                    k,
+                    with_payload,
+                )?
             }
             Some(Err(e)) => return Err(e),
         };
@@ -143,7 +157,7 @@ fn to_results(
     collection: &Collection,
     neighbours: Vec<Vec<Neighbor>>,
     k: usize,
-    options: SearchOptions,
+    with_payload: bool,
 ) -> Result<Vec<Vec<GpuSearchResult>>> {
     let config = *collection.config();
     let began = std::time::Instant::now();
@@ -151,14 +165,15 @@ fn to_results(
     let one = |list: Vec<Neighbor>| -> Result<Vec<GpuSearchResult>> {
         list.into_iter()
             .map(|n| {
-                let (id, metadata) = collection.entry(n.slot).ok_or_else(|| {
+                let (id, metadata, payload) = collection.entry(n.slot).ok_or_else(|| {
                     HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot))
                 })?;
                 Ok(GpuSearchResult {
                     id: id.clone(),
                     score: score(config.metric, n.distance),
                     index: n.slot,
-                    metadata: options.with_metadata.then(|| Arc::clone(metadata)),
+                    metadata: with_payload.then(|| Arc::clone(metadata)),
+                    payload: with_payload.then(|| Arc::clone(payload)),
                 })
             })
             .collect()

@@ -129,6 +129,20 @@ pub(super) struct Workspace<D: Driver> {
     pub(super) fused_counts: Scratch<D>,
     /// The f32 rows rounded to f16 for one search on f16 tensor cores.
     pub(super) rounded_rows: Scratch<D>,
+    /// A filtered search's skip words (`crate::slots::SearchMask`).
+    pub(super) skip: Scratch<D>,
+    /// Set for the length of a filtered search: what its kernels read instead of the removed
+    /// rows.
+    pub(super) filtered: Option<Filtered>,
+}
+
+/// The rows a filtered search reads.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Filtered {
+    /// Device address of the skip words (bit set = not searched).
+    pub(super) skip: DevicePtr,
+    /// Rows the search may return.
+    pub(super) live: usize,
 }
 
 impl<D: Driver> Workspace<D> {
@@ -158,6 +172,8 @@ impl<D: Driver> Workspace<D> {
             fused_cand: Scratch::new(),
             rounded_rows: Scratch::new(),
             fused_counts: Scratch::new(),
+            skip: Scratch::new(),
+            filtered: None,
         })
     }
 }

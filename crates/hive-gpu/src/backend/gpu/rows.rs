@@ -11,9 +11,9 @@ use super::Device;
 use super::driver::{Arg, Driver};
 use super::kernels::BLOCK;
 use super::memory::{DeviceBuffer, Staging, Workspace};
-use crate::backend::tombstones::Tombstones;
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
+use crate::slots::SlotSet;
 use crate::tuning::Tuning;
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 
@@ -77,7 +77,7 @@ pub(crate) struct GpuRows<D: Driver> {
     pub(super) len: usize,
     pub(super) arrays: Option<Arrays<D>>,
     /// Host copy of the tombstone bitmap (the device holds the same words).
-    pub(super) dead: Tombstones,
+    pub(super) dead: SlotSet,
     /// Set when a tombstone upload failed: the next search uploads the whole bitmap first
     /// (under this lock, so concurrent searches wait for it).
     dead_stale: Mutex<bool>,
@@ -104,7 +104,7 @@ impl<D: Driver> GpuRows<D> {
             tuning,
             len: 0,
             arrays: None,
-            dead: Tombstones::default(),
+            dead: SlotSet::default(),
             dead_stale: Mutex::new(false),
             max_sq_norm: 0.0,
             maintenance: Mutex::new(Maintenance { stream, staging: [Staging::new(), Staging::new()] }),
@@ -399,7 +399,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
     fn clear(&mut self) {
         self.arrays = None;
         self.len = 0;
-        self.dead = Tombstones::default();
+        self.dead = SlotSet::default();
         self.max_sq_norm = 0.0;
         if let Ok(mut stale) = self.dead_stale.lock() {
             *stale = false;
@@ -433,7 +433,13 @@ impl<D: Driver> RowStore for GpuRows<D> {
         self.arrays.as_ref().map_or(0, |a| a.rows.bytes() + a.norms.bytes() + a.dead.bytes())
     }
 
-    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+    fn knn(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         {
             // Every search passes this lock, so none runs while the bitmap is re-uploaded.
             let mut stale = self
@@ -445,7 +451,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
                 *stale = false;
             }
         }
-        self.search(queries, k, metric)
+        self.search(queries, k, metric, allowed)
     }
 
     fn release_scratch(&self) {

@@ -16,11 +16,12 @@ use rayon::prelude::*;
 use super::bounds::{self, Approximation};
 use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
-use super::memory::Workspace;
+use super::memory::{Filtered, Workspace};
 use super::prepare::{Prepared, prepare};
 use super::rows::GpuRows;
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::error::{HiveGpuError, Result};
+use crate::slots::{SearchMask, SlotSet};
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 use half::slice::HalfFloatSliceExt;
 
@@ -209,14 +210,17 @@ impl<D: Driver> GpuRows<D> {
         }
     }
 
-    /// Exact k nearest live rows of each query (see the module docs).
+    /// Exact k nearest live rows of each query, among those of `allowed` when given (see the
+    /// module docs).
     pub(super) fn search(
         &self,
         queries: &[f32],
         k: usize,
         metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        let live = self.live();
+        let mask = SearchMask::new(&self.dead, self.len, allowed);
+        let live = mask.live;
         if k == 0 || k > live || !queries.len().is_multiple_of(self.dim) || queries.is_empty() {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {}-dimensional queries ({} values)",
@@ -225,12 +229,38 @@ impl<D: Driver> GpuRows<D> {
             )));
         }
         let mut ws = self.checkout()?;
-        let outcome = self.search_in(&mut ws, queries, k, metric, None);
+        let outcome =
+            self.upload_mask(&mut ws, &mask).and_then(|()| self.search_in(&mut ws, queries, k, metric, None));
+        ws.filtered = None;
         // A workspace whose stream saw an error is dropped, not reused.
         if outcome.is_ok() {
             self.checkin(ws);
         }
         outcome
+    }
+
+    /// Sends a filtered search's skip words to the device, once per search: every kernel of
+    /// the search reads them in place of the removed-row bitmap.
+    fn upload_mask(&self, ws: &mut Workspace<D>, mask: &SearchMask<'_>) -> Result<()> {
+        if !mask.filtered {
+            return Ok(());
+        }
+        let driver = self.driver().clone();
+        let words = mask.skip.words();
+        let bytes = (words.len() * 4).max(4);
+        let skip = ws.skip.get(&driver, bytes)?;
+        let staging = ws.staging.get(&*driver, bytes)?;
+        copy_bytes(&mut staging[..words.len() * 4], bytemuck::cast_slice(words))?;
+        driver.upload(&ws.stream, skip, staging, words.len() * 4)?;
+        // The staging buffer is reused by the search's own uploads: the copy must be done.
+        driver.synchronize(&ws.stream)?;
+        ws.filtered = Some(Filtered { skip, live: mask.live });
+        Ok(())
+    }
+
+    /// Rows the search in `ws` may return.
+    fn searched(&self, ws: &Workspace<D>) -> usize {
+        ws.filtered.map_or_else(|| self.live(), |f| f.live)
     }
 
     fn approximation(&self, nq: usize, k: usize) -> Approximation {
@@ -256,6 +286,7 @@ impl<D: Driver> GpuRows<D> {
     /// TF32; `Tuning::fused_min_rows` is the size from which it runs (tests use 1).
     fn fused_approximation(
         &self,
+        ws: &Workspace<D>,
         nq: usize,
         k: usize,
         metric: GpuDistanceMetric,
@@ -290,7 +321,7 @@ impl<D: Driver> GpuRows<D> {
             && (self.dim * self.element_bytes()).is_multiple_of(16)
             && kcap < FUSED_CAP
             // Without a sample every row passes: only small collections fit the buffers.
-            && (self.sample_rank(k).is_some() || self.len <= FUSED_CAP)
+            && (self.sample_rank(ws, k).is_some() || self.len <= FUSED_CAP)
             && Self::fused_sort_size(kcap) * 8 <= self.shared_limit()
             && self.mma_shared_bytes(tensor_path) <= self.driver().max_shared_bytes();
         fits.then_some(tensor_path)
@@ -320,8 +351,8 @@ impl<D: Driver> GpuRows<D> {
 
     /// The rank j whose sample distance gives the fused filter's thresholds, if the sample
     /// holds enough live rows for one.
-    fn sample_rank(&self, k: usize) -> Option<usize> {
-        sample_rank(self.len, self.live(), k)
+    fn sample_rank(&self, ws: &Workspace<D>, k: usize) -> Option<usize> {
+        sample_rank(self.len, self.searched(ws), k)
     }
 
     fn fused_sort_size(kcap: usize) -> usize {
@@ -386,7 +417,7 @@ impl<D: Driver> GpuRows<D> {
         // 64 KiB of shared memory) take the radix path.
         let radix_only = !self.list_fits(list_size(k));
         let mut fused = match forced {
-            None if !radix_only => self.fused_approximation(nq, k, metric, path),
+            None if !radix_only => self.fused_approximation(ws, nq, k, metric, path),
             _ => None,
         };
         if let Some(tensor_path) = fused {
@@ -574,10 +605,15 @@ impl<D: Driver> GpuRows<D> {
         }
     }
 
-    fn arrays_ptrs(&self) -> Result<(DevicePtr, DevicePtr, DevicePtr)> {
+    fn arrays_ptrs(&self, ws: &Workspace<D>) -> Result<(DevicePtr, DevicePtr, DevicePtr)> {
         let arrays = self.arrays.as_ref().ok_or(HiveGpuError::EmptyCollection)?;
-        // Without removed rows the kernels skip the bitmap entirely (null pointer).
-        let dead = if self.dead.count() > 0 { arrays.dead.ptr() } else { 0 };
+        // A filtered search reads its own skip words; without removed rows the kernels skip
+        // the bitmap entirely (null pointer).
+        let dead = match ws.filtered {
+            Some(filtered) => filtered.skip,
+            None if self.dead.count() > 0 => arrays.dead.ptr(),
+            None => 0,
+        };
         Ok((arrays.rows.ptr(), arrays.norms.ptr(), dead))
     }
 
@@ -628,7 +664,7 @@ impl<D: Driver> GpuRows<D> {
                 stage_bytes = lines * line;
             }
         }
-        let (rows, _, _) = self.arrays_ptrs()?;
+        let (rows, _, _) = self.arrays_ptrs(ws)?;
         let kernel =
             if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
         let q0 = first_query as u64;
@@ -681,7 +717,7 @@ impl<D: Driver> GpuRows<D> {
         let per_sm = self.tuning.scan_blocks_per_sm;
         // Passes between merge checks; the kernel caps it so the buffer stays half free.
         let max_sub = self.tuning.scan_subrounds;
-        let (rows, norms, dead) = self.arrays_ptrs()?;
+        let (rows, norms, dead) = self.arrays_ptrs(ws)?;
         let kernel =
             if self.is_f16() { self.device.kernels.scan_topk_f16 } else { self.device.kernels.scan_topk_f32 };
         for q0 in (0..nq).step_by(MAX_GRID_Y) {
@@ -760,7 +796,7 @@ impl<D: Driver> GpuRows<D> {
         let lists = ws.lists.get(&driver, states * kcap * 8)?;
         let evicted = ws.evicted.get(&driver, states * 8)?;
         let thresholds = ws.thresholds.get(&driver, states * 4)?;
-        let (rows, norms, dead) = self.arrays_ptrs()?;
+        let (rows, norms, dead) = self.arrays_ptrs(ws)?;
         // The selection reads a sample's norms by sample row: gather them side by side.
         let norms = if stride > 1 && metric != GpuDistanceMetric::DotProduct {
             let gathered = ws.sample_norms.get(&driver, n * 4)?;
@@ -901,7 +937,7 @@ impl<D: Driver> GpuRows<D> {
         let chunk = self.tuning.tile_queries.min(nq);
         let cand = ws.fused_cand.get(&driver, chunk * FUSED_CAP * 8)?;
         let counts = ws.fused_counts.get(&driver, chunk * 4)?;
-        let (rows, norms, dead) = self.arrays_ptrs()?;
+        let (rows, norms, dead) = self.arrays_ptrs(ws)?;
         let (kernel, queries, element, rows, row_element) = match path {
             Approximation::GemmF16 { .. } => (tensor.f16, inputs.half, 2u64, rows, 2),
             Approximation::RoundedF16 { row_scale, .. } => match self.rounded_rows(ws, rows, row_scale)? {
@@ -1019,7 +1055,7 @@ impl<D: Driver> GpuRows<D> {
     ) -> Result<Vec<f32>> {
         let driver = self.driver().clone();
         let mut tau = vec![f32::INFINITY; nq];
-        let Some(j) = self.sample_rank(k) else {
+        let Some(j) = self.sample_rank(ws, k) else {
             return Ok(tau);
         };
         let sample = Outputs::at(ws.sample.get(&driver, Outputs::bytes_for(nq, j))?, nq, j);
@@ -1148,7 +1184,7 @@ impl<D: Driver> GpuRows<D> {
     ) -> Result<()> {
         let driver = self.driver().clone();
         let (n, dim) = (self.len, self.dim);
-        let (rows, norms, dead) = self.arrays_ptrs()?;
+        let (rows, norms, dead) = self.arrays_ptrs(ws)?;
         let dist = ws.dist.get(&driver, n * 4)?;
         let cand = ws.cand.get(&driver, n * 4)?;
         let radix = ws.radix.get(&driver, 256 * 4 + 64)?;

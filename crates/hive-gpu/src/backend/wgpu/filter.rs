@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use half::f16;
 
 use super::rows::{
-    MAX_GROUPS, PARAMS_BYTES, PARAMS_STRIDE, SELECT_GROUPS, Shared, WgpuRows, kernel_query, norm,
+    MAX_GROUPS, PARAMS_BYTES, PARAMS_STRIDE, SELECT_GROUPS, Shared, Skip, WgpuRows, kernel_query, norm,
 };
 use super::{layout_entry, storage};
 use crate::backend::RowStore;
@@ -220,7 +220,7 @@ pub(super) struct FilterPlan {
 
 impl WgpuRows {
     /// The filter plan for `nq` queries of k neighbors, if the device and the collection suit it.
-    pub(super) fn filter_plan(&self, nq: usize, k: usize) -> Option<FilterPlan> {
+    pub(super) fn filter_plan(&self, nq: usize, k: usize, live: usize) -> Option<FilterPlan> {
         let kernels = self.device.filter.as_ref()?;
         let (dim, len) = (self.dim, self.host.len());
         let fits = nq >= MIN_QUERIES
@@ -234,9 +234,9 @@ impl WgpuRows {
             return None;
         }
         kernels.pipeline(&self.device.device, dim, self.precision == StoragePrecision::F16)?;
-        let rank = sample_rank(len, self.host.live(), k);
+        let rank = sample_rank(len, live, k);
         // Without a sample every live row passes: only collections that fit a list gain.
-        if rank.is_none() && self.host.live() > FUSED_CAP {
+        if rank.is_none() && live > FUSED_CAP {
             return None;
         }
         let sample = self.chunk_rows().map(|(_, rows)| rows.div_ceil(SAMPLE_STRIDE)).sum::<usize>();
@@ -310,6 +310,7 @@ impl WgpuRows {
         t: usize,
         k: usize,
         metric: GpuDistanceMetric,
+        skip: Option<&Skip>,
     ) -> Result<Vec<Option<Vec<usize>>>> {
         let dim = self.dim;
         let device = &self.device;
@@ -371,10 +372,13 @@ impl WgpuRows {
         let Shared { params, dist, state, hist, cand, gate, readback } =
             self.ensure_shared(&mut work.shared, &mut generation, t, cap, dispatches, dist_words)?;
         work.generation = generation;
-        let key = generation ^ (self.chunks_generation << 32);
+        let key = (generation ^ (self.chunks_generation << 32), skip.map_or(0, |s| s.id));
         let missing = |name: &str| HiveGpuError::Internal(format!("wgpu buffer {name} missing"));
         let half_queries = work.half_queries.as_ref().ok_or_else(|| missing("half queries"))?;
-        let dead = self.dead.as_ref().ok_or_else(|| missing("dead"))?;
+        let dead = match skip {
+            Some(skip) => &skip.buffer,
+            None => self.dead.as_ref().ok_or_else(|| missing("dead"))?,
+        };
         let scope = device.device.push_error_scope(wgpu::ErrorFilter::Validation);
         if work.filter_groups.as_ref().is_none_or(|(k0, _, _)| *k0 != key) {
             let params_binding = || {

@@ -12,9 +12,9 @@ use super::WgpuDevice;
 use crate::backend::cpu::SimdLevel;
 use crate::backend::cpu::rows::CpuRows;
 use crate::backend::gpu::bounds::{self, Approximation};
-use crate::backend::tombstones::Tombstones;
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
+use crate::slots::{SearchMask, SlotSet};
 use crate::tuning::Tuning;
 use crate::types::{GpuDistanceMetric, StoragePrecision};
 
@@ -40,6 +40,17 @@ pub(super) struct Chunk {
     capacity: usize,
 }
 
+/// What cached bind groups were made for: the buffers' generation, and the skip words of a
+/// filtered search (0 for the removed-row bitmap).
+pub(super) type GroupsKey = (u64, u64);
+
+/// A filtered search's skip words on the device, with an id no other search's words share.
+#[derive(Debug)]
+pub(super) struct Skip {
+    pub(super) buffer: wgpu::Buffer,
+    pub(super) id: u64,
+}
+
 /// Per-search buffers, grown on demand and reused; the bind groups over them are rebuilt only
 /// when a buffer or the row chunks change.
 #[derive(Debug, Default)]
@@ -47,11 +58,11 @@ pub(super) struct Work {
     /// The buffers every search path uses (`ensure_shared`).
     pub(super) shared: SharedBuffers,
     queries: Option<wgpu::Buffer>,
-    groups: Option<(u64, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
+    groups: Option<(GroupsKey, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
     /// The filter path's f16 queries (`filter.rs`).
     pub(super) half_queries: Option<wgpu::Buffer>,
     /// The filter's bind groups: one per chunk, and the selection's.
-    pub(super) filter_groups: Option<(u64, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
+    pub(super) filter_groups: Option<(GroupsKey, Vec<wgpu::BindGroup>, wgpu::BindGroup)>,
     pub(super) generation: u64,
 }
 
@@ -269,7 +280,7 @@ impl WgpuRows {
     /// Copies the host's tombstone words `words` (clamped to the bitmap) to the device; all
     /// of them when the device buffer had to be (re)created.
     fn sync_dead(&mut self, words: std::ops::Range<usize>) -> Result<()> {
-        let needed = Tombstones::words_for(self.host.len()).max(1);
+        let needed = SlotSet::words_for(self.host.len()).max(1);
         let mut words = words;
         if buffer_len(&self.dead) < (needed * 4) as u64 {
             let size = (needed * 4).next_power_of_two() as u64;
@@ -282,7 +293,7 @@ impl WgpuRows {
             words = 0..needed;
         }
         let Some(dead) = self.dead.clone() else { return Ok(()) };
-        let host = self.host.tombstones().words();
+        let host = self.host.removed().words();
         let end = words.end.min(needed);
         if words.start >= end {
             return Ok(());
@@ -295,7 +306,7 @@ impl WgpuRows {
 
     /// Every tombstone word.
     fn all_dead_words(&self) -> std::ops::Range<usize> {
-        0..Tombstones::words_for(self.host.len()).max(1)
+        0..SlotSet::words_for(self.host.len()).max(1)
     }
 
     /// Re-uploads every row and the bitmap after a failed upload.
@@ -364,9 +375,16 @@ impl WgpuRows {
         }
     }
 
-    fn search(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+    fn search(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         let (dim, len) = (self.dim, self.host.len());
-        let live = self.host.live();
+        let mask = SearchMask::new(self.host.removed(), len, allowed);
+        let live = mask.live;
         if k == 0 || k > live || queries.is_empty() || !queries.len().is_multiple_of(dim) {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
@@ -374,11 +392,13 @@ impl WgpuRows {
             )));
         }
         let nq = queries.len() / dim;
+        let skip = self.skip_buffer(&mask)?;
+        let skip = skip.as_ref();
         let cap = (k + (k / 4).max(64)).next_power_of_two().min(len);
         let binding =
             self.device.limits.max_storage_buffer_binding_size.min(self.device.limits.max_buffer_size);
         let plain_tile = ((binding as usize) / (len * 4)).clamp(1, 256).min(nq).min(MAX_GROUPS);
-        let plan = self.filter_plan(nq, k);
+        let plan = self.filter_plan(nq, k, live);
         let tile = plan.map_or(plain_tile, |plan| plan.tile);
         let mut results = Vec::with_capacity(nq);
         // With HIVE_GPU_PROFILE=1: wall time on the device's side (submit to results mapped)
@@ -395,14 +415,14 @@ impl WgpuRows {
                 Some(plan) => {
                     // The filter is a shortcut: a driver error in it (not a lack of memory,
                     // which the caller handles) sends the tile down the plain path.
-                    let mut found = match self.filter_candidates(plan, block, t, k, metric) {
+                    let mut found = match self.filter_candidates(plan, block, t, k, metric, skip) {
                         Err(HiveGpuError::VulkanError(_)) => vec![None; t],
                         other => other?,
                     };
-                    retried += self.retry_plain(&mut found, block, k, cap, metric, plain_tile)?;
+                    retried += self.retry_plain(&mut found, block, k, cap, metric, plain_tile, skip)?;
                     found
                 }
-                None => self.candidates(block, t, k, cap, metric)?,
+                None => self.candidates(block, t, k, cap, metric, skip)?,
             };
             device_time += started.elapsed();
             // On the library's pool (`crate::exec`): the caller may hold a collection's lock.
@@ -415,7 +435,7 @@ impl WgpuRows {
                         Ok(match found {
                             Some(slots) => self.host.rerank(q, &slots, k, metric),
                             // The band held more rows than the buffer: the exact host search.
-                            None => self.host.knn(q, k, metric)?.pop().unwrap_or_default(),
+                            None => self.host.knn(q, k, metric, allowed)?.pop().unwrap_or_default(),
                         })
                     })
                     .collect::<Result<_>>()
@@ -434,6 +454,24 @@ impl WgpuRows {
         Ok(results)
     }
 
+    /// A filtered search's skip words on the device (None for an unfiltered search, which
+    /// reads the removed-row bitmap): written once per search, bound in place of that bitmap.
+    fn skip_buffer(&self, mask: &SearchMask<'_>) -> Result<Option<Skip>> {
+        if !mask.filtered {
+            return Ok(None);
+        }
+        let words = mask.skip.words();
+        let bytes: &[u8] = if words.is_empty() { &[0; 4] } else { bytemuck::cast_slice(words) };
+        let buffer = self.create_buffer(
+            "skip",
+            bytes.len() as u64,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        )?;
+        self.write(&buffer, 0, bytes)?;
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Ok(Some(Skip { buffer, id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }))
+    }
+
     /// Searches the queries the filter left unproven (None) again on the plain path, in tiles
     /// of `tile`; returns how many there were.
     #[allow(clippy::too_many_arguments)]
@@ -445,13 +483,14 @@ impl WgpuRows {
         cap: usize,
         metric: GpuDistanceMetric,
         tile: usize,
+        skip: Option<&Skip>,
     ) -> Result<usize> {
         let dim = self.dim;
         let failed: Vec<usize> = (0..found.len()).filter(|&i| found[i].is_none()).collect();
         for group in failed.chunks(tile) {
             let queries: Vec<f32> =
                 group.iter().flat_map(|&i| block[i * dim..(i + 1) * dim].iter().copied()).collect();
-            let again = self.candidates(&queries, group.len(), k, cap, metric)?;
+            let again = self.candidates(&queries, group.len(), k, cap, metric, skip)?;
             for (&i, slots) in group.iter().zip(again) {
                 found[i] = slots;
             }
@@ -467,6 +506,7 @@ impl WgpuRows {
         k: usize,
         cap: usize,
         metric: GpuDistanceMetric,
+        skip: Option<&Skip>,
     ) -> Result<Vec<Option<Vec<usize>>>> {
         let (dim, len) = (self.dim, self.host.len());
         let device = &self.device;
@@ -496,10 +536,13 @@ impl WgpuRows {
         let Shared { params, dist, state, hist, cand, gate, readback } =
             self.ensure_shared(&mut work.shared, &mut generation, t, cap, dispatches, dist_words)?;
         work.generation = generation;
-        let key = generation ^ (self.chunks_generation << 32);
+        let key = (generation ^ (self.chunks_generation << 32), skip.map_or(0, |s| s.id));
         let missing = |name: &str| HiveGpuError::Internal(format!("wgpu buffer {name} missing"));
         let queries = work.queries.as_ref().ok_or_else(|| missing("queries"))?;
-        let dead = self.dead.as_ref().ok_or_else(|| missing("dead"))?;
+        let dead = match skip {
+            Some(skip) => &skip.buffer,
+            None => self.dead.as_ref().ok_or_else(|| missing("dead"))?,
+        };
         // Everything the search creates or submits reports its validation errors here.
         let scope = device.device.push_error_scope(wgpu::ErrorFilter::Validation);
         if work.groups.as_ref().is_none_or(|(k0, _, _)| *k0 != key) {
@@ -810,7 +853,7 @@ impl RowStore for WgpuRows {
         self.host.append(rows)?;
         let outcome = self
             .upload(from, self.host.len())
-            .and_then(|()| self.sync_dead(from / 32..Tombstones::words_for(self.host.len())))
+            .and_then(|()| self.sync_dead(from / 32..SlotSet::words_for(self.host.len())))
             .and_then(|()| self.device.take_error("uploading rows"));
         if outcome.is_err() {
             // Host and device stay in step: the rows the device did not take are dropped.
@@ -869,12 +912,18 @@ impl RowStore for WgpuRows {
         device as usize
     }
 
-    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+    fn knn(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         if self.stale {
             // A device copy behind the host would miss candidates: answer exactly on the host
             // until a mutation succeeds in resyncing.
-            return self.host.knn(queries, k, metric);
+            return self.host.knn(queries, k, metric, allowed);
         }
-        self.search(queries, k, metric)
+        self.search(queries, k, metric, allowed)
     }
 }

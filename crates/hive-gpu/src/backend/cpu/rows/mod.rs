@@ -12,13 +12,18 @@ use self::paths::{BF16_MIN_QUERIES, GEMM_MIN_QUERIES, TileKernel};
 use super::simd::{self, SimdLevel};
 use super::topk::{self, ErrorBound};
 use super::{bf16, int8};
-use crate::backend::tombstones::Tombstones;
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
+use crate::slots::{SearchMask, SlotSet};
 use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
 
 /// Values per task when stored rows are copied and measured in parallel.
 const PARALLEL_VALUES: usize = 1 << 14;
+
+/// A filtered search whose passing rows are at most 1 in `GATHER_FRACTION` of the slots scores
+/// just those rows exactly (f64, one row at a time) instead of scanning every row with the SIMD
+/// kernels, whose per-row cost is several times lower but paid on every slot.
+const GATHER_FRACTION: usize = 16;
 
 /// What [`CpuRows`] keeps about each stored row: its squared norm, its bf16 rounding
 /// residual and whether its components are all bytes.
@@ -49,7 +54,7 @@ pub struct CpuRows {
     max_relative_residual: f32,
     /// Whether every stored component is an integer in 0..=255 (exact byte kernel applies).
     all_bytes: bool,
-    dead: Tombstones,
+    dead: SlotSet,
     simd: SimdLevel,
 }
 
@@ -67,13 +72,9 @@ impl CpuRows {
             max_residual: 0.0,
             max_relative_residual: 0.0,
             all_bytes: true,
-            dead: Tombstones::default(),
+            dead: SlotSet::default(),
             simd,
         }
-    }
-
-    fn is_dead(&self, slot: usize) -> bool {
-        self.dead.is_set(slot)
     }
 
     /// Rows `start..start + count` as f32, converting f16 storage into `scratch`.
@@ -140,6 +141,7 @@ impl CpuRows {
     /// distances (`raw * scale + offset`); removed rows get `+inf`.
     fn block_transform(
         &self,
+        skip: &SlotSet,
         metric: GpuDistanceMetric,
         raw_is_l2: bool,
         start: usize,
@@ -156,7 +158,7 @@ impl CpuRows {
                 GpuDistanceMetric::Cosine if norm > 0.0 => (-1.0 / norm.sqrt(), 0.0),
                 GpuDistanceMetric::Cosine => (0.0, 0.0),
             };
-            if self.is_dead(slot) {
+            if skip.contains(slot) {
                 (*s, *o) = (0.0, f32::INFINITY);
             }
         }
@@ -164,8 +166,6 @@ impl CpuRows {
 
     /// The exact k best of `slots` for query `q` (f64 distances, ties by slot): the re-rank
     /// that a backend computing its candidates elsewhere (wgpu) shares with this one.
-    // Only the wgpu backend, which keeps its host rows here, calls this.
-    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn rerank(
         &self,
         q: &[f32],
@@ -192,10 +192,10 @@ impl CpuRows {
         }
     }
 
-    /// The removed-row bitmap (GPU backends upload its words as they are).
+    /// The removed rows (GPU backends upload its words as they are).
     // Only the wgpu backend, which keeps its host rows here, calls this.
     #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
-    pub(crate) fn tombstones(&self) -> &Tombstones {
+    pub(crate) fn removed(&self) -> &SlotSet {
         &self.dead
     }
 
@@ -204,13 +204,6 @@ impl CpuRows {
     #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn max_squared_norm(&self) -> f32 {
         self.max_sq_norm
-    }
-
-    /// Live rows.
-    // Only the wgpu backend, which keeps its host rows here, calls this.
-    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
-    pub(crate) fn live(&self) -> usize {
-        self.len_slots() - self.dead.count()
     }
 
     /// Exact canonical distance of one stored row to `q`, in f64.
@@ -241,14 +234,22 @@ impl CpuRows {
         queries: &[f32],
         k: usize,
         metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let dim = self.dim;
-        let live = self.len_slots() - self.dead.count();
+        let mask = SearchMask::new(&self.dead, self.len_slots(), allowed);
+        let live = mask.live;
         if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
                 queries.len()
             )));
+        }
+        let skip: &SlotSet = &mask.skip;
+        // Few rows pass the filter: score them exactly instead of scanning every row.
+        if mask.filtered && live.saturating_mul(GATHER_FRACTION) <= self.len_slots() {
+            let passing: Vec<usize> = (0..self.len_slots()).filter(|&s| !skip.contains(s)).collect();
+            return Ok(queries.par_chunks_exact(dim).map(|q| self.rerank(q, &passing, k, metric)).collect());
         }
         let nq = queries.len() / dim;
         let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
@@ -259,9 +260,9 @@ impl CpuRows {
         let collectors = if nq >= BF16_MIN_QUERIES && bytes {
             // Exact integer products; only the f32 conversion rounds, well inside the f32 bound.
             let bounds = self.f32_bounds(queries, metric);
-            self.tiled_collect(TileKernel::Bytes, queries, metric, k, &bounds)
+            self.tiled_collect(skip, TileKernel::Bytes, queries, metric, k, &bounds)
         } else {
-            self.approximate_collect(queries, &q_norms, metric, k)
+            self.approximate_collect(skip, queries, &q_norms, metric, k)
         };
         Ok(collectors
             .into_par_iter()
@@ -423,7 +424,7 @@ impl RowStore for CpuRows {
             Elements::F16(v) => *v = Vec::new(),
         }
         self.sq_norms = Vec::new();
-        self.dead = Tombstones::default();
+        self.dead = SlotSet::default();
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
         self.all_bytes = true;
     }
@@ -447,10 +448,16 @@ impl RowStore for CpuRows {
         values + self.sq_norms.capacity() * 4 + self.dead.capacity_bytes()
     }
 
-    fn knn(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+    fn knn(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         // Every CPU search is parallel: on the library's pool, since the caller may hold a
         // collection's lock (`crate::exec`).
-        crate::exec::run(|| self.knn_on_pool(queries, k, metric))?
+        crate::exec::run(|| self.knn_on_pool(queries, k, metric, allowed))?
     }
 }
 
@@ -458,6 +465,7 @@ impl CpuRows {
     /// Candidates from the floating-point kernels: the scan, f32 GEMM tiles or bf16 tiles.
     fn approximate_collect(
         &self,
+        skip: &SlotSet,
         queries: &[f32],
         q_norms: &[f64],
         metric: GpuDistanceMetric,
@@ -486,15 +494,15 @@ impl CpuRows {
                 .zip(q_norms.iter())
                 .map(|(q, &qn)| self.bf16_bound(metric, q, qn))
                 .collect();
-            self.tiled_collect(TileKernel::Bf16, queries, metric, k, &bounds)
+            self.tiled_collect(skip, TileKernel::Bf16, queries, metric, k, &bounds)
         } else if nq >= GEMM_MIN_QUERIES {
             let bounds = self.f32_bounds(queries, metric);
-            self.gemm_collect(queries, metric, k, &bounds)
+            self.gemm_collect(skip, queries, metric, k, &bounds)
         } else {
             queries
                 .chunks_exact(dim)
                 .zip(q_norms)
-                .map(|(q, &qn)| self.scan(q, metric, k, self.bound(metric, qn as f32, false)))
+                .map(|(q, &qn)| self.scan(skip, q, metric, k, self.bound(metric, qn as f32, false)))
                 .collect()
         }
     }

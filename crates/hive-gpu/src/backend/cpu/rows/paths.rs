@@ -8,6 +8,7 @@ use super::CpuRows;
 use crate::backend::cpu::simd::{self, Kernel};
 use crate::backend::cpu::topk::{Collector, ErrorBound};
 use crate::backend::cpu::{bf16, filter, int8};
+use crate::slots::SlotSet;
 use crate::types::GpuDistanceMetric;
 
 /// Batches of at least this many queries go through GEMM tiles: below it, re-reading the rows
@@ -88,6 +89,7 @@ impl CpuRows {
     /// Candidates of one query by scanning every row, split across threads.
     pub(super) fn scan(
         &self,
+        skip: &SlotSet,
         q: &[f32],
         metric: GpuDistanceMetric,
         k: usize,
@@ -100,7 +102,7 @@ impl CpuRows {
             .into_par_iter()
             .map(|t| {
                 let (start, end) = (t * per_task, ((t + 1) * per_task).min(n));
-                self.scan_range(q, metric, k, bound, start, end)
+                self.scan_range(skip, q, metric, k, bound, start..end)
             })
             .reduce_with(|mut a, b| {
                 a.merge(b);
@@ -112,13 +114,14 @@ impl CpuRows {
 
     fn scan_range(
         &self,
+        skip: &SlotSet,
         q: &[f32],
         metric: GpuDistanceMetric,
         k: usize,
         bound: ErrorBound,
-        start: usize,
-        end: usize,
+        rows: std::ops::Range<usize>,
     ) -> Collector {
+        let (start, end) = (rows.start, rows.end);
         let kernel = if metric == GpuDistanceMetric::Euclidean { Kernel::L2 } else { Kernel::Dot };
         let block = (SCAN_BLOCK_VALUES / self.dim).clamp(1, 256);
         let mut collector = Collector::new(k, bound);
@@ -129,7 +132,7 @@ impl CpuRows {
             let count = block.min(end - at);
             let rows = self.rows_f32(at, count, &mut scratch);
             simd::distances(self.simd, kernel, q, rows, &mut raw[..count]);
-            self.block_transform(metric, true, at, &mut scale[..count], &mut offset[..count]);
+            self.block_transform(skip, metric, true, at, &mut scale[..count], &mut offset[..count]);
             filter::collect(self.simd, &mut collector, &raw[..count], &scale[..count], &offset[..count], at);
             self.thin(&mut collector, q, metric);
             at += count;
@@ -141,6 +144,7 @@ impl CpuRows {
     /// queries x rows matrix never exists, only one `QUERY_BLOCK x ROW_TILE` tile per task.
     pub(super) fn gemm_collect(
         &self,
+        skip: &SlotSet,
         queries: &[f32],
         metric: GpuDistanceMetric,
         k: usize,
@@ -164,7 +168,7 @@ impl CpuRows {
             .map(|&(b, r)| {
                 let (q0, q1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(nq));
                 let (r0, r1) = ((r * range_len).min(n), ((r + 1) * range_len).min(n));
-                self.gemm_task(&queries[q0 * dim..q1 * dim], metric, k, &bounds[q0..q1], r0, r1)
+                self.gemm_task(skip, &queries[q0 * dim..q1 * dim], metric, k, &bounds[q0..q1], r0..r1)
             })
             .collect();
         // Tasks come ordered by query block, then row range.
@@ -181,13 +185,14 @@ impl CpuRows {
 
     fn gemm_task(
         &self,
+        skip: &SlotSet,
         queries: &[f32],
         metric: GpuDistanceMetric,
         k: usize,
         bounds: &[ErrorBound],
-        start: usize,
-        end: usize,
+        rows: std::ops::Range<usize>,
     ) -> Vec<Collector> {
+        let (start, end) = (rows.start, rows.end);
         let dim = self.dim;
         let nq = queries.len() / dim;
         let mut collectors: Vec<Collector> = bounds.iter().map(|&b| Collector::new(k, b)).collect();
@@ -200,7 +205,7 @@ impl CpuRows {
             let rows = self.rows_f32(at, count, &mut scratch);
             let products = &mut products[..nq * count];
             inner_products(queries, rows, dim, nq, count, products);
-            self.block_transform(metric, false, at, &mut scale[..count], &mut offset[..count]);
+            self.block_transform(skip, metric, false, at, &mut scale[..count], &mut offset[..count]);
             for ((c, p), q) in
                 collectors.iter_mut().zip(products.chunks_exact(count)).zip(queries.chunks_exact(dim))
             {
@@ -216,6 +221,7 @@ impl CpuRows {
     /// row tile once, and run every query group over it while it sits in cache.
     pub(super) fn tiled_collect(
         &self,
+        skip: &SlotSet,
         kernel: TileKernel,
         queries: &[f32],
         metric: GpuDistanceMetric,
@@ -245,7 +251,7 @@ impl CpuRows {
                 while at < end {
                     let count = tile.min(end - at);
                     kernel.pack_rows(self.rows_f32(at, count, &mut scratch), dim, &mut packed, &mut sums);
-                    self.block_transform(metric, false, at, &mut scale[..count], &mut offset[..count]);
+                    self.block_transform(skip, metric, false, at, &mut scale[..count], &mut offset[..count]);
                     for (g, chunk) in collectors.chunks_mut(group).enumerate() {
                         let qs = &packed_queries[g * group * np..(g + 1) * group * np];
                         if !kernel.products(qs, &packed, np, tile, &sums, &mut products) {
@@ -264,7 +270,7 @@ impl CpuRows {
             .collect();
         let Some(partial) = partial else {
             // The kernel declined (instructions missing): the f32 tiles give the same answer.
-            return self.gemm_collect(queries, metric, k, &self.f32_bounds(queries, metric));
+            return self.gemm_collect(skip, queries, metric, k, &self.f32_bounds(queries, metric));
         };
         merge_ranges(partial, |i, c| self.thin(c, &queries[i * dim..(i + 1) * dim], metric))
     }

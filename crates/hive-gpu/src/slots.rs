@@ -1,0 +1,288 @@
+//! [`SlotSet`]: one bit per slot with a count. Removed rows and user filters are both slot sets,
+//! and a search reads one of them: a backend's kernels skip every slot whose bit is set in the
+//! search's exclusion words (`!(live AND allowed)`, see [`SearchMask`]), so a removed row and a
+//! filtered-out row are one mechanism on every backend. The words are u32 so that a GPU backend
+//! uploads them as they are (bit `s % 32` of word `s / 32` is slot `s`).
+
+/// A set of slots: one bit per slot (set = member) and how many are set.
+///
+/// A collection's removed rows are one; a search's filter becomes one (`crate::Filter`); a
+/// [`crate::backend::RowStore`] searches the live members of the one it is given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlotSet {
+    words: Vec<u32>,
+    count: usize,
+}
+
+impl SlotSet {
+    /// Words for `slots` slots.
+    pub(crate) fn words_for(slots: usize) -> usize {
+        slots.div_ceil(32)
+    }
+
+    /// The set of `slots` (any order, duplicates allowed), covering `len` slots; slots at or
+    /// past `len` are left out.
+    pub fn from_slots(len: usize, slots: impl IntoIterator<Item = usize>) -> Self {
+        let mut set = Self::empty(len);
+        for slot in slots {
+            if slot < len {
+                set.set(slot, true);
+            }
+        }
+        set
+    }
+
+    /// No member, covering `len` slots.
+    pub fn empty(len: usize) -> Self {
+        Self { words: vec![0; Self::words_for(len)], count: 0 }
+    }
+
+    /// Every slot of `0..len`.
+    pub fn full(len: usize) -> Self {
+        let mut words = vec![u32::MAX; Self::words_for(len)];
+        if let Some(last) = words.last_mut()
+            && !len.is_multiple_of(32)
+        {
+            *last = (1u32 << (len % 32)) - 1;
+        }
+        Self { words, count: len }
+    }
+
+    /// Whether `slot` is a member (slots past the words are not).
+    pub fn contains(&self, slot: usize) -> bool {
+        self.count > 0 && self.words.get(slot / 32).is_some_and(|w| (w >> (slot % 32)) & 1 != 0)
+    }
+
+    /// Adds or takes out `slot`; returns whether that changed anything. The words grow to
+    /// cover `slot`.
+    pub(crate) fn set(&mut self, slot: usize, member: bool) -> bool {
+        if slot / 32 >= self.words.len() {
+            if !member {
+                return false;
+            }
+            self.words.resize(slot / 32 + 1, 0);
+        }
+        let bit = 1u32 << (slot % 32);
+        let word = &mut self.words[slot / 32];
+        if (*word & bit != 0) == member {
+            return false;
+        }
+        *word ^= bit;
+        if member {
+            self.count += 1;
+        } else {
+            self.count -= 1;
+        }
+        true
+    }
+
+    /// Covers at least `slots` slots (new ones not members).
+    pub(crate) fn cover(&mut self, slots: usize) {
+        let words = Self::words_for(slots);
+        if self.words.len() < words {
+            self.words.resize(words, 0);
+        }
+    }
+
+    /// Reserves room to cover `slots` slots without reallocating.
+    pub(crate) fn try_reserve(
+        &mut self,
+        slots: usize,
+    ) -> std::result::Result<(), std::collections::TryReserveError> {
+        self.words.try_reserve(Self::words_for(slots).saturating_sub(self.words.len()))
+    }
+
+    /// Takes out every slot from `slot` on (a rollback's truncation).
+    pub(crate) fn clear_from(&mut self, slot: usize) {
+        let first_word = slot / 32;
+        if first_word >= self.words.len() {
+            return;
+        }
+        let keep = (1u32 << (slot % 32)).wrapping_sub(1);
+        let mut dropped = (self.words[first_word] & !keep).count_ones() as usize;
+        self.words[first_word] &= keep;
+        for word in &mut self.words[first_word + 1..] {
+            dropped += word.count_ones() as usize;
+            *word = 0;
+        }
+        self.count -= dropped;
+    }
+
+    /// No member, covering `slots` slots.
+    pub(crate) fn reset(&mut self, slots: usize) {
+        *self = Self::empty(slots);
+    }
+
+    /// Members.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The words (bit `s % 32` of word `s / 32` is slot `s`); words past the end hold no
+    /// member.
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// Heap bytes held.
+    pub(crate) fn capacity_bytes(&self) -> usize {
+        self.words.capacity() * 4
+    }
+
+    /// The members, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.words.iter().enumerate().flat_map(|(w, &word)| {
+            let mut bits = word;
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let bit = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    w * 32 + bit
+                })
+            })
+        })
+    }
+
+    /// Members of both.
+    pub fn and(&self, other: &SlotSet) -> SlotSet {
+        let words: Vec<u32> = self.words.iter().zip(&other.words).map(|(a, b)| a & b).collect();
+        Self::from_words(words)
+    }
+
+    /// Members of either.
+    pub fn or(&self, other: &SlotSet) -> SlotSet {
+        let (long, short) = if self.words.len() >= other.words.len() { (self, other) } else { (other, self) };
+        let mut words = long.words.clone();
+        for (w, s) in words.iter_mut().zip(&short.words) {
+            *w |= s;
+        }
+        Self::from_words(words)
+    }
+
+    /// The slots of `0..len` that are not members.
+    pub fn complement(&self, len: usize) -> SlotSet {
+        let full = Self::full(len);
+        let words: Vec<u32> = full
+            .words
+            .iter()
+            .enumerate()
+            .map(|(i, &all)| all & !self.words.get(i).copied().unwrap_or(0))
+            .collect();
+        Self::from_words(words)
+    }
+
+    fn from_words(words: Vec<u32>) -> SlotSet {
+        let count = words.iter().map(|w| w.count_ones() as usize).sum();
+        SlotSet { words, count }
+    }
+}
+
+/// What one search reads: the words of the slots it must skip (removed, or not allowed by the
+/// search's filter) over `len` slots, and how many it may return.
+///
+/// Without a filter the skip words are the removed set itself and nothing is built. With one,
+/// the words are `removed OR NOT allowed`, built once per search on the host (a word operation
+/// per 32 slots) and sent to the device once.
+#[derive(Debug)]
+pub(crate) struct SearchMask<'a> {
+    /// Bit set = the search skips the slot. May be shorter than `len` (missing words: kept).
+    pub(crate) skip: std::borrow::Cow<'a, SlotSet>,
+    /// Slots the search may return: `len` minus the skipped ones.
+    pub(crate) live: usize,
+    /// Whether a filter narrowed the search (the skip words are not the removed set).
+    pub(crate) filtered: bool,
+}
+
+impl<'a> SearchMask<'a> {
+    /// The mask of a search over `len` slots with `removed` rows, restricted to `allowed`.
+    pub(crate) fn new(removed: &'a SlotSet, len: usize, allowed: Option<&SlotSet>) -> Self {
+        match allowed {
+            None => Self {
+                skip: std::borrow::Cow::Borrowed(removed),
+                live: len - removed.count(),
+                filtered: false,
+            },
+            Some(allowed) => {
+                let words: Vec<u32> = (0..SlotSet::words_for(len))
+                    .map(|i| {
+                        let in_range = if (i + 1) * 32 <= len { u32::MAX } else { (1u32 << (len % 32)) - 1 };
+                        let keep = allowed.words.get(i).copied().unwrap_or(0)
+                            & !removed.words.get(i).copied().unwrap_or(0)
+                            & in_range;
+                        !keep
+                    })
+                    .collect();
+                let kept: usize = words.iter().map(|w| (!w).count_ones() as usize).sum();
+                Self { skip: std::borrow::Cow::Owned(SlotSet::from_words(words)), live: kept, filtered: true }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_counts_and_growth() {
+        let mut t = SlotSet::default();
+        assert!(!t.contains(5));
+        assert!(!t.set(5, false), "clearing an uncovered slot changes nothing");
+        assert!(t.set(40, true));
+        assert!(!t.set(40, true));
+        assert!(t.contains(40) && !t.contains(41));
+        assert_eq!((t.count(), t.words().len()), (1, 2));
+        assert_eq!(t.words()[1], 1 << 8);
+        t.cover(100);
+        assert_eq!(t.words().len(), 4);
+        t.set(99, true);
+        t.clear_from(41);
+        assert_eq!(t.count(), 1);
+        assert!(t.contains(40) && !t.contains(99));
+        t.set(45, true);
+        t.clear_from(40);
+        assert_eq!(t.count(), 0);
+        t.reset(10);
+        assert_eq!((t.count(), t.words().len()), (0, 1));
+    }
+
+    #[test]
+    fn set_algebra_matches_a_naive_model_at_every_length() {
+        for len in [0usize, 1, 31, 32, 33, 64, 95, 200] {
+            let a = SlotSet::from_slots(len, (0..len).filter(|s| s % 3 == 0));
+            let b = SlotSet::from_slots(len, (0..len).filter(|s| s % 5 < 2));
+            let naive = |set: &SlotSet| (0..len).filter(|&s| set.contains(s)).collect::<Vec<_>>();
+            let and = a.and(&b);
+            let or = a.or(&b);
+            let not = a.complement(len);
+            for s in 0..len {
+                assert_eq!(and.contains(s), s % 3 == 0 && s % 5 < 2);
+                assert_eq!(or.contains(s), s % 3 == 0 || s % 5 < 2);
+                assert_eq!(not.contains(s), s % 3 != 0);
+            }
+            assert!(!not.contains(len), "the complement stays inside 0..len");
+            for set in [&a, &b, &and, &or, &not] {
+                assert_eq!(set.iter().collect::<Vec<_>>(), naive(set));
+                assert_eq!(set.count(), naive(set).len());
+            }
+            assert_eq!(SlotSet::full(len).count(), len);
+            assert_eq!(SlotSet::full(len).iter().count(), len);
+        }
+    }
+
+    #[test]
+    fn a_search_mask_skips_removed_and_filtered_out_slots_and_counts_the_rest() {
+        let len = 70;
+        let removed = SlotSet::from_slots(len, [1, 2, 40]);
+        let plain = SearchMask::new(&removed, len, None);
+        assert_eq!((plain.live, plain.filtered), (67, false));
+        let allowed = SlotSet::from_slots(len, [0, 1, 5, 40, 69]);
+        let mask = SearchMask::new(&removed, len, Some(&allowed));
+        assert_eq!((mask.live, mask.filtered), (3, true));
+        for s in 0..len {
+            assert_eq!(!mask.skip.contains(s), [0, 5, 69].contains(&s), "slot {s}");
+        }
+        let none = SearchMask::new(&removed, len, Some(&SlotSet::default()));
+        assert_eq!(none.live, 0);
+    }
+}
