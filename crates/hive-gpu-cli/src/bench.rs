@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use hive_gpu::{GpuDistanceMetric, GpuVectorStorage, HiveGpuError};
+use hive_gpu::{Filter, GpuDistanceMetric, GpuVectorStorage, HiveGpuError, SearchOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::BenchArgs;
@@ -39,6 +39,11 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     }
     if args.nq == Some(0) {
         return Err(HiveGpuError::InvalidArgument("--nq must be at least 1".into()));
+    }
+    if let Some(s) = args.filter_selectivity.iter().find(|s| !(**s > 0.0 && **s <= 1.0)) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "--filter-selectivity {s} is not a fraction of the rows in (0, 1]"
+        )));
     }
     let mut data = {
         let spinner = if args.json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
@@ -79,85 +84,165 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let config = settings.storage_config(data.base.dim);
     let storage = context.create_storage_with(config)?;
     let build = build(&storage, &data, args.json)?;
+    // The unfiltered search first, then each filter: ratios come from one run.
+    let selectivities: Vec<Option<f64>> =
+        std::iter::once(None).chain(args.filter_selectivity.iter().map(|&s| Some(s))).collect();
 
-    for &batch in &batches {
-        for &requested_k in &ks {
-            // k beyond the collection returns every vector: reported as the effective k.
-            let k = requested_k.min(data.base.rows);
-            let timings = time_search(&storage, &data, k, batch, args.json)?;
-            let (recall, recall_source) = recall(&data, &timings.ids, k, metric, use_groundtruth);
-            let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
-            let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
-            let p99 = p99_ms(&timings.calls);
-            let threads = rayon::current_num_threads();
-            if args.json {
-                out!(
-                    "{}",
-                    json::object(&[
-                        ("dataset", Value::Str(data.name.clone())),
-                        ("backend", Value::Str(context.backend_type().name().into())),
-                        ("device", Value::Str(device.name.clone())),
-                        ("simd_or_cc", Value::Str(device.compute_capability.clone())),
-                        ("threads", Value::Int(threads as u64)),
-                        ("n", Value::Int(data.base.rows as u64)),
-                        ("dim", Value::Int(data.base.dim as u64)),
-                        ("nq", Value::Int(nq as u64)),
-                        ("k", Value::Int(k as u64)),
-                        ("k_requested", Value::Int(requested_k as u64)),
-                        ("metric", Value::Str(metric.to_string())),
-                        ("precision", Value::Str(config.precision.to_string())),
-                        ("search_precision", Value::Str(format!("{:?}", config.search).to_lowercase())),
-                        ("batch", Value::Int(batch as u64)),
-                        ("recall", Value::Num(recall)),
-                        ("recall_source", Value::Str(recall_source)),
-                        ("qps", Value::Num(qps)),
-                        ("p50_ms", Value::Num(p50)),
-                        ("p99_ms", p99.map_or(Value::Null, Value::Num)),
-                        ("build_s", Value::Num(build.as_secs_f64())),
-                        ("rounds", Value::Int(timings.rounds.len() as u64)),
-                        ("calls", Value::Int(timings.calls.len() as u64)),
-                    ])
-                );
-                continue;
-            }
-            out!("hive-gpu bench");
-            out!("  data      {}: {} x {} base, {} queries", data.name, data.base.rows, data.base.dim, nq);
-            out!(
-                "  backend   {} on {} ({}, {} threads), {} storage, {:?} search",
-                context.backend_type(),
-                device.name,
-                device.compute_capability,
-                threads,
-                config.precision,
-                config.search
-            );
-            let clamped = if k < requested_k {
-                format!(" (k = {requested_k} asked; the collection holds {k})")
-            } else {
-                String::new()
-            };
-            out!("  search    metric {metric}, k = {k}{clamped}, {batch} queries per call");
-            out!();
-            out!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
-            out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
-            out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
-            match p99 {
-                Some(p99) => out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms")),
-                None => {
-                    out!("  {:<18} {:>14}", "latency p99", format!("n/a ({} calls)", timings.calls.len()))
+    for &selectivity in &selectivities {
+        let filter = selectivity.map(|s| FilterCase::new(&storage, data.base.rows, s)).transpose()?;
+        let options = match &filter {
+            Some(case) => SearchOptions::default().with_filter(Filter::Prepared(case.prepared.clone())),
+            None => SearchOptions::default(),
+        };
+        for &batch in &batches {
+            for &requested_k in &ks {
+                // k beyond the collection returns every vector: reported as the effective k.
+                let k = requested_k.min(data.base.rows);
+                let timings = time_search(&storage, &data, k, batch, &options, args.json)?;
+                let (recall, recall_source) = match &filter {
+                    Some(case) => filtered_recall(&data, &timings.ids, k, metric, &case.passing),
+                    None => recall(&data, &timings.ids, k, metric, use_groundtruth),
+                };
+                let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
+                let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
+                let p99 = p99_ms(&timings.calls);
+                let threads = rayon::current_num_threads();
+                if args.json {
+                    out!(
+                        "{}",
+                        json::object(&[
+                            ("dataset", Value::Str(data.name.clone())),
+                            ("backend", Value::Str(context.backend_type().name().into())),
+                            ("device", Value::Str(device.name.clone())),
+                            ("simd_or_cc", Value::Str(device.compute_capability.clone())),
+                            ("threads", Value::Int(threads as u64)),
+                            ("n", Value::Int(data.base.rows as u64)),
+                            ("dim", Value::Int(data.base.dim as u64)),
+                            ("nq", Value::Int(nq as u64)),
+                            ("k", Value::Int(k as u64)),
+                            ("k_requested", Value::Int(requested_k as u64)),
+                            ("metric", Value::Str(metric.to_string())),
+                            ("precision", Value::Str(config.precision.to_string())),
+                            ("search_precision", Value::Str(format!("{:?}", config.search).to_lowercase())),
+                            ("batch", Value::Int(batch as u64)),
+                            ("selectivity", selectivity.map_or(Value::Null, Value::Num)),
+                            (
+                                "passing",
+                                Value::Int(filter.as_ref().map_or(data.base.rows, |c| c.passing.len()) as u64),
+                            ),
+                            ("recall", Value::Num(recall)),
+                            ("recall_source", Value::Str(recall_source)),
+                            ("qps", Value::Num(qps)),
+                            ("p50_ms", Value::Num(p50)),
+                            ("p99_ms", p99.map_or(Value::Null, Value::Num)),
+                            ("build_s", Value::Num(build.as_secs_f64())),
+                            ("rounds", Value::Int(timings.rounds.len() as u64)),
+                            ("calls", Value::Int(timings.calls.len() as u64)),
+                        ])
+                    );
+                    continue;
                 }
+                out!("hive-gpu bench");
+                out!(
+                    "  data      {}: {} x {} base, {} queries",
+                    data.name,
+                    data.base.rows,
+                    data.base.dim,
+                    nq
+                );
+                out!(
+                    "  backend   {} on {} ({}, {} threads), {} storage, {:?} search",
+                    context.backend_type(),
+                    device.name,
+                    device.compute_capability,
+                    threads,
+                    config.precision,
+                    config.search
+                );
+                let clamped = if k < requested_k {
+                    format!(" (k = {requested_k} asked; the collection holds {k})")
+                } else {
+                    String::new()
+                };
+                out!("  search    metric {metric}, k = {k}{clamped}, {batch} queries per call");
+                if let (Some(s), Some(case)) = (selectivity, &filter) {
+                    out!(
+                        "  filter    an allow-list of {} ids (selectivity {s}), prepared once",
+                        case.passing.len()
+                    );
+                }
+                out!();
+                out!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
+                out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
+                out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
+                match p99 {
+                    Some(p99) => out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms")),
+                    None => {
+                        out!("  {:<18} {:>14}", "latency p99", format!("n/a ({} calls)", timings.calls.len()))
+                    }
+                }
+                out!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
+                out!();
+                out!(
+                    "  QPS is queries per second over a whole pass (median of {} passes, timed for at least\n  {} s and {MIN_PASSES} passes); latency is per call of {batch} queries ({} calls timed; p99\n  needs {MIN_CALLS_FOR_P99}); recall is measured against {recall_source}.",
+                    timings.rounds.len(),
+                    MIN_TIMED.as_secs(),
+                    timings.calls.len()
+                );
             }
-            out!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
-            out!();
-            out!(
-                "  QPS is queries per second over a whole pass (median of {} passes, timed for at least\n  {} s and {MIN_PASSES} passes); latency is per call of {batch} queries ({} calls timed; p99\n  needs {MIN_CALLS_FOR_P99}); recall is measured against {recall_source}.",
-                timings.rounds.len(),
-                MIN_TIMED.as_secs(),
-                timings.calls.len()
-            );
         }
     }
     Ok(())
+}
+
+/// One `--filter-selectivity` setting: the passing rows and the filter prepared from them.
+struct FilterCase {
+    passing: Vec<usize>,
+    prepared: hive_gpu::PreparedFilter,
+}
+
+impl FilterCase {
+    fn new(storage: &GpuVectorStorage, rows: usize, selectivity: f64) -> Result<Self, HiveGpuError> {
+        let passing: Vec<usize> = (0..rows).filter(|&i| passes(i, selectivity)).collect();
+        let ids: Vec<String> = passing.iter().map(|i| i.to_string()).collect();
+        let prepared = storage.prepare_filter(&Filter::ids(&ids))?;
+        Ok(Self { passing, prepared })
+    }
+}
+
+/// Whether row `i` is in the allow-list of selectivity `s`: splitmix64(i + 0x5eed) / 2^64 < s
+/// (the rule scripts/bench_filter_peers.py reproduces for faiss).
+fn passes(i: usize, s: f64) -> bool {
+    let mut z = (i as u64).wrapping_add(0x5eed).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) < (s * (1u64 << 53) as f64) as u64
+}
+
+/// Recall@k of a filtered search against the f64 brute force over the passing rows, on a
+/// sample of queries.
+fn filtered_recall(
+    data: &Dataset,
+    ids: &[Vec<usize>],
+    k: usize,
+    metric: GpuDistanceMetric,
+    passing: &[usize],
+) -> (f64, String) {
+    if passing.is_empty() {
+        return (1.0, "nothing (no row passes: every result list is empty, as it must be)".into());
+    }
+    let sample = reference::sample(data.queries.rows, passing.len(), data.base.dim);
+    let truth = reference::knn_among(&data.base, passing, &data.queries, &sample, k, metric);
+    let ours: Vec<Vec<usize>> = sample.iter().map(|&i| ids[i].clone()).collect();
+    (
+        reference::recall(&ours, &truth, k),
+        format!(
+            "an exact f64 brute force over the {} passing rows on {} sampled queries",
+            passing.len(),
+            sample.len()
+        ),
+    )
 }
 
 fn progress(len: usize, what: &str, hidden: bool) -> ProgressBar {
@@ -186,13 +271,14 @@ fn time_search(
     data: &Dataset,
     k: usize,
     batch: usize,
+    options: &SearchOptions,
     quiet: bool,
 ) -> Result<Timings, HiveGpuError> {
     let dim = data.queries.dim;
     let nq = data.queries.rows;
     let queries = &data.queries.data;
     // Warm-up: first touches of memory and thread-pool start-up stay out of the numbers.
-    storage.search_batch(&queries[..batch * dim], k)?;
+    storage.search_batch_with(&queries[..batch * dim], k, options)?;
 
     let mut timings = Timings { rounds: Vec::new(), calls: Vec::new(), ids: Vec::new() };
     let started = Instant::now();
@@ -203,7 +289,7 @@ fn time_search(
         for start in (0..nq).step_by(batch) {
             let end = (start + batch).min(nq);
             let call_start = Instant::now();
-            let results = storage.search_batch(&queries[start * dim..end * dim], k)?;
+            let results = storage.search_batch_with(&queries[start * dim..end * dim], k, options)?;
             timings.calls.push(call_start.elapsed());
             if first {
                 bar.set_position(end as u64);
@@ -264,6 +350,15 @@ fn percentile(values: &[Duration], p: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_allow_list_rule_keeps_about_the_fraction_asked() {
+        for s in [0.001, 0.01, 0.5, 0.9] {
+            let kept = (0..200_000).filter(|&i| passes(i, s)).count() as f64 / 200_000.0;
+            assert!((kept - s).abs() < 0.05 * s + 0.0005, "{s}: {kept}");
+        }
+        assert!((0..1000).all(|i| passes(i, 1.0)));
+    }
 
     #[test]
     fn p99_needs_a_hundred_calls() {

@@ -103,6 +103,12 @@ struct BenchArgs {
     /// ground-truth file is given or found.
     #[arg(long)]
     exact_recall: bool,
+    /// Also search with a filter: an allow-list of the fraction S of the rows (row i passes
+    /// when splitmix64(i + 0x5eed) / 2^64 < S; scripts/bench_filter_peers.py uses the same
+    /// rule), prepared once; recall is against an f64 brute force over the passing rows. A
+    /// comma list measures each S in turn after the unfiltered search, on the same collection.
+    #[arg(long, value_delimiter = ',')]
+    filter_selectivity: Vec<f64>,
     /// Print one JSON object per batch size and k instead of the report.
     #[arg(long)]
     json: bool,

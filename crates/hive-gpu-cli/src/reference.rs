@@ -23,13 +23,28 @@ pub fn knn(
     k: usize,
     metric: GpuDistanceMetric,
 ) -> Vec<Vec<usize>> {
+    let all: Vec<usize> = (0..base.rows).collect();
+    knn_among(base, &all, queries, sample, k, metric)
+}
+
+/// Exact k nearest of the base rows `among` (ascending) for each sampled query, ties by row
+/// index.
+pub fn knn_among(
+    base: &Matrix,
+    among: &[usize],
+    queries: &Matrix,
+    sample: &[usize],
+    k: usize,
+    metric: GpuDistanceMetric,
+) -> Vec<Vec<usize>> {
     sample
         .par_iter()
         .map(|&qi| {
             let q = queries.row(qi);
             let q_norm = norm(q);
-            let mut scored: Vec<(f64, usize)> = (0..base.rows)
-                .map(|i| {
+            let mut scored: Vec<(f64, usize)> = among
+                .iter()
+                .map(|&i| {
                     let x = base.row(i);
                     let d = match metric {
                         GpuDistanceMetric::Euclidean => {
@@ -43,6 +58,9 @@ pub fn knn(
                 .collect();
             let by = |a: &(f64, usize), b: &(f64, usize)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
             let k = k.min(scored.len());
+            if k == 0 {
+                return Vec::new();
+            }
             scored.select_nth_unstable_by(k - 1, by);
             scored.truncate(k);
             scored.sort_unstable_by(by);

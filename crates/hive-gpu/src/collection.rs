@@ -10,7 +10,10 @@ use smol_str::SmolStr;
 
 use crate::backend::RowStore;
 use crate::error::{HiveGpuError, Result};
-use crate::filter::Filter;
+use crate::filter::{Filter, PreparedFilter, Target};
+
+/// Collection ids, unique in the process (see [`Collection::uid`]).
+static NEXT_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 use crate::payload::{INDEXED_VALUE_BYTES, Payload, PayloadIndex, PayloadValue, check_payload};
 use crate::slots::SlotSet;
 use crate::types::{GpuDistanceMetric, GpuVector, Metadata, StorageConfig, StoragePrecision};
@@ -84,6 +87,10 @@ pub(crate) struct Collection {
     removed: SlotSet,
     /// Every payload field's index, for filters.
     payloads: PayloadIndex,
+    /// Which collection this is, process-wide, and how many changes it has seen: what a
+    /// prepared filter checks before reusing its slots.
+    uid: u64,
+    version: u64,
 }
 
 /// Whose values are being checked, for error messages.
@@ -184,6 +191,8 @@ impl Collection {
             slot_of: IdMap::default(),
             removed: SlotSet::default(),
             payloads: PayloadIndex::default(),
+            uid: NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            version: 0,
         }
     }
 
@@ -213,8 +222,22 @@ impl Collection {
     /// The live slots that pass `filter`.
     pub(crate) fn allowed(&self, filter: &Filter) -> Result<SlotSet> {
         let len = self.entries.len();
-        let passing = filter.slots(len, &self.payloads, &|id| self.slot_of.get(id).copied())?;
+        let slot_of = |id: &str| self.slot_of.get(id).copied();
+        let target = Target {
+            len,
+            index: &self.payloads,
+            slot_of: &slot_of,
+            collection: self.uid,
+            version: self.version,
+        };
+        let passing = filter.slots(&target)?;
         Ok(passing.and(&self.removed.complement(len)))
+    }
+
+    /// `filter` turned into slots now, reused by searches until the collection changes.
+    pub(crate) fn prepare(&self, filter: &Filter) -> Result<PreparedFilter> {
+        let slots = self.allowed(filter)?;
+        Ok(PreparedFilter::new(filter.clone(), self.uid, self.version, slots))
     }
 
     /// Inserts new ids and replaces existing ones, all or nothing.
@@ -297,6 +320,7 @@ impl Collection {
         }
 
         // Nothing below can fail.
+        self.version += 1;
         self.rows.tombstone(&replaced);
         for &slot in &replaced {
             self.entries[slot] = None;
@@ -362,6 +386,7 @@ impl Collection {
                 None => return Err(HiveGpuError::VectorNotFound { id: id.to_string() }),
             }
         }
+        self.version += 1;
         self.rows.tombstone(&slots);
         for &slot in &slots {
             if let Some(entry) = self.entries[slot].take() {
@@ -408,6 +433,7 @@ impl Collection {
         self.payloads = payloads;
         self.entries = entries;
         self.removed = SlotSet::default();
+        self.version += 1;
         Ok(())
     }
 
@@ -433,6 +459,7 @@ impl Collection {
         self.slot_of = IdMap::default();
         self.removed = SlotSet::default();
         self.payloads = PayloadIndex::default();
+        self.version += 1;
     }
 }
 

@@ -56,6 +56,56 @@ pub enum Filter {
     Or(Vec<Filter>),
     /// Vectors that do not pass the filter.
     Not(Box<Filter>),
+    /// A filter already turned into slots for one collection
+    /// (`GpuVectorStorage::prepare_filter`): searches of that collection read the slots as they
+    /// are while it has not changed, and evaluate the filter again once it has.
+    Prepared(PreparedFilter),
+}
+
+/// A [`Filter`] evaluated once against one collection, so that many searches (one query at a
+/// time, say) do not each turn it into slots again: an allow-list of a million ids costs tens of
+/// milliseconds to look up, a search a fraction of one. Cheap to clone (the slots are shared).
+#[derive(Debug, Clone)]
+pub struct PreparedFilter {
+    filter: Box<Filter>,
+    /// The collection and its version the slots were computed for.
+    collection: u64,
+    version: u64,
+    slots: std::sync::Arc<SlotSet>,
+}
+
+impl PreparedFilter {
+    pub(crate) fn new(filter: Filter, collection: u64, version: u64, slots: SlotSet) -> Self {
+        Self { filter: Box::new(filter), collection, version, slots: std::sync::Arc::new(slots) }
+    }
+
+    /// The filter it was prepared from.
+    pub fn filter(&self) -> &Filter {
+        &self.filter
+    }
+
+    /// Vectors that passed when it was prepared (removed ones included until the collection
+    /// changes).
+    pub fn count(&self) -> usize {
+        self.slots.count()
+    }
+}
+
+/// Prepared filters are equal when their filters are.
+impl PartialEq for PreparedFilter {
+    fn eq(&self, other: &Self) -> bool {
+        self.filter == other.filter
+    }
+}
+
+/// The collection a filter is evaluated against: its payload indexes, its ids, and which
+/// collection and version it is (for [`Filter::Prepared`]).
+pub(crate) struct Target<'a> {
+    pub(crate) len: usize,
+    pub(crate) index: &'a PayloadIndex,
+    pub(crate) slot_of: &'a dyn Fn(&str) -> Option<usize>,
+    pub(crate) collection: u64,
+    pub(crate) version: u64,
 }
 
 impl Filter {
@@ -123,28 +173,18 @@ impl Filter {
     /// The slots of `0..len` that pass, with `slot_of` finding an id's slot. Removed slots may
     /// be members: the search intersects with the live rows. A filter nested deeper than
     /// [`MAX_FILTER_DEPTH`] is refused (evaluation recurses once per level).
-    pub(crate) fn slots(
-        &self,
-        len: usize,
-        index: &PayloadIndex,
-        slot_of: &dyn Fn(&str) -> Option<usize>,
-    ) -> Result<SlotSet> {
-        self.slots_at(0, len, index, slot_of)
+    pub(crate) fn slots(&self, target: &Target<'_>) -> Result<SlotSet> {
+        self.slots_at(0, target)
     }
 
-    fn slots_at(
-        &self,
-        depth: usize,
-        len: usize,
-        index: &PayloadIndex,
-        slot_of: &dyn Fn(&str) -> Option<usize>,
-    ) -> Result<SlotSet> {
+    fn slots_at(&self, depth: usize, target: &Target<'_>) -> Result<SlotSet> {
+        let Target { len, index, slot_of, .. } = *target;
         if depth > MAX_FILTER_DEPTH {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "the filter nests deeper than {MAX_FILTER_DEPTH} levels"
             )));
         }
-        let inner = |f: &Filter| f.slots_at(depth + 1, len, index, slot_of);
+        let inner = |f: &Filter| f.slots_at(depth + 1, target);
         Ok(match self {
             Self::All => SlotSet::full(len),
             Self::Ids(ids) => SlotSet::from_slots(len, ids.iter().filter_map(|id| slot_of(id))),
@@ -171,6 +211,12 @@ impl Filter {
                 set
             }
             Self::Not(negated) => inner(negated)?.complement(len),
+            Self::Prepared(prepared)
+                if prepared.collection == target.collection && prepared.version == target.version =>
+            {
+                SlotSet::clone(&prepared.slots)
+            }
+            Self::Prepared(prepared) => inner(&prepared.filter)?,
         })
     }
 }

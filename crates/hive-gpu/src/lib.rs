@@ -67,7 +67,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, select_best_backend};
 pub use error::{HiveGpuError, Result};
-pub use filter::{Filter, MAX_FILTER_DEPTH};
+pub use filter::{Filter, MAX_FILTER_DEPTH, PreparedFilter};
 pub use payload::{Payload, PayloadValue};
 pub use tuning::Tuning;
 pub use types::{
@@ -218,6 +218,14 @@ impl GpuVectorStorage {
     /// returns every vector.
     pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<GpuSearchResult>> {
         self.search_with(query, k, &SearchOptions::default())
+    }
+
+    /// `filter` turned into this collection's slots now, for many searches to reuse
+    /// (`SearchOptions::with_filter(Filter::Prepared(..))`, or [`Self::search_filtered`]): the
+    /// slots are read as they are while the collection is unchanged, and the filter is
+    /// evaluated again by searches after a change, so a prepared filter is never stale.
+    pub fn prepare_filter(&self, filter: &Filter) -> Result<PreparedFilter> {
+        self.read().prepare(filter)
     }
 
     /// The `k` nearest neighbours of `query` among the vectors that pass `filter`, best first

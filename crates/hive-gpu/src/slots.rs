@@ -219,6 +219,25 @@ impl<'a> SearchMask<'a> {
     }
 }
 
+impl SearchMask<'_> {
+    /// The slots of `0..len` the search reads, ascending.
+    pub(crate) fn kept(&self, len: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.live);
+        for w in 0..SlotSet::words_for(len) {
+            let mut bits = !self.skip.words().get(w).copied().unwrap_or(0);
+            while bits != 0 {
+                let slot = w * 32 + bits.trailing_zeros() as usize;
+                if slot >= len {
+                    break;
+                }
+                out.push(slot);
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,7 +301,10 @@ mod tests {
         for s in 0..len {
             assert_eq!(!mask.skip.contains(s), [0, 5, 69].contains(&s), "slot {s}");
         }
+        assert_eq!(mask.kept(len), vec![0, 5, 69]);
+        assert_eq!(plain.kept(len).len(), 67);
         let none = SearchMask::new(&removed, len, Some(&SlotSet::default()));
         assert_eq!(none.live, 0);
+        assert!(none.kept(len).is_empty());
     }
 }

@@ -56,6 +56,10 @@ pub struct Tuning {
     /// wgpu single queries may read a row with eight lanes where subgroups allow it (false: a
     /// row per thread). `HIVE_GPU_WGPU_SUBGROUPS=0` turns it off.
     pub wgpu_subgroups: bool,
+    /// A filtered CUDA/ROCm search whose passing rows are at most 1 in `gather_fraction` of the
+    /// slots gathers them on the device and searches only those; others scan every row with the
+    /// rest masked (0: never gather; tests use 1, always). `HIVE_GPU_GATHER_FRACTION`.
+    pub gather_fraction: usize,
 }
 
 impl Default for Tuning {
@@ -75,6 +79,7 @@ impl Default for Tuning {
             scan_subrounds: 64,
             wgpu_coop: true,
             wgpu_subgroups: true,
+            gather_fraction: 16,
         }
     }
 }
@@ -125,7 +130,7 @@ impl Tuning {
         switch("HIVE_GPU_F16_FILTER", &mut t.f16_filter)?;
         switch("HIVE_GPU_WGPU_COOP", &mut t.wgpu_coop)?;
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
-        let sizes: [(&str, usize, &mut usize); 8] = [
+        let sizes: [(&str, usize, &mut usize); 9] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", 0, &mut t.rounded_copy_bytes),
@@ -134,6 +139,7 @@ impl Tuning {
             ("HIVE_GPU_TILE_BYTES", 1, &mut t.tile_bytes),
             ("HIVE_GPU_SCAN_BLOCKS_PER_SM", 1, &mut t.scan_blocks_per_sm),
             ("HIVE_GPU_SCAN_SUBROUNDS", 1, &mut t.scan_subrounds),
+            ("HIVE_GPU_GATHER_FRACTION", 0, &mut t.gather_fraction),
         ];
         for (name, min, field) in sizes {
             if let Some(value) = size(name, min)? {

@@ -294,6 +294,45 @@ fn payload_indexes_agree_with_the_naive_meaning_through_upserts_removals_compact
 }
 
 #[test]
+fn a_prepared_filter_is_reused_while_the_collection_is_unchanged_and_never_stale_after_a_change() {
+    for context in contexts() {
+        let what = describe(&context);
+        let storage = context.create_storage(2, GpuDistanceMetric::Euclidean).expect("storage");
+        let vectors: Vec<GpuVector> = (0..2000)
+            .map(|i| GpuVector::new(format!("v{i}"), vec![i as f32, 0.0]).with_field("even", i % 2 == 0))
+            .collect();
+        storage.add_vectors(&vectors).expect("add");
+        let prepared = storage.prepare_filter(&Filter::eq("even", true)).expect("prepare");
+        assert_eq!(prepared.count(), 1000, "{what}");
+        let filter = Filter::Prepared(prepared);
+        let ids = |k: usize| -> Vec<String> {
+            storage
+                .search_filtered(&[0.0, 0.0], k, &filter)
+                .expect("search")
+                .into_iter()
+                .map(|r| r.id.to_string())
+                .collect()
+        };
+        assert_eq!(ids(3), ["v0", "v2", "v4"], "{what}");
+        // Every change must show: a removal, an upsert that changes the field, a new vector,
+        // compaction (slots renumbered) and clear.
+        storage.remove_vectors(&["v0"]).expect("remove");
+        assert_eq!(ids(2), ["v2", "v4"], "{what}: a removed vector passed a prepared filter");
+        storage
+            .add_vectors(&[GpuVector::new("v2", vec![2.0, 0.0]).with_field("even", false)])
+            .expect("upsert");
+        assert_eq!(ids(2), ["v4", "v6"], "{what}: an upsert was missed");
+        storage.add_vectors(&[GpuVector::new("new", vec![0.5, 0.0]).with_field("even", true)]).expect("add");
+        assert_eq!(ids(2), ["new", "v4"], "{what}: a new vector was missed");
+        storage.compact().expect("compact");
+        assert_eq!(ids(2), ["new", "v4"], "{what}: compaction renumbered the slots");
+        storage.clear().expect("clear");
+        storage.add_vectors(&[GpuVector::new("x", vec![0.0, 0.0])]).expect("add");
+        assert!(ids(2).is_empty(), "{what}: after clear, nothing passes");
+    }
+}
+
+#[test]
 fn payloads_a_filter_cannot_order_are_refused_and_leave_the_collection_intact() {
     let context = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("cpu");
     let storage = context.create_storage(2, GpuDistanceMetric::Euclidean).expect("storage");

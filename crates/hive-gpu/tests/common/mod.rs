@@ -44,8 +44,8 @@ pub fn contexts() -> Vec<GpuContext> {
 /// [`contexts`], and on each GPU backend the same context once more for every engine path a
 /// [`Tuning`] can force, so the suites prove every path in one process (no process-global
 /// variables): on CUDA/ROCm the engine's own GEMM kernel, the fused filter on every batch
-/// (f16 rows rounded into a copy, TF32, rounded inside the filter) and the radix path's linear
-/// selection on every list; on a hardware Vulkan adapter the cooperative-matrix filter on every
+/// (f16 rows rounded into a copy, TF32, rounded inside the filter), the radix path's linear
+/// selection on every list and the gather of a filter's passing rows on every filtered search; on a hardware Vulkan adapter the cooperative-matrix filter on every
 /// batch. The software adapter and the CPU have no such paths, so CI runs each suite once there.
 pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
     let mut out = Vec::new();
@@ -67,6 +67,7 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                     t.rounded_copy_bytes = 0;
                 }),
                 tuned(|t| t.select_min_candidates = 1),
+                tuned(|t| t.gather_fraction = 1),
             ],
             GpuBackendType::Vulkan if !context.device_info().software => {
                 vec![tuned(|t| t.fused_min_rows = 1)]

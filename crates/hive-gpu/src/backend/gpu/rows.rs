@@ -270,6 +270,65 @@ impl<D: Driver> GpuRows<D> {
         }
     }
 
+    /// New device arrays of room for `capacity` rows holding the rows of `keep` (ascending
+    /// slots in range), in order, with their norms; no row removed. Compaction keeps them; a
+    /// search over few passing rows reads them instead of every row.
+    pub(super) fn gather_arrays(&self, keep: &[usize], capacity: usize) -> Result<Arrays<D>> {
+        let Some(old) = &self.arrays else { return Err(HiveGpuError::EmptyCollection) };
+        let driver = self.driver().clone();
+        let count = keep.len();
+        let row_bytes = self.row_bytes();
+        let words = Self::dead_words(capacity);
+        let rows = DeviceBuffer::new(&driver, capacity.max(1) * row_bytes)?;
+        let norms = DeviceBuffer::new(&driver, capacity.max(1) * 4)?;
+        let dead = DeviceBuffer::new(&driver, words * 4)?;
+        let keep_device = DeviceBuffer::new(&driver, count.max(1) * 4)?;
+        let mut guard = self.maintenance()?;
+        let Maintenance { stream, staging } = &mut *guard;
+        let buffer = staging[0].get(&driver, count.max(1) * 4)?;
+        for (dst, &slot) in buffer.chunks_exact_mut(4).zip(keep) {
+            dst.copy_from_slice(&(slot as u32).to_ne_bytes());
+        }
+        driver.upload(stream, keep_device.ptr(), buffer, count * 4)?;
+        driver.fill(stream, dead.ptr(), 0, words * 4)?;
+        if count > 0 {
+            let words16 = (row_bytes / 2) as u64;
+            let total = words16 * count as u64;
+            let grid = total.div_ceil(u64::from(BLOCK)).min(65535) as u32;
+            driver.launch(
+                stream,
+                self.device.kernels.gather,
+                (grid, 1),
+                BLOCK,
+                0,
+                &[
+                    Arg::Ptr(old.rows.ptr()),
+                    Arg::Ptr(rows.ptr()),
+                    Arg::U64(words16),
+                    Arg::Ptr(keep_device.ptr()),
+                    Arg::U32(count as u32),
+                    Arg::Ptr(old.norms.ptr()),
+                    Arg::Ptr(norms.ptr()),
+                ],
+            )?;
+        }
+        driver.synchronize(stream)?;
+        Ok(Arrays { rows, norms, dead, capacity })
+    }
+
+    /// The rows of `keep` (ascending slots) as rows of their own on the same device, slot i
+    /// holding `keep[i]`: the parent's largest norm still bounds them, and they have no
+    /// removed row.
+    pub(super) fn gathered(&self, keep: &[usize]) -> Result<Self> {
+        let mut rows =
+            Self::new(self.device.clone(), self.dim, self.precision, self.search, self.tuning.clone())?;
+        rows.arrays = Some(self.gather_arrays(keep, keep.len())?);
+        rows.len = keep.len();
+        rows.dead.reset(keep.len());
+        rows.max_sq_norm = self.max_sq_norm;
+        Ok(rows)
+    }
+
     pub(super) fn live(&self) -> usize {
         self.len - self.dead.count()
     }
@@ -345,50 +404,12 @@ impl<D: Driver> RowStore for GpuRows<D> {
         if keep.windows(2).any(|w| w[0] >= w[1]) || keep.last().is_some_and(|&s| s >= self.len) {
             return Err(HiveGpuError::InvalidArgument("compact needs ascending slots in range".into()));
         }
-        let Some(old) = &self.arrays else { return Ok(()) };
-        let driver = self.driver().clone();
-        let count = keep.len();
-        let capacity = count.max(1024);
-        let row_bytes = self.row_bytes();
-        let words = Self::dead_words(capacity);
-        let rows = DeviceBuffer::new(&driver, capacity * row_bytes)?;
-        let norms = DeviceBuffer::new(&driver, capacity * 4)?;
-        let dead = DeviceBuffer::new(&driver, words * 4)?;
-        let keep_device = DeviceBuffer::new(&driver, count.max(1) * 4)?;
-        {
-            let mut guard = self.maintenance()?;
-            let Maintenance { stream, staging } = &mut *guard;
-            let buffer = staging[0].get(&driver, count.max(1) * 4)?;
-            for (dst, &slot) in buffer.chunks_exact_mut(4).zip(keep) {
-                dst.copy_from_slice(&(slot as u32).to_ne_bytes());
-            }
-            driver.upload(stream, keep_device.ptr(), buffer, count * 4)?;
-            driver.fill(stream, dead.ptr(), 0, words * 4)?;
-            if count > 0 {
-                let words16 = (row_bytes / 2) as u64;
-                let total = words16 * count as u64;
-                let grid = total.div_ceil(u64::from(BLOCK)).min(65535) as u32;
-                driver.launch(
-                    stream,
-                    self.device.kernels.gather,
-                    (grid, 1),
-                    BLOCK,
-                    0,
-                    &[
-                        Arg::Ptr(old.rows.ptr()),
-                        Arg::Ptr(rows.ptr()),
-                        Arg::U64(words16),
-                        Arg::Ptr(keep_device.ptr()),
-                        Arg::U32(count as u32),
-                        Arg::Ptr(old.norms.ptr()),
-                        Arg::Ptr(norms.ptr()),
-                    ],
-                )?;
-            }
-            driver.synchronize(stream)?;
+        if self.arrays.is_none() {
+            return Ok(());
         }
-        self.arrays = Some(Arrays { rows, norms, dead, capacity });
-        self.len = count;
+        let capacity = keep.len().max(1024);
+        self.arrays = Some(self.gather_arrays(keep, capacity)?);
+        self.len = keep.len();
         self.dead.reset(capacity);
         if let Ok(mut stale) = self.dead_stale.lock() {
             *stale = false;

@@ -228,6 +228,11 @@ impl<D: Driver> GpuRows<D> {
                 queries.len()
             )));
         }
+        // Few passing rows: gather them and search only those (`Tuning::gather_fraction`).
+        let gather = self.tuning.gather_fraction;
+        if mask.filtered && gather > 0 && mask.live.saturating_mul(gather) <= self.len {
+            return self.search_gathered(queries, k, metric, &mask.kept(self.len));
+        }
         let mut ws = self.checkout()?;
         let outcome =
             self.upload_mask(&mut ws, &mask).and_then(|()| self.search_in(&mut ws, queries, k, metric, None));
@@ -237,6 +242,29 @@ impl<D: Driver> GpuRows<D> {
             self.checkin(ws);
         }
         outcome
+    }
+
+    /// A filtered search over few passing rows: they are gathered on the device into rows of
+    /// their own (the compaction kernel), searched there with one of this collection's
+    /// workspaces, and their slots mapped back (`passing` is ascending, so ties still go to the
+    /// lower slot).
+    fn search_gathered(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        passing: &[usize],
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let gathered = self.gathered(passing)?;
+        let mut ws = self.checkout()?;
+        let outcome = gathered.search_in(&mut ws, queries, k, metric, None);
+        if outcome.is_ok() {
+            self.checkin(ws);
+        }
+        Ok(outcome?
+            .into_iter()
+            .map(|list| list.into_iter().map(|n| Neighbor { slot: passing[n.slot], ..n }).collect())
+            .collect())
     }
 
     /// Sends a filtered search's skip words to the device, once per search: every kernel of

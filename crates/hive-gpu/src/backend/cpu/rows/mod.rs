@@ -20,10 +20,16 @@ use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
 /// Values per task when stored rows are copied and measured in parallel.
 const PARALLEL_VALUES: usize = 1 << 14;
 
-/// A filtered search whose passing rows are at most 1 in `GATHER_FRACTION` of the slots scores
-/// just those rows exactly (f64, one row at a time) instead of scanning every row with the SIMD
-/// kernels, whose per-row cost is several times lower but paid on every slot.
-const GATHER_FRACTION: usize = 16;
+/// A filtered batch whose passing rows are at most `GATHER_SHARE` of the slots searches a copy
+/// of just those rows: the copy reads each passing row once, where the masked scan computes
+/// every row's distance for every query. At half the rows of 1M x 128 the masked scan was 9%
+/// slower than no filter, the copy 10% faster (docs/PERFORMANCE.md, filtered search).
+const GATHER_SHARE: (usize, usize) = (3, 4);
+/// A filtered search of a few queries whose passing rows are at most 1 in `IN_PLACE_FRACTION`
+/// of the slots reads just those rows where they are: one row at a time costs about 4x a
+/// streamed row of the scan (about 0.10 against 0.023 us at 128 dimensions on the development
+/// machine, docs/PERFORMANCE.md), so below a quarter of the rows it wins.
+const IN_PLACE_FRACTION: usize = 4;
 
 /// What [`CpuRows`] keeps about each stored row: its squared norm, its bf16 rounding
 /// residual and whether its components are all bytes.
@@ -112,6 +118,40 @@ impl CpuRows {
         }
     }
 
+    /// The rows of `slots` (ascending) as a store of their own, slot i holding `slots[i]`:
+    /// what a search over few passing rows reads instead of every row. The parent's bounds
+    /// (largest norm and residuals) hold for any subset of its rows, so they are kept, not
+    /// recomputed.
+    fn gathered(&self, slots: &[usize]) -> CpuRows {
+        let dim = self.dim;
+        // Row by row with `extend_from_slice` (a memcpy each): element by element was most of
+        // a filtered single query's time.
+        fn copy<T: Copy>(values: &[T], slots: &[usize], dim: usize) -> Vec<T> {
+            let mut out = Vec::with_capacity(slots.len() * dim);
+            for &s in slots {
+                out.extend_from_slice(&values[s * dim..(s + 1) * dim]);
+            }
+            out
+        }
+        let elements = match &self.elements {
+            Elements::F32(v) => Elements::F32(copy(v, slots, dim)),
+            Elements::F16(v) => Elements::F16(copy(v, slots, dim)),
+        };
+        let mut dead = SlotSet::default();
+        dead.cover(slots.len());
+        CpuRows {
+            dim,
+            elements,
+            sq_norms: slots.iter().map(|&s| self.sq_norms[s]).collect(),
+            max_sq_norm: self.max_sq_norm,
+            max_residual: self.max_residual,
+            max_relative_residual: self.max_relative_residual,
+            all_bytes: self.all_bytes,
+            dead,
+            simd: self.simd,
+        }
+    }
+
     /// Records the statistics of the stored row in `slot` (the next one or an existing one).
     fn record(&mut self, slot: usize, RowStats { norm, residual, bytes }: RowStats) {
         let sq_norm = norm as f32;
@@ -137,6 +177,19 @@ impl CpuRows {
         }
     }
 
+    /// The `scale` and `offset` that turn row `slot`'s raw kernel value into its canonical
+    /// distance (`raw * scale + offset`).
+    fn row_transform(&self, metric: GpuDistanceMetric, raw_is_l2: bool, slot: usize) -> (f32, f32) {
+        let norm = self.sq_norms[slot];
+        match metric {
+            GpuDistanceMetric::Euclidean if raw_is_l2 => (1.0, 0.0),
+            GpuDistanceMetric::Euclidean => (-2.0, norm),
+            GpuDistanceMetric::DotProduct => (-1.0, 0.0),
+            GpuDistanceMetric::Cosine if norm > 0.0 => (-1.0 / norm.sqrt(), 0.0),
+            GpuDistanceMetric::Cosine => (0.0, 0.0),
+        }
+    }
+
     /// Per-row `scale` and `offset` that turn a block's raw kernel values into canonical
     /// distances (`raw * scale + offset`); removed rows get `+inf`.
     fn block_transform(
@@ -150,14 +203,7 @@ impl CpuRows {
     ) {
         for (j, (s, o)) in scale.iter_mut().zip(offset.iter_mut()).enumerate() {
             let slot = start + j;
-            let norm = self.sq_norms[slot];
-            (*s, *o) = match metric {
-                GpuDistanceMetric::Euclidean if raw_is_l2 => (1.0, 0.0),
-                GpuDistanceMetric::Euclidean => (-2.0, norm),
-                GpuDistanceMetric::DotProduct => (-1.0, 0.0),
-                GpuDistanceMetric::Cosine if norm > 0.0 => (-1.0 / norm.sqrt(), 0.0),
-                GpuDistanceMetric::Cosine => (0.0, 0.0),
-            };
+            (*s, *o) = self.row_transform(metric, raw_is_l2, slot);
             if skip.contains(slot) {
                 (*s, *o) = (0.0, f32::INFINITY);
             }
@@ -166,6 +212,8 @@ impl CpuRows {
 
     /// The exact k best of `slots` for query `q` (f64 distances, ties by slot): the re-rank
     /// that a backend computing its candidates elsewhere (wgpu) shares with this one.
+    // Only the wgpu backend, which keeps its host rows here, calls this.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn rerank(
         &self,
         q: &[f32],
@@ -178,6 +226,29 @@ impl CpuRows {
         let scored = slots
             .iter()
             .map(|&slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
+            .collect();
+        topk::best_k(scored, k).into_iter().map(|(slot, distance)| Neighbor { slot, distance }).collect()
+    }
+
+    /// Exact k nearest of the rows `slots` (ascending) for one query, reading them in place:
+    /// the scan's kernels and bound, then the exact re-rank.
+    fn knn_among(&self, q: &[f32], k: usize, metric: GpuDistanceMetric, slots: &[usize]) -> Vec<Neighbor> {
+        let q_norm = simd::squared_norm_f64(q).sqrt();
+        // Cosine ignores the query's scale: the kernels get the unit query (as in the scan).
+        let unit: Vec<f32>;
+        let kernel_q = if metric == GpuDistanceMetric::Cosine {
+            unit = q.iter().map(|&x| (f64::from(x) / q_norm) as f32).collect();
+            &unit[..]
+        } else {
+            q
+        };
+        let bound = self.bound(metric, simd::squared_norm_f64(kernel_q).sqrt() as f32, false);
+        let collector = self.scan_slots(kernel_q, metric, k, bound, slots);
+        let mut scratch = Vec::new();
+        let scored = collector
+            .into_slots()
+            .into_iter()
+            .map(|at| (slots[at], self.exact_distance(q, q_norm, slots[at], metric, &mut scratch)))
             .collect();
         topk::best_k(scored, k).into_iter().map(|(slot, distance)| Neighbor { slot, distance }).collect()
     }
@@ -246,10 +317,34 @@ impl CpuRows {
             )));
         }
         let skip: &SlotSet = &mask.skip;
-        // Few rows pass the filter: score them exactly instead of scanning every row.
-        if mask.filtered && live.saturating_mul(GATHER_FRACTION) <= self.len_slots() {
-            let passing: Vec<usize> = (0..self.len_slots()).filter(|&s| !skip.contains(s)).collect();
-            return Ok(queries.par_chunks_exact(dim).map(|q| self.rerank(q, &passing, k, metric)).collect());
+        // Few rows pass the filter: search a copy of just those rows, whose slots keep their
+        // order (so ties still go to the lower slot), where the host has the memory for it.
+        let element_bytes = match self.elements {
+            Elements::F32(_) => 4,
+            Elements::F16(_) => 2,
+        };
+        let gathered_bytes = (live * (dim * element_bytes + 4)) as u64;
+        if mask.filtered
+            && live.saturating_mul(GATHER_SHARE.1) <= self.len_slots().saturating_mul(GATHER_SHARE.0)
+            && crate::memory::claim(gathered_bytes).is_ok()
+        {
+            let passing = mask.kept(self.len_slots());
+            let few = queries.len() / dim < GEMM_MIN_QUERIES;
+            if few && live.saturating_mul(IN_PLACE_FRACTION) <= self.len_slots() {
+                // Few queries: the passing rows are read where they are, each once per query.
+                return Ok(queries
+                    .chunks_exact(dim)
+                    .map(|q| self.knn_among(q, k, metric, &passing))
+                    .collect());
+            }
+            if !few {
+                // Batches: one copy of the passing rows feeds the matrix tiles of every query.
+                let found = self.gathered(&passing).knn_on_pool(queries, k, metric, None)?;
+                return Ok(found
+                    .into_iter()
+                    .map(|list| list.into_iter().map(|n| Neighbor { slot: passing[n.slot], ..n }).collect())
+                    .collect());
+            }
         }
         let nq = queries.len() / dim;
         let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();

@@ -84,6 +84,8 @@ const ROW_TILE: usize = 512;
 const SCAN_BLOCK_VALUES: usize = 8192;
 /// Rows per parallel scan task (at least).
 const SCAN_TASK_ROWS: usize = 16384;
+/// Rows per parallel task when scattered rows are read in place (`CpuRows::scan_slots`).
+const SCATTERED_TASK_ROWS: usize = 2048;
 
 impl CpuRows {
     /// Candidates of one query by scanning every row, split across threads.
@@ -107,6 +109,58 @@ impl CpuRows {
             .reduce_with(|mut a, b| {
                 a.merge(b);
                 self.thin(&mut a, q, metric);
+                a
+            })
+            .unwrap_or_else(|| Collector::new(k, bound))
+    }
+
+    /// Candidates of one query among the rows `slots` (ascending), read in place, split across
+    /// threads. The collector holds positions in `slots`, not slots.
+    pub(super) fn scan_slots(
+        &self,
+        q: &[f32],
+        metric: GpuDistanceMetric,
+        k: usize,
+        bound: ErrorBound,
+        slots: &[usize],
+    ) -> Collector {
+        let kernel = if metric == GpuDistanceMetric::Euclidean { Kernel::L2 } else { Kernel::Dot };
+        // Rows read in place cost more each than streamed ones (the passing rows are scattered):
+        // smaller tasks than the scan's, so that a few thousand rows still use every thread.
+        let tasks = slots.len().div_ceil(SCATTERED_TASK_ROWS).max(1);
+        let per_task = slots.len().div_ceil(tasks).max(1);
+        let q_norm = simd::squared_norm_f64(q).sqrt();
+        let thin = |c: &mut Collector| {
+            if c.crowded() {
+                let mut scratch = Vec::new();
+                c.shrink(|at| self.exact_distance(q, q_norm, slots[at as usize], metric, &mut scratch));
+            }
+        };
+        slots
+            .par_chunks(per_task)
+            .enumerate()
+            .map(|(t, task)| {
+                let mut collector = Collector::new(k, bound);
+                let block = 256;
+                let (mut raw, mut scale, mut offset) =
+                    (vec![0f32; block], vec![0f32; block], vec![0f32; block]);
+                let mut scratch = Vec::new();
+                for (b, chunk) in task.chunks(block).enumerate() {
+                    for (j, &slot) in chunk.iter().enumerate() {
+                        let row = self.rows_f32(slot, 1, &mut scratch);
+                        simd::distances(self.simd, kernel, q, row, &mut raw[j..j + 1]);
+                        (scale[j], offset[j]) = self.row_transform(metric, true, slot);
+                    }
+                    let n = chunk.len();
+                    let first = t * per_task + b * block;
+                    filter::collect(self.simd, &mut collector, &raw[..n], &scale[..n], &offset[..n], first);
+                    thin(&mut collector);
+                }
+                collector
+            })
+            .reduce_with(|mut a, b| {
+                a.merge(b);
+                thin(&mut a);
                 a
             })
             .unwrap_or_else(|| Collector::new(k, bound))
