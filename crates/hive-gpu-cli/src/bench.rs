@@ -98,7 +98,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
             for &requested_k in &ks {
                 // k beyond the collection returns every vector: reported as the effective k.
                 let k = requested_k.min(data.base.rows);
-                let timings = time_search(&storage, &data, k, batch, &options, args.json)?;
+                let timings = time_search(&storage, &data, k, batch, &options, args.columnar, args.json)?;
                 let (recall, recall_source) = match &filter {
                     Some(case) => filtered_recall(&data, &timings.ids, k, metric, &case.passing),
                     None => recall(&data, &timings.ids, k, metric, use_groundtruth),
@@ -125,6 +125,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                             ("precision", Value::Str(config.precision.to_string())),
                             ("search_precision", Value::Str(format!("{:?}", config.search).to_lowercase())),
                             ("batch", Value::Int(batch as u64)),
+                            ("results", Value::Str(if args.columnar { "columns" } else { "lists" }.into())),
                             ("selectivity", selectivity.map_or(Value::Null, Value::Num)),
                             (
                                 "passing",
@@ -272,6 +273,7 @@ fn time_search(
     k: usize,
     batch: usize,
     options: &SearchOptions,
+    columnar: bool,
     quiet: bool,
 ) -> Result<Timings, HiveGpuError> {
     let dim = data.queries.dim;
@@ -289,12 +291,24 @@ fn time_search(
         for start in (0..nq).step_by(batch) {
             let end = (start + batch).min(nq);
             let call_start = Instant::now();
-            let results = storage.search_batch_with(&queries[start * dim..end * dim], k, options)?;
-            timings.calls.push(call_start.elapsed());
-            if first {
-                bar.set_position(end as u64);
-                for list in results {
-                    timings.ids.push(list.iter().filter_map(|r| r.id.parse().ok()).collect());
+            let batch_queries = &queries[start * dim..end * dim];
+            if columnar {
+                let results = storage.search_batch_results(batch_queries, k, options)?;
+                timings.calls.push(call_start.elapsed());
+                if first {
+                    bar.set_position(end as u64);
+                    for row in results.rows() {
+                        timings.ids.push(row.ids.iter().filter_map(|id| id.parse().ok()).collect());
+                    }
+                }
+            } else {
+                let results = storage.search_batch_with(batch_queries, k, options)?;
+                timings.calls.push(call_start.elapsed());
+                if first {
+                    bar.set_position(end as u64);
+                    for list in results {
+                        timings.ids.push(list.iter().filter_map(|r| r.id.parse().ok()).collect());
+                    }
                 }
             }
         }

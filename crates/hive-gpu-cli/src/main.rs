@@ -109,6 +109,10 @@ struct BenchArgs {
     /// comma list measures each S in turn after the unfiltered search, on the same collection.
     #[arg(long, value_delimiter = ',')]
     filter_selectivity: Vec<f64>,
+    /// Take each batch's results as flat arrays (`search_batch_results`) instead of a list of
+    /// structures per query (`search_batch`), to measure what building them costs.
+    #[arg(long)]
+    columnar: bool,
     /// Print one JSON object per batch size and k instead of the report.
     #[arg(long)]
     json: bool,

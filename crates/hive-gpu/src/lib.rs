@@ -59,6 +59,7 @@ mod index;
 pub mod io;
 mod memory;
 mod payload;
+mod results;
 pub mod slots;
 pub mod tuning;
 pub mod types;
@@ -69,6 +70,7 @@ pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, sel
 pub use error::{HiveGpuError, Result};
 pub use filter::{Filter, MAX_FILTER_DEPTH, PreparedFilter};
 pub use payload::{Payload, PayloadValue};
+pub use results::{ResultRow, SearchResults};
 pub use tuning::Tuning;
 pub use types::{
     BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector, Metadata,
@@ -268,6 +270,18 @@ impl GpuVectorStorage {
         options: &SearchOptions,
     ) -> Result<Vec<Vec<GpuSearchResult>>> {
         index::flat::search(&self.read(), queries, k, options)
+    }
+
+    /// [`GpuVectorStorage::search_batch_with`] into flat arrays: every neighbour's id, score
+    /// and slot, row after row ([`SearchResults`]), without a list or a structure per query.
+    /// The shape to hand to Python or over a network.
+    pub fn search_batch_results(
+        &self,
+        queries: &[f32],
+        k: usize,
+        options: &SearchOptions,
+    ) -> Result<SearchResults> {
+        index::flat::search_results(&self.read(), queries, k, options)
     }
 
     /// Removes vectors by id. Every id must be present and listed once; otherwise nothing is

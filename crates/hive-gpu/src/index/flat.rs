@@ -4,6 +4,7 @@
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
+use crate::results::SearchResults;
 use crate::slots::SlotSet;
 use crate::types::{GpuDistanceMetric, GpuSearchResult, SearchOptions};
 use rayon::prelude::*;
@@ -19,15 +20,68 @@ pub(crate) fn score(metric: GpuDistanceMetric, distance: f64) -> f32 {
     }
 }
 
-/// The exact `k` nearest neighbours of each query of a row-major batch.
+/// The exact `k` nearest neighbours of each query of a row-major batch, one list per query.
 pub(crate) fn search(
     collection: &Collection,
     queries: &[f32],
     k: usize,
     options: &SearchOptions,
 ) -> Result<Vec<Vec<GpuSearchResult>>> {
-    let config = *collection.config();
     let with_payload = options.with_metadata;
+    let pieces = search_pieces(collection, queries, k, options, |neighbours, k| {
+        to_results(collection, neighbours, k, with_payload)
+    })?;
+    match pieces {
+        Searched::Pieces(pieces) => Ok(pieces.into_iter().flatten().collect()),
+        Searched::NothingPasses(nq) => Ok(vec![Vec::new(); nq]),
+    }
+}
+
+/// [`search`] into flat arrays ([`SearchResults`]): no structure per neighbour.
+pub(crate) fn search_results(
+    collection: &Collection,
+    queries: &[f32],
+    k: usize,
+    options: &SearchOptions,
+) -> Result<SearchResults> {
+    let with_payload = options.with_metadata;
+    let pieces = search_pieces(collection, queries, k, options, |neighbours, k| {
+        to_columns(collection, neighbours, k, with_payload)
+    })?;
+    match pieces {
+        Searched::Pieces(pieces) => {
+            let mut pieces = pieces.into_iter();
+            let mut all = pieces.next().unwrap_or_else(|| SearchResults::with_capacity(0, 0, with_payload));
+            for piece in pieces {
+                all.append(piece);
+            }
+            Ok(all)
+        }
+        Searched::NothingPasses(nq) => {
+            let mut none = SearchResults::with_capacity(nq, 0, with_payload);
+            (0..nq).for_each(|_| none.end_row());
+            Ok(none)
+        }
+    }
+}
+
+/// What [`search_pieces`] found: each piece's assembled results in query order, or that no
+/// vector passes the filter (so each of the queries gets an empty list).
+enum Searched<T> {
+    Pieces(Vec<T>),
+    NothingPasses(usize),
+}
+
+/// Validates a batch, resolves its filter, searches it piece by piece and turns each piece's
+/// neighbours into results with `assemble(neighbours, k)`.
+fn search_pieces<T: Send + Sync>(
+    collection: &Collection,
+    queries: &[f32],
+    k: usize,
+    options: &SearchOptions,
+    assemble: impl Fn(Vec<Vec<Neighbor>>, usize) -> Result<T> + Sync,
+) -> Result<Searched<T>> {
+    let config = *collection.config();
     let dim = config.dimension;
     if k == 0 {
         return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
@@ -42,7 +96,7 @@ pub(crate) fn search(
         check_values(q, &config, Subject::Query(i))?;
     }
     if queries.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Searched::Pieces(Vec::new()));
     }
     if collection.len() == 0 {
         return Err(HiveGpuError::EmptyCollection);
@@ -53,21 +107,21 @@ pub(crate) fn search(
     let allowed = allowed.as_ref();
     let searched = allowed.map_or(collection.len(), SlotSet::count);
     if searched == 0 {
-        return Ok(vec![Vec::new(); nq]);
+        return Ok(Searched::NothingPasses(nq));
     }
     let k = k.min(searched);
     let pieces = Pieces::of(nq);
     if pieces.count == 1 {
         let neighbours = collection.rows().knn(queries, k, config.metric, allowed)?;
-        return to_results(collection, neighbours, k, with_payload);
+        return Ok(Searched::Pieces(vec![assemble(neighbours, k)?]));
     }
     // Pieces are searched by `WORKERS` threads in turn, and each piece's results are built on
     // other threads while its worker searches the next: the device is not left idle while
     // the host prepares queries or builds result structures.
-    let done: Vec<OnceLock<Result<Vec<Vec<GpuSearchResult>>>>> =
-        (0..pieces.count).map(|_| OnceLock::new()).collect();
+    let done: Vec<OnceLock<Result<T>>> = (0..pieces.count).map(|_| OnceLock::new()).collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
+    let assemble = &assemble;
     // On the library's pool (`crate::exec`): the caller holds the collection's lock.
     crate::exec::run(|| {
         rayon::scope(|scope| {
@@ -84,7 +138,7 @@ pub(crate) fn search(
                             Ok(neighbours) => {
                                 let slot = &done[i];
                                 scope.spawn(move |_| {
-                                    let _ = slot.set(to_results(collection, neighbours, k, with_payload));
+                                    let _ = slot.set(assemble(neighbours, k));
                                 });
                             }
                             Err(e) => {
@@ -97,7 +151,7 @@ pub(crate) fn search(
             }
         })
     })?;
-    let mut results = Vec::with_capacity(nq);
+    let mut results = Vec::with_capacity(pieces.count);
     for (i, piece) in done.into_iter().enumerate() {
         let found = match piece.into_inner() {
             Some(Ok(found)) => found,
@@ -108,21 +162,16 @@ pub(crate) fn search(
                 collection.rows().release_scratch();
                 let range = pieces.range(i, nq);
                 let piece = &queries[range.start * dim..range.end * dim];
-                to_results(
-                    collection,
-                    collection.rows().knn(piece, k, config.metric, allowed)?,
-                    k,
-                    with_payload,
-                )?
+                assemble(collection.rows().knn(piece, k, config.metric, allowed)?, k)?
             }
             Some(Err(e)) => return Err(e),
         };
-        results.extend(found);
+        results.push(found);
     }
-    Ok(results)
+    Ok(Searched::Pieces(results))
 }
 
-/// How a batch is cut for [`search`]: `count` pieces of at most `size` queries, searched by
+/// How a batch is cut for [`search_pieces`]: `count` pieces of at most `size` queries, searched by
 /// `workers` threads.
 struct Pieces {
     count: usize,
@@ -185,6 +234,48 @@ fn to_results(
     };
     if profiling() {
         eprintln!("hive-gpu profile (results, ms): {:.3}", began.elapsed().as_secs_f64() * 1e3);
+    }
+    results
+}
+
+/// One piece's neighbours as flat arrays. Rows are built in parallel chunks for a big piece and
+/// joined (one copy of three flat arrays, cheaper than a list per query).
+fn to_columns(
+    collection: &Collection,
+    neighbours: Vec<Vec<Neighbor>>,
+    k: usize,
+    with_payload: bool,
+) -> Result<SearchResults> {
+    let metric = collection.config().metric;
+    let began = std::time::Instant::now();
+    let build = |lists: &[Vec<Neighbor>]| -> Result<SearchResults> {
+        let mut out = SearchResults::with_capacity(lists.len(), k, with_payload);
+        for list in lists {
+            for n in list {
+                let (id, metadata, payload) = collection.entry(n.slot).ok_or_else(|| {
+                    HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot))
+                })?;
+                out.push(n.slot, id, score(metric, n.distance), with_payload.then_some((metadata, payload)));
+            }
+            out.end_row();
+        }
+        Ok(out)
+    };
+    let results = if neighbours.len() * k >= PARALLEL_RESULTS {
+        let chunk = (PARALLEL_RESULTS / k.max(1)).max(1);
+        let parts: Vec<SearchResults> =
+            crate::exec::run(|| neighbours.par_chunks(chunk).map(build).collect::<Result<_>>())??;
+        let mut parts = parts.into_iter();
+        let mut all = parts.next().unwrap_or_default();
+        for part in parts {
+            all.append(part);
+        }
+        Ok(all)
+    } else {
+        build(&neighbours)
+    };
+    if profiling() {
+        eprintln!("hive-gpu profile (columnar results, ms): {:.3}", began.elapsed().as_secs_f64() * 1e3);
     }
     results
 }
