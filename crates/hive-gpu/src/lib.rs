@@ -53,6 +53,7 @@
 pub mod backend;
 mod collection;
 pub mod error;
+mod exact;
 mod exec;
 mod filter;
 mod index;

@@ -244,9 +244,7 @@ pub fn distances(level: SimdLevel, kernel: Kernel, q: &[f32], rows: &[f32], out:
 }
 
 /// Sum of squares in f64: exact enough to serve as the reference norm of a row.
-pub fn squared_norm_f64(v: &[f32]) -> f64 {
-    v.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
-}
+pub(crate) use crate::exact::squared_norm_f64;
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,6 @@
 //! written once over the [`driver::Driver`] trait. The vendor code is the driver
 //! implementation and little else.
 
-pub(crate) mod bounds;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod driver;

@@ -7,8 +7,8 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::bounds::{self, Approximation};
-use crate::backend::cpu::simd::squared_norm_f64;
+use crate::exact::gates::{self as bounds, Approximation};
+use crate::exact::squared_norm_f64;
 use crate::types::GpuDistanceMetric;
 
 /// Batches of at least this many queries are prepared on several threads.

@@ -13,7 +13,6 @@
 
 use rayon::prelude::*;
 
-use super::bounds::{self, Approximation};
 use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
 use super::memory::{Filtered, Workspace};
@@ -21,6 +20,9 @@ use super::prepare::{Prepared, prepare};
 use super::rows::GpuRows;
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::error::{HiveGpuError, Result};
+use crate::exact::gates::{self as bounds, Approximation};
+use crate::exact::metric_code;
+use crate::exact::plan::{FUSED_CAP, SAMPLE_STRIDE, sample_rank, wide_list_size};
 use crate::slots::{SearchMask, SlotSet};
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 use half::slice::HalfFloatSliceExt;
@@ -29,34 +31,8 @@ use half::slice::HalfFloatSliceExt;
 const MAX_LIST: usize = 4096;
 /// Batches of at least this many queries use GEMM tiles; fewer scan.
 const GEMM_MIN_QUERIES: usize = 8;
-/// The fused filter's thresholds come from a search of every `SAMPLE_STRIDE`-th row.
-pub(crate) const SAMPLE_STRIDE: usize = 32;
-/// Candidate entries per query in the fused filter's buffer.
-pub(crate) const FUSED_CAP: usize = 2048;
-
-/// The rank j in the sample (every `SAMPLE_STRIDE`-th of `len` slots, `live` of them live)
-/// whose distance gives a filter threshold for k neighbors: about 2k + 8 * SAMPLE_STRIDE rows
-/// of the collection are expected below it. None where the sample is too small for one.
-pub(crate) fn sample_rank(len: usize, live: usize, k: usize) -> Option<usize> {
-    let j = (2 * k).div_ceil(SAMPLE_STRIDE) + 8;
-    (len.div_ceil(SAMPLE_STRIDE) >= 4 * j && live >= len / 2).then_some(j)
-}
-
-/// The candidate list size of a tensor-core path for k: room for its wider band.
-pub(crate) fn wide_list_size(k: usize) -> usize {
-    (k + (2 * k).max(128)).next_power_of_two()
-}
-
 fn align(bytes: usize) -> usize {
     bytes.div_ceil(256) * 256
-}
-
-fn metric_code(metric: GpuDistanceMetric) -> i32 {
-    match metric {
-        GpuDistanceMetric::Euclidean => 0,
-        GpuDistanceMetric::DotProduct => 1,
-        GpuDistanceMetric::Cosine => 2,
-    }
 }
 
 /// Copies into the pinned staging buffer, on several threads (of the library's pool) for a big

@@ -22,9 +22,9 @@ use super::rows::{
 };
 use super::{layout_entry, storage};
 use crate::backend::RowStore;
-use crate::backend::gpu::bounds::{self, Approximation};
-use crate::backend::gpu::search::{FUSED_CAP, SAMPLE_STRIDE, sample_rank, wide_list_size};
 use crate::error::{HiveGpuError, Result};
+use crate::exact::gates::{self as bounds, Approximation};
+use crate::exact::plan::{FUSED_CAP, SAMPLE_STRIDE, sample_rank, wide_list_size};
 use crate::types::{GpuDistanceMetric, StoragePrecision};
 
 const FILTER_WGSL: &str = include_str!("kernels/filter.wgsl");
@@ -414,11 +414,7 @@ impl WgpuRows {
             return Err(missing("bind groups"));
         };
 
-        let metric_code = match metric {
-            GpuDistanceMetric::Euclidean => 0u32,
-            GpuDistanceMetric::DotProduct => 1,
-            GpuDistanceMetric::Cosine => 2,
-        };
+        let metric_code = crate::exact::metric_code(metric) as u32;
 
         let mut params_bytes = Vec::new();
         let mut push_params = |words: [u32; 16]| -> u32 {

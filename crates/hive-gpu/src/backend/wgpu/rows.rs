@@ -11,9 +11,9 @@ use rayon::prelude::*;
 use super::WgpuDevice;
 use crate::backend::cpu::SimdLevel;
 use crate::backend::cpu::rows::CpuRows;
-use crate::backend::gpu::bounds::{self, Approximation};
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
+use crate::exact::gates::{self as bounds, Approximation};
 use crate::slots::{SearchMask, SlotSet};
 use crate::tuning::Tuning;
 use crate::types::{GpuDistanceMetric, StoragePrecision};
@@ -593,11 +593,7 @@ impl WgpuRows {
         }
         let states: Vec<u8> =
             (0..t).flat_map(|_| [0u32, 0, k as u32, 0]).flat_map(|x| x.to_ne_bytes()).collect();
-        let metric_code = match metric {
-            GpuDistanceMetric::Euclidean => 0u32,
-            GpuDistanceMetric::DotProduct => 1,
-            GpuDistanceMetric::Cosine => 2,
-        };
+        let metric_code = crate::exact::metric_code(metric) as u32;
         let mut params_bytes = Vec::new();
         let mut push_params = |values: [u32; 8], list: [u32; 8]| -> u32 {
             let offset = params_bytes.len() as u32;

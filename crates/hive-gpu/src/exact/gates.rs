@@ -1,9 +1,9 @@
 //! The candidate gate of each GPU search path: rows whose approximate distance `a` exceeds
 //! `a_k * mul + add` (with `a_k` the k-th best approximate distance) cannot be among the
-//! true k nearest, by the same argument as the CPU backend's (`cpu/topk.rs`): with every
+//! true k nearest, by the same argument as the CPU backend's collector (`backend/cpu/topk.rs`): with every
 //! approximate distance within `E` of the true one, true top-k rows satisfy `a <= a_k + 2E`.
 
-use crate::backend::cpu::topk::ErrorBound;
+use crate::exact::ErrorBound;
 use crate::types::GpuDistanceMetric;
 
 /// How the approximate distances of a path are computed.

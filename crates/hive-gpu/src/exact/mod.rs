@@ -1,0 +1,29 @@
+//! What every backend shares, so that no backend imports another: the error bound of an f32
+//! distance and the candidate gates built on it, the sample plan of the filtered batch paths,
+//! the metric codes the kernels take, and the f64 squared norm the re-ranks and gates use.
+//!
+//! Still outside: wgpu keeps an exact host copy of its rows for the f64 re-rank and for
+//! answering on the host while its device copy is stale; that copy is the CPU backend's row
+//! store (`backend::cpu::rows::CpuRows`), the one dependency of a backend on another left.
+
+pub(crate) mod error;
+pub(crate) mod gates;
+pub(crate) mod plan;
+
+pub(crate) use error::ErrorBound;
+
+use crate::types::GpuDistanceMetric;
+
+/// The code a kernel (CUDA, HIP or WGSL) takes for a metric.
+pub(crate) fn metric_code(metric: GpuDistanceMetric) -> i32 {
+    match metric {
+        GpuDistanceMetric::Euclidean => 0,
+        GpuDistanceMetric::DotProduct => 1,
+        GpuDistanceMetric::Cosine => 2,
+    }
+}
+
+/// `|v|^2` in f64, exact enough to bound the f32 arithmetic of every backend.
+pub(crate) fn squared_norm_f64(v: &[f32]) -> f64 {
+    v.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
+}
