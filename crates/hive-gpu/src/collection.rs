@@ -230,6 +230,12 @@ impl Collection {
             collection: self.uid,
             version: self.version,
         };
+        // A prepared filter still current holds live slots already (see `prepare`).
+        if let Filter::Prepared(prepared) = filter
+            && let Some(slots) = prepared.current_slots(self.uid, self.version)
+        {
+            return Ok(slots.clone());
+        }
         let passing = filter.slots(&target)?;
         Ok(passing.and(&self.removed.complement(len)))
     }

@@ -79,6 +79,11 @@ impl PreparedFilter {
         Self { filter: Box::new(filter), collection, version, slots: std::sync::Arc::new(slots) }
     }
 
+    /// Its slots, if it was prepared for this collection at this version.
+    pub(crate) fn current_slots(&self, collection: u64, version: u64) -> Option<&SlotSet> {
+        (self.collection == collection && self.version == version).then_some(&*self.slots)
+    }
+
     /// The filter it was prepared from.
     pub fn filter(&self) -> &Filter {
         &self.filter

@@ -56,10 +56,13 @@ pub struct Tuning {
     /// wgpu single queries may read a row with eight lanes where subgroups allow it (false: a
     /// row per thread). `HIVE_GPU_WGPU_SUBGROUPS=0` turns it off.
     pub wgpu_subgroups: bool,
-    /// A filtered CUDA/ROCm search whose passing rows are at most 1 in `gather_fraction` of the
-    /// slots gathers them on the device and searches only those; others scan every row with the
-    /// rest masked (0: never gather; tests use 1, always). `HIVE_GPU_GATHER_FRACTION`.
+    /// A filtered CUDA/ROCm search of fewer than 8 queries whose passing rows are at most 1 in
+    /// `gather_fraction` of the slots gathers them on the device and searches only those;
+    /// others scan every row with the rest masked (0: never gather; tests use 1, always).
+    /// `HIVE_GPU_GATHER_FRACTION`.
     pub gather_fraction: usize,
+    /// The same for batches of 8 queries and more. `HIVE_GPU_BATCH_GATHER_FRACTION`.
+    pub batch_gather_fraction: usize,
 }
 
 impl Default for Tuning {
@@ -79,7 +82,13 @@ impl Default for Tuning {
             scan_subrounds: 64,
             wgpu_coop: true,
             wgpu_subgroups: true,
-            gather_fraction: 16,
+            // Measured on the H100 over 1M x 128 (docs/PERFORMANCE.md, filtered search): one
+            // query gathered 1,024 passing rows in 0.31 ms against 0.52 ms masked, but 100,050
+            // in 1.24 ms against 0.43 ms; a 10,000-query batch gathered 100,050 in 18 ms
+            // against 98 ms masked (a masked batch under half the rows has no sample for the
+            // fused filter).
+            gather_fraction: 256,
+            batch_gather_fraction: 2,
         }
     }
 }
@@ -130,7 +139,7 @@ impl Tuning {
         switch("HIVE_GPU_F16_FILTER", &mut t.f16_filter)?;
         switch("HIVE_GPU_WGPU_COOP", &mut t.wgpu_coop)?;
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
-        let sizes: [(&str, usize, &mut usize); 9] = [
+        let sizes: [(&str, usize, &mut usize); 10] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", 0, &mut t.rounded_copy_bytes),
@@ -140,6 +149,7 @@ impl Tuning {
             ("HIVE_GPU_SCAN_BLOCKS_PER_SM", 1, &mut t.scan_blocks_per_sm),
             ("HIVE_GPU_SCAN_SUBROUNDS", 1, &mut t.scan_subrounds),
             ("HIVE_GPU_GATHER_FRACTION", 0, &mut t.gather_fraction),
+            ("HIVE_GPU_BATCH_GATHER_FRACTION", 0, &mut t.batch_gather_fraction),
         ];
         for (name, min, field) in sizes {
             if let Some(value) = size(name, min)? {

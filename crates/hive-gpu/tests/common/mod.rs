@@ -67,7 +67,10 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                     t.rounded_copy_bytes = 0;
                 }),
                 tuned(|t| t.select_min_candidates = 1),
-                tuned(|t| t.gather_fraction = 1),
+                tuned(|t| {
+                    t.gather_fraction = 1;
+                    t.batch_gather_fraction = 1;
+                }),
             ],
             GpuBackendType::Vulkan if !context.device_info().software => {
                 vec![tuned(|t| t.fused_min_rows = 1)]

@@ -134,6 +134,10 @@ pub(super) struct Workspace<D: Driver> {
     /// Set for the length of a filtered search: what its kernels read instead of the removed
     /// rows.
     pub(super) filtered: Option<Filtered>,
+    /// The rows of the last gathered filtered search, reused by the next (only small ones are
+    /// kept) and the device list of their slots.
+    pub(super) gathered: Option<Box<super::rows::GpuRows<D>>>,
+    pub(super) gather_slots: Scratch<D>,
 }
 
 /// The rows a filtered search reads.
@@ -174,6 +178,8 @@ impl<D: Driver> Workspace<D> {
             fused_counts: Scratch::new(),
             skip: Scratch::new(),
             filtered: None,
+            gathered: None,
+            gather_slots: Scratch::new(),
         })
     }
 }

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::Device;
 use super::driver::{Arg, Driver};
 use super::kernels::BLOCK;
-use super::memory::{DeviceBuffer, Staging, Workspace};
+use super::memory::{DeviceBuffer, Scratch, Staging, Workspace};
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::slots::SlotSet;
@@ -273,23 +273,44 @@ impl<D: Driver> GpuRows<D> {
     /// New device arrays of room for `capacity` rows holding the rows of `keep` (ascending
     /// slots in range), in order, with their norms; no row removed. Compaction keeps them; a
     /// search over few passing rows reads them instead of every row.
-    pub(super) fn gather_arrays(&self, keep: &[usize], capacity: usize) -> Result<Arrays<D>> {
+    /// `reuse`: arrays of an earlier gather, written over when they hold room for `keep`;
+    /// `keep_scratch`: where the slot list goes on the device (else a buffer of its own).
+    pub(super) fn gather_arrays(
+        &self,
+        keep: &[usize],
+        capacity: usize,
+        reuse: Option<Arrays<D>>,
+        keep_scratch: Option<&mut Scratch<D>>,
+    ) -> Result<Arrays<D>> {
         let Some(old) = &self.arrays else { return Err(HiveGpuError::EmptyCollection) };
         let driver = self.driver().clone();
         let count = keep.len();
         let row_bytes = self.row_bytes();
+        let (rows, norms, dead, capacity) = match reuse {
+            Some(a) if a.capacity >= count => (a.rows, a.norms, a.dead, a.capacity),
+            _ => (
+                DeviceBuffer::new(&driver, capacity.max(1) * row_bytes)?,
+                DeviceBuffer::new(&driver, capacity.max(1) * 4)?,
+                DeviceBuffer::new(&driver, Self::dead_words(capacity) * 4)?,
+                capacity,
+            ),
+        };
         let words = Self::dead_words(capacity);
-        let rows = DeviceBuffer::new(&driver, capacity.max(1) * row_bytes)?;
-        let norms = DeviceBuffer::new(&driver, capacity.max(1) * 4)?;
-        let dead = DeviceBuffer::new(&driver, words * 4)?;
-        let keep_device = DeviceBuffer::new(&driver, count.max(1) * 4)?;
+        let own_keep;
+        let keep_ptr = match keep_scratch {
+            Some(scratch) => scratch.get(&driver, count.max(1) * 4)?,
+            None => {
+                own_keep = DeviceBuffer::new(&driver, count.max(1) * 4)?;
+                own_keep.ptr()
+            }
+        };
         let mut guard = self.maintenance()?;
         let Maintenance { stream, staging } = &mut *guard;
         let buffer = staging[0].get(&driver, count.max(1) * 4)?;
         for (dst, &slot) in buffer.chunks_exact_mut(4).zip(keep) {
             dst.copy_from_slice(&(slot as u32).to_ne_bytes());
         }
-        driver.upload(stream, keep_device.ptr(), buffer, count * 4)?;
+        driver.upload(stream, keep_ptr, buffer, count * 4)?;
         driver.fill(stream, dead.ptr(), 0, words * 4)?;
         if count > 0 {
             let words16 = (row_bytes / 2) as u64;
@@ -305,7 +326,7 @@ impl<D: Driver> GpuRows<D> {
                     Arg::Ptr(old.rows.ptr()),
                     Arg::Ptr(rows.ptr()),
                     Arg::U64(words16),
-                    Arg::Ptr(keep_device.ptr()),
+                    Arg::Ptr(keep_ptr),
                     Arg::U32(count as u32),
                     Arg::Ptr(old.norms.ptr()),
                     Arg::Ptr(norms.ptr()),
@@ -319,14 +340,36 @@ impl<D: Driver> GpuRows<D> {
     /// The rows of `keep` (ascending slots) as rows of their own on the same device, slot i
     /// holding `keep[i]`: the parent's largest norm still bounds them, and they have no
     /// removed row.
-    pub(super) fn gathered(&self, keep: &[usize]) -> Result<Self> {
-        let mut rows =
-            Self::new(self.device.clone(), self.dim, self.precision, self.search, self.tuning.clone())?;
-        rows.arrays = Some(self.gather_arrays(keep, keep.len())?);
+    /// `reuse`: the rows of an earlier gather of this collection, whose stream and arrays are
+    /// used again (a new stream and new device memory were most of a gathered single query's
+    /// fixed cost); `keep_scratch` holds the slot list on the device.
+    pub(super) fn gathered(
+        &self,
+        keep: &[usize],
+        reuse: Option<Box<Self>>,
+        keep_scratch: &mut Scratch<D>,
+    ) -> Result<Box<Self>> {
+        let mut rows = match reuse {
+            Some(rows) => rows,
+            None => Box::new(Self::new(
+                self.device.clone(),
+                self.dim,
+                self.precision,
+                self.search,
+                self.tuning.clone(),
+            )?),
+        };
+        let earlier = rows.arrays.take();
+        rows.arrays = Some(self.gather_arrays(keep, keep.len(), earlier, Some(keep_scratch))?);
         rows.len = keep.len();
         rows.dead.reset(keep.len());
         rows.max_sq_norm = self.max_sq_norm;
         Ok(rows)
+    }
+
+    /// Room for rows in this store's device arrays.
+    pub(super) fn capacity(&self) -> usize {
+        self.arrays.as_ref().map_or(0, |a| a.capacity)
     }
 
     pub(super) fn live(&self) -> usize {
@@ -408,7 +451,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
             return Ok(());
         }
         let capacity = keep.len().max(1024);
-        self.arrays = Some(self.gather_arrays(keep, capacity)?);
+        self.arrays = Some(self.gather_arrays(keep, capacity, None, None)?);
         self.len = keep.len();
         self.dead.reset(capacity);
         if let Ok(mut stale) = self.dead_stale.lock() {

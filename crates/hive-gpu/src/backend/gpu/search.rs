@@ -204,10 +204,20 @@ impl<D: Driver> GpuRows<D> {
                 queries.len()
             )));
         }
-        // Few passing rows: gather them and search only those (`Tuning::gather_fraction`).
-        let gather = self.tuning.gather_fraction;
+        // Few passing rows: gather them and search only those (`Tuning::gather_fraction`, and
+        // `batch_gather_fraction` for batches, where the masked paths cost more).
+        let nq = queries.len() / self.dim;
+        let gather = if nq >= GEMM_MIN_QUERIES {
+            self.tuning.batch_gather_fraction
+        } else {
+            self.tuning.gather_fraction
+        };
         if mask.filtered && gather > 0 && mask.live.saturating_mul(gather) <= self.len {
-            return self.search_gathered(queries, k, metric, &mask.kept(self.len));
+            match self.search_gathered(queries, k, metric, &mask.kept(self.len)) {
+                // No room on the device for a copy of the passing rows: the masked scan needs none.
+                Err(HiveGpuError::VramLimitExceeded { .. }) => {}
+                outcome => return outcome,
+            }
         }
         let mut ws = self.checkout()?;
         let outcome =
@@ -231,9 +241,21 @@ impl<D: Driver> GpuRows<D> {
         metric: GpuDistanceMetric,
         passing: &[usize],
     ) -> Result<Vec<Vec<Neighbor>>> {
-        let gathered = self.gathered(passing)?;
         let mut ws = self.checkout()?;
+        let earlier = ws.gathered.take();
+        let gathered = match self.gathered(passing, earlier, &mut ws.gather_slots) {
+            Ok(gathered) => gathered,
+            Err(e) => {
+                self.checkin(ws);
+                return Err(e);
+            }
+        };
         let outcome = gathered.search_in(&mut ws, queries, k, metric, None);
+        // A small gather's rows stay with the workspace for the next one; a large one's
+        // device memory is given back.
+        if gathered.capacity().saturating_mul(16) <= self.len {
+            ws.gathered = Some(gathered);
+        }
         if outcome.is_ok() {
             self.checkin(ws);
         }
