@@ -1,15 +1,18 @@
-//! [`SearchResults`]: a batch's neighbours in flat arrays (slots, ids, scores), one row per
-//! query, the shape a Python binding or a server hands out without a structure per neighbour.
+//! [`SearchResults`]: a batch's neighbours in flat `nq x k` arrays (slots, ids, scores), the
+//! shape a Python binding or a server hands out without a structure per neighbour. Each piece
+//! of a batch writes its own rows in place, in parallel: no list per query, no concatenation.
 
 use std::sync::Arc;
 
 use crate::payload::Payload;
 use crate::types::{GpuSearchResult, Metadata, SmolStr};
 
-/// The results of a batch search: row `q` holds query `q`'s neighbours, best first, in the
-/// flat arrays at `offsets[q]..offsets[q + 1]` (k entries, fewer when fewer vectors passed the
-/// search's filter or the collection holds fewer). Nothing is allocated per neighbour: ids of up
-/// to 23 bytes live inline in a [`SmolStr`], longer ones share the collection's allocation.
+/// The results of a batch search: `len()` rows of `k()` entries each in flat arrays (row `q`
+/// at `q * k..(q + 1) * k`), the layout of FAISS's and numpy's `nq x k` result arrays. Row
+/// `q` holds query `q`'s neighbours, best first, in its first `lens()[q]` entries: k, or fewer
+/// when fewer vectors passed the search's filter. The rest of a row is padding: an empty id, a
+/// NaN score and slot `usize::MAX`. Nothing is allocated per neighbour: ids of up to 23 bytes
+/// live inline in a [`SmolStr`], longer ones share the collection's allocation.
 ///
 /// ```
 /// use hive_gpu::{GpuBackendType, GpuContext, GpuDistanceMetric, GpuVector, SearchOptions};
@@ -18,14 +21,15 @@ use crate::types::{GpuSearchResult, Metadata, SmolStr};
 /// let storage = context.create_storage(2, GpuDistanceMetric::Euclidean)?;
 /// storage.add_vectors(&[GpuVector::new("a", vec![0.0, 0.0]), GpuVector::new("b", vec![1.0, 0.0])])?;
 /// let results = storage.search_batch_results(&[0.1, 0.0, 0.9, 0.0], 2, &SearchOptions::default())?;
-/// assert_eq!(results.len(), 2);
+/// assert_eq!((results.len(), results.k()), (2, 2));
 /// assert_eq!(results.row(1).ids, ["b", "a"]);
 /// assert_eq!(results.ids().len(), 4); // 2 queries x k = 2, flat
 /// # Ok::<(), hive_gpu::HiveGpuError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SearchResults {
-    offsets: Vec<usize>,
+    k: usize,
+    lens: Vec<usize>,
     slots: Vec<usize>,
     ids: Vec<SmolStr>,
     scores: Vec<f32>,
@@ -34,7 +38,7 @@ pub struct SearchResults {
     payloads: Option<Vec<Arc<Payload>>>,
 }
 
-/// One query's neighbours in a [`SearchResults`], best first.
+/// One query's neighbours in a [`SearchResults`], best first (padding left out).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ResultRow<'a> {
     /// The neighbours' ids.
@@ -47,6 +51,18 @@ pub struct ResultRow<'a> {
     pub metadata: Option<&'a [Arc<Metadata>]>,
     /// Their typed payloads, when the search asked for payloads.
     pub payloads: Option<&'a [Arc<Payload>]>,
+}
+
+/// The part of a [`SearchResults`] one piece of a batch writes: whole rows, disjoint from
+/// every other piece's.
+pub(crate) struct RowsMut<'a> {
+    pub(crate) k: usize,
+    pub(crate) lens: &'a mut [usize],
+    pub(crate) slots: &'a mut [usize],
+    pub(crate) ids: &'a mut [SmolStr],
+    pub(crate) scores: &'a mut [f32],
+    pub(crate) metadata: Option<&'a mut [Arc<Metadata>]>,
+    pub(crate) payloads: Option<&'a mut [Arc<Payload>]>,
 }
 
 impl ResultRow<'_> {
@@ -62,73 +78,84 @@ impl ResultRow<'_> {
 }
 
 impl SearchResults {
-    /// Empty results for `queries` queries of up to `k` neighbours, with room reserved.
-    pub(crate) fn with_capacity(queries: usize, k: usize, with_payload: bool) -> Self {
-        let entries = queries.saturating_mul(k);
-        let mut offsets = Vec::with_capacity(queries + 1);
-        offsets.push(0);
-        Self {
-            offsets,
-            slots: Vec::with_capacity(entries),
-            ids: Vec::with_capacity(entries),
-            scores: Vec::with_capacity(entries),
-            metadata: with_payload.then(|| Vec::with_capacity(entries)),
-            payloads: with_payload.then(|| Vec::with_capacity(entries)),
+    /// All-padding results of `queries` rows of `k` entries, filled in parallel.
+    pub(crate) fn padded(queries: usize, k: usize, with_payload: bool) -> Self {
+        use rayon::prelude::*;
+        let entries = queries * k;
+        let mut out = Self { k, lens: vec![0; queries], ..Self::default() };
+        out.slots.par_extend((0..entries).into_par_iter().map(|_| usize::MAX));
+        out.ids.par_extend((0..entries).into_par_iter().map(|_| SmolStr::default()));
+        out.scores.par_extend((0..entries).into_par_iter().map(|_| f32::NAN));
+        if with_payload {
+            let (metadata, payloads) = (Arc::<Metadata>::default(), Arc::<Payload>::default());
+            let mut m = Vec::new();
+            m.par_extend((0..entries).into_par_iter().map(|_| Arc::clone(&metadata)));
+            let mut p = Vec::new();
+            p.par_extend((0..entries).into_par_iter().map(|_| Arc::clone(&payloads)));
+            (out.metadata, out.payloads) = (Some(m), Some(p));
         }
+        out
     }
 
-    /// Appends one neighbour to the row being built.
-    pub(crate) fn push(
-        &mut self,
-        slot: usize,
-        id: &SmolStr,
-        score: f32,
-        payload: Option<(&Arc<Metadata>, &Arc<Payload>)>,
-    ) {
-        self.slots.push(slot);
-        self.ids.push(id.clone());
-        self.scores.push(score);
-        if let (Some(metadata), Some(payloads), Some((m, p))) =
-            (self.metadata.as_mut(), self.payloads.as_mut(), payload)
-        {
-            metadata.push(Arc::clone(m));
-            payloads.push(Arc::clone(p));
+    /// The rows of each piece, for the pieces' writers: `sizes` are the pieces' row counts, in
+    /// order, summing to `len()`.
+    pub(crate) fn split_rows(&mut self, sizes: &[usize]) -> Vec<RowsMut<'_>> {
+        let k = self.k;
+        let mut lens = self.lens.as_mut_slice();
+        let mut slots = self.slots.as_mut_slice();
+        let mut ids = self.ids.as_mut_slice();
+        let mut scores = self.scores.as_mut_slice();
+        let mut metadata = self.metadata.as_deref_mut();
+        let mut payloads = self.payloads.as_deref_mut();
+        let mut out = Vec::with_capacity(sizes.len());
+        for &rows in sizes {
+            let (l, rest) = std::mem::take(&mut lens).split_at_mut(rows);
+            lens = rest;
+            let (s, rest) = std::mem::take(&mut slots).split_at_mut(rows * k);
+            slots = rest;
+            let (i, rest) = std::mem::take(&mut ids).split_at_mut(rows * k);
+            ids = rest;
+            let (c, rest) = std::mem::take(&mut scores).split_at_mut(rows * k);
+            scores = rest;
+            let m = metadata.take().map(|m| {
+                let (head, rest) = m.split_at_mut(rows * k);
+                metadata = Some(rest);
+                head
+            });
+            let p = payloads.take().map(|p| {
+                let (head, rest) = p.split_at_mut(rows * k);
+                payloads = Some(rest);
+                head
+            });
+            out.push(RowsMut { k, lens: l, slots: s, ids: i, scores: c, metadata: m, payloads: p });
         }
-    }
-
-    /// Ends the row being built.
-    pub(crate) fn end_row(&mut self) {
-        self.offsets.push(self.ids.len());
-    }
-
-    /// Appends the rows of `other` (a later piece of the same batch).
-    pub(crate) fn append(&mut self, other: SearchResults) {
-        let base = self.ids.len();
-        self.offsets.extend(other.offsets.iter().skip(1).map(|o| o + base));
-        self.slots.extend(other.slots);
-        self.ids.extend(other.ids);
-        self.scores.extend(other.scores);
-        if let (Some(a), Some(b)) = (self.metadata.as_mut(), other.metadata) {
-            a.extend(b);
-        }
-        if let (Some(a), Some(b)) = (self.payloads.as_mut(), other.payloads) {
-            a.extend(b);
-        }
+        out
     }
 
     /// Queries (rows).
     pub fn len(&self) -> usize {
-        self.offsets.len().saturating_sub(1)
+        self.lens.len()
     }
 
     /// Whether there is no row.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.lens.is_empty()
+    }
+
+    /// Entries per row (the search's k, or the number of vectors searched when that is
+    /// smaller).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// How many of each row's entries are neighbours (the rest is padding).
+    pub fn lens(&self) -> &[usize] {
+        &self.lens
     }
 
     /// Query `q`'s neighbours. Panics when `q >= self.len()`, like slice indexing.
     pub fn row(&self, q: usize) -> ResultRow<'_> {
-        let range = self.offsets[q]..self.offsets[q + 1];
+        let range = q * self.k..q * self.k + self.lens[q];
         ResultRow {
             ids: &self.ids[range.clone()],
             scores: &self.scores[range.clone()],
@@ -143,22 +170,17 @@ impl SearchResults {
         (0..self.len()).map(|q| self.row(q))
     }
 
-    /// Where each row starts in the flat arrays, and where the last ends (`len() + 1` entries).
-    pub fn offsets(&self) -> &[usize] {
-        &self.offsets
-    }
-
-    /// Every neighbour's id, row after row.
+    /// Every entry's id, `len() x k()` row-major, padding included.
     pub fn ids(&self) -> &[SmolStr] {
         &self.ids
     }
 
-    /// Every neighbour's score, row after row.
+    /// Every entry's score, `len() x k()` row-major (NaN for padding).
     pub fn scores(&self) -> &[f32] {
         &self.scores
     }
 
-    /// Every neighbour's slot, row after row.
+    /// Every entry's slot, `len() x k()` row-major (`usize::MAX` for padding).
     pub fn slots(&self) -> &[usize] {
         &self.slots
     }

@@ -42,9 +42,19 @@ fn columnar_results_equal_the_per_query_lists_across_pieces_filters_and_payloads
                     let lists = storage.search_batch_with(&queries, k, &options).expect("lists");
                     let columns = storage.search_batch_results(&queries, k, &options).expect("columns");
                     assert_eq!(columns.len(), nq, "{label}: one row per query");
-                    assert_eq!(columns.offsets().len(), nq + 1, "{label}");
-                    assert!(columns.offsets().windows(2).all(|w| w[0] <= w[1]), "{label}: offsets ascend");
-                    assert_eq!(columns.ids().len(), lists.iter().map(Vec::len).sum::<usize>(), "{label}");
+                    assert_eq!(columns.lens().len(), nq, "{label}");
+                    let k_rows = columns.k();
+                    assert!(k_rows <= k, "{label}: rows hold at most k entries");
+                    assert_eq!(columns.ids().len(), nq * k_rows, "{label}: nq x k flat arrays");
+                    // Padding after each row's neighbours: empty id, NaN score, slot usize::MAX.
+                    for q in 0..nq {
+                        for j in columns.lens()[q]..k_rows {
+                            let at = q * k_rows + j;
+                            assert!(columns.ids()[at].is_empty(), "{label}: padding id");
+                            assert!(columns.scores()[at].is_nan(), "{label}: padding score");
+                            assert_eq!(columns.slots()[at], usize::MAX, "{label}: padding slot");
+                        }
+                    }
                     assert_eq!(columns.to_lists(), lists, "{label}: the lists are a view of the columns");
                     for (q, row) in columns.rows().enumerate() {
                         assert_eq!(row.len(), lists[q].len(), "{label}: row {q}");

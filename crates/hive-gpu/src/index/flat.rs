@@ -4,9 +4,10 @@
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
-use crate::results::SearchResults;
+use crate::payload::Payload;
+use crate::results::{RowsMut, SearchResults};
 use crate::slots::SlotSet;
-use crate::types::{GpuDistanceMetric, GpuSearchResult, SearchOptions};
+use crate::types::{GpuDistanceMetric, GpuSearchResult, Metadata, SearchOptions, SmolStr};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -28,16 +29,18 @@ pub(crate) fn search(
     options: &SearchOptions,
 ) -> Result<Vec<Vec<GpuSearchResult>>> {
     let with_payload = options.with_metadata;
-    let pieces = search_pieces(collection, queries, k, options, |neighbours, k| {
-        to_results(collection, neighbours, k, with_payload)
-    })?;
-    match pieces {
-        Searched::Pieces(pieces) => Ok(pieces.into_iter().flatten().collect()),
-        Searched::NothingPasses(nq) => Ok(vec![Vec::new(); nq]),
+    let plan = Plan::of(collection, queries, k, options)?;
+    if plan.k == 0 {
+        return Ok(vec![Vec::new(); plan.nq]);
     }
+    let pieces = search_pieces(collection, queries, &plan, |_, neighbours| {
+        to_results(collection, neighbours, plan.k, with_payload)
+    })?;
+    Ok(pieces.into_iter().flatten().collect())
 }
 
-/// [`search`] into flat arrays ([`SearchResults`]): no structure per neighbour.
+/// [`search`] into flat arrays ([`SearchResults`]): every piece writes its own rows of them in
+/// place, in parallel, as it finishes; no structure per neighbour and no concatenation.
 pub(crate) fn search_results(
     collection: &Collection,
     queries: &[f32],
@@ -45,75 +48,77 @@ pub(crate) fn search_results(
     options: &SearchOptions,
 ) -> Result<SearchResults> {
     let with_payload = options.with_metadata;
-    let pieces = search_pieces(collection, queries, k, options, |neighbours, k| {
-        to_columns(collection, neighbours, k, with_payload)
+    let plan = Plan::of(collection, queries, k, options)?;
+    let mut results = SearchResults::padded(plan.nq, plan.k, with_payload);
+    if plan.k == 0 {
+        return Ok(results);
+    }
+    let sizes: Vec<usize> = (0..plan.pieces.count).map(|i| plan.pieces.range(i, plan.nq).len()).collect();
+    let rows: Vec<std::sync::Mutex<Option<RowsMut<'_>>>> =
+        results.split_rows(&sizes).into_iter().map(|r| std::sync::Mutex::new(Some(r))).collect();
+    search_pieces(collection, queries, &plan, |i, neighbours| {
+        let taken = rows[i].lock().ok().and_then(|mut r| r.take());
+        let piece = taken.ok_or_else(|| HiveGpuError::Internal(format!("piece {i} written twice")))?;
+        to_columns(collection, neighbours, piece)
     })?;
-    match pieces {
-        Searched::Pieces(pieces) => {
-            let mut pieces = pieces.into_iter();
-            let mut all = pieces.next().unwrap_or_else(|| SearchResults::with_capacity(0, 0, with_payload));
-            for piece in pieces {
-                all.append(piece);
-            }
-            Ok(all)
+    drop(rows);
+    Ok(results)
+}
+
+/// A validated batch: its queries, the k its lists hold (0 when no vector passes the filter),
+/// the filter's live slots and how the batch is cut.
+struct Plan {
+    nq: usize,
+    k: usize,
+    allowed: Option<SlotSet>,
+    pieces: Pieces,
+}
+
+impl Plan {
+    fn of(collection: &Collection, queries: &[f32], k: usize, options: &SearchOptions) -> Result<Self> {
+        let config = *collection.config();
+        let dim = config.dimension;
+        if k == 0 {
+            return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
         }
-        Searched::NothingPasses(nq) => {
-            let mut none = SearchResults::with_capacity(nq, 0, with_payload);
-            (0..nq).for_each(|_| none.end_row());
-            Ok(none)
+        if !queries.len().is_multiple_of(dim) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "a batch of {} values is not a whole number of {dim}-dimensional queries",
+                queries.len()
+            )));
         }
+        for (i, q) in queries.chunks_exact(dim).enumerate() {
+            check_values(q, &config, Subject::Query(i))?;
+        }
+        let nq = queries.len() / dim;
+        if nq == 0 {
+            return Ok(Self { nq, k: 0, allowed: None, pieces: Pieces::of(0) });
+        }
+        if collection.len() == 0 {
+            return Err(HiveGpuError::EmptyCollection);
+        }
+        // A filter becomes the live slots that pass it, read by every kernel of the search.
+        let allowed = options.filter.as_ref().map(|f| collection.allowed(f)).transpose()?;
+        let searched = allowed.as_ref().map_or(collection.len(), SlotSet::count);
+        Ok(Self { nq, k: k.min(searched), allowed, pieces: Pieces::of(nq) })
     }
 }
 
-/// What [`search_pieces`] found: each piece's assembled results in query order, or that no
-/// vector passes the filter (so each of the queries gets an empty list).
-enum Searched<T> {
-    Pieces(Vec<T>),
-    NothingPasses(usize),
-}
-
-/// Validates a batch, resolves its filter, searches it piece by piece and turns each piece's
-/// neighbours into results with `assemble(neighbours, k)`.
+/// Searches a planned batch piece by piece and turns piece `i`'s neighbours into results with
+/// `assemble(i, neighbours)`; the pieces' results come back in query order.
 fn search_pieces<T: Send + Sync>(
     collection: &Collection,
     queries: &[f32],
-    k: usize,
-    options: &SearchOptions,
-    assemble: impl Fn(Vec<Vec<Neighbor>>, usize) -> Result<T> + Sync,
-) -> Result<Searched<T>> {
+    plan: &Plan,
+    assemble: impl Fn(usize, Vec<Vec<Neighbor>>) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
     let config = *collection.config();
     let dim = config.dimension;
-    if k == 0 {
-        return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
-    }
-    if !queries.len().is_multiple_of(dim) {
-        return Err(HiveGpuError::InvalidArgument(format!(
-            "a batch of {} values is not a whole number of {dim}-dimensional queries",
-            queries.len()
-        )));
-    }
-    for (i, q) in queries.chunks_exact(dim).enumerate() {
-        check_values(q, &config, Subject::Query(i))?;
-    }
-    if queries.is_empty() {
-        return Ok(Searched::Pieces(Vec::new()));
-    }
-    if collection.len() == 0 {
-        return Err(HiveGpuError::EmptyCollection);
-    }
-    let nq = queries.len() / dim;
-    // A filter becomes the live slots that pass it, read by every kernel of the search.
-    let allowed = options.filter.as_ref().map(|f| collection.allowed(f)).transpose()?;
-    let allowed = allowed.as_ref();
-    let searched = allowed.map_or(collection.len(), SlotSet::count);
-    if searched == 0 {
-        return Ok(Searched::NothingPasses(nq));
-    }
-    let k = k.min(searched);
-    let pieces = Pieces::of(nq);
+    let (nq, k, pieces) = (plan.nq, plan.k, &plan.pieces);
+    let allowed = plan.allowed.as_ref();
     if pieces.count == 1 {
         let neighbours = collection.rows().knn(queries, k, config.metric, allowed)?;
-        return Ok(Searched::Pieces(vec![assemble(neighbours, k)?]));
+        return Ok(vec![assemble(0, neighbours)?]);
     }
     // Pieces are searched by `WORKERS` threads in turn, and each piece's results are built on
     // other threads while its worker searches the next: the device is not left idle while
@@ -138,7 +143,7 @@ fn search_pieces<T: Send + Sync>(
                             Ok(neighbours) => {
                                 let slot = &done[i];
                                 scope.spawn(move |_| {
-                                    let _ = slot.set(assemble(neighbours, k));
+                                    let _ = slot.set(assemble(i, neighbours));
                                 });
                             }
                             Err(e) => {
@@ -162,13 +167,13 @@ fn search_pieces<T: Send + Sync>(
                 collection.rows().release_scratch();
                 let range = pieces.range(i, nq);
                 let piece = &queries[range.start * dim..range.end * dim];
-                assemble(collection.rows().knn(piece, k, config.metric, allowed)?, k)?
+                assemble(i, collection.rows().knn(piece, k, config.metric, allowed)?)?
             }
             Some(Err(e)) => return Err(e),
         };
         results.push(found);
     }
-    Ok(Searched::Pieces(results))
+    Ok(results)
 }
 
 /// How a batch is cut for [`search_pieces`]: `count` pieces of at most `size` queries, searched by
@@ -238,44 +243,94 @@ fn to_results(
     results
 }
 
-/// One piece's neighbours as flat arrays. Rows are built in parallel chunks for a big piece and
-/// joined (one copy of three flat arrays, cheaper than a list per query).
-fn to_columns(
-    collection: &Collection,
-    neighbours: Vec<Vec<Neighbor>>,
-    k: usize,
-    with_payload: bool,
-) -> Result<SearchResults> {
+/// One row of [`SearchResults`] being written.
+struct RowMut<'a> {
+    len: &'a mut usize,
+    slots: &'a mut [usize],
+    ids: &'a mut [SmolStr],
+    scores: &'a mut [f32],
+    metadata: Option<&'a mut [Arc<Metadata>]>,
+    payloads: Option<&'a mut [Arc<Payload>]>,
+}
+
+/// Writes one piece's neighbours into its rows of the flat arrays, rows in parallel for a big
+/// piece.
+fn to_columns(collection: &Collection, neighbours: Vec<Vec<Neighbor>>, rows: RowsMut<'_>) -> Result<()> {
     let metric = collection.config().metric;
     let began = std::time::Instant::now();
-    let build = |lists: &[Vec<Neighbor>]| -> Result<SearchResults> {
-        let mut out = SearchResults::with_capacity(lists.len(), k, with_payload);
-        for list in lists {
-            for n in list {
-                let (id, metadata, payload) = collection.entry(n.slot).ok_or_else(|| {
-                    HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot))
-                })?;
-                out.push(n.slot, id, score(metric, n.distance), with_payload.then_some((metadata, payload)));
+    let RowsMut { k, lens, slots, ids, scores, metadata, payloads } = rows;
+    if neighbours.len() != lens.len() {
+        return Err(HiveGpuError::Internal(format!(
+            "a piece of {} rows returned {} lists",
+            lens.len(),
+            neighbours.len()
+        )));
+    }
+    let write = |(q, list): (usize, &Vec<Neighbor>), row: RowMut<'_>| -> Result<()> {
+        let RowMut { len, slots, ids, scores, mut metadata, mut payloads } = row;
+        if list.len() > k {
+            return Err(HiveGpuError::Internal(format!("query {q}: {} neighbours for k = {k}", list.len())));
+        }
+        for (j, n) in list.iter().enumerate() {
+            let (id, m, p) = collection
+                .entry(n.slot)
+                .ok_or_else(|| HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot)))?;
+            slots[j] = n.slot;
+            ids[j] = id.clone();
+            scores[j] = score(metric, n.distance);
+            if let Some(metadata) = metadata.as_deref_mut() {
+                metadata[j] = Arc::clone(m);
             }
-            out.end_row();
+            if let Some(payloads) = payloads.as_deref_mut() {
+                payloads[j] = Arc::clone(p);
+            }
         }
-        Ok(out)
+        *len = list.len();
+        Ok(())
     };
-    let results = if neighbours.len() * k >= PARALLEL_RESULTS {
-        let chunk = (PARALLEL_RESULTS / k.max(1)).max(1);
-        let parts: Vec<SearchResults> =
-            crate::exec::run(|| neighbours.par_chunks(chunk).map(build).collect::<Result<_>>())??;
-        let mut parts = parts.into_iter();
-        let mut all = parts.next().unwrap_or_default();
-        for part in parts {
-            all.append(part);
-        }
-        Ok(all)
+    let rows = lens.len();
+    if rows * k >= PARALLEL_RESULTS {
+        let metadata_rows: Vec<Option<&mut [Arc<Metadata>]>> = match metadata {
+            Some(m) => m.chunks_mut(k).map(Some).collect(),
+            None => (0..rows).map(|_| None).collect(),
+        };
+        let payload_rows: Vec<Option<&mut [Arc<Payload>]>> = match payloads {
+            Some(p) => p.chunks_mut(k).map(Some).collect(),
+            None => (0..rows).map(|_| None).collect(),
+        };
+        crate::exec::run(|| {
+            neighbours
+                .par_iter()
+                .enumerate()
+                .zip(
+                    lens.par_iter_mut()
+                        .zip(slots.par_chunks_mut(k))
+                        .zip(ids.par_chunks_mut(k))
+                        .zip(scores.par_chunks_mut(k))
+                        .zip(metadata_rows.into_par_iter())
+                        .zip(payload_rows.into_par_iter()),
+                )
+                .try_for_each(|(list, (((((len, slots), ids), scores), metadata), payloads))| {
+                    write(list, RowMut { len, slots, ids, scores, metadata, payloads })
+                })
+        })??;
     } else {
-        build(&neighbours)
-    };
+        let mut metadata = metadata.map(|m| m.chunks_mut(k));
+        let mut payloads = payloads.map(|p| p.chunks_mut(k));
+        for ((((q, list), len), (s, i)), c) in neighbours
+            .iter()
+            .enumerate()
+            .zip(lens.iter_mut())
+            .zip(slots.chunks_mut(k).zip(ids.chunks_mut(k)))
+            .zip(scores.chunks_mut(k))
+        {
+            let m = metadata.as_mut().and_then(Iterator::next);
+            let p = payloads.as_mut().and_then(Iterator::next);
+            write((q, list), RowMut { len, slots: s, ids: i, scores: c, metadata: m, payloads: p })?;
+        }
+    }
     if profiling() {
         eprintln!("hive-gpu profile (columnar results, ms): {:.3}", began.elapsed().as_secs_f64() * 1e3);
     }
-    results
+    Ok(())
 }
