@@ -57,6 +57,16 @@ pub struct Neighbor {
     pub distance: f64,
 }
 
+/// The neighbours found among gathered rows, renumbered to the slots they were gathered from:
+/// row i of the gathered store is slot `gathered_from[i]` (ascending, so ties still go to the
+/// lower slot). Every backend's search over few passing rows ends here.
+pub(crate) fn ungather(found: Vec<Vec<Neighbor>>, gathered_from: &[usize]) -> Vec<Vec<Neighbor>> {
+    found
+        .into_iter()
+        .map(|list| list.into_iter().map(|n| Neighbor { slot: gathered_from[n.slot], ..n }).collect())
+        .collect()
+}
+
 /// Result counts (queries x k) from which turning a search's results into host structures is
 /// spread over threads: at 10k queries x k = 100 that is a million small allocations.
 pub(crate) const PARALLEL_RESULTS: usize = 1 << 14;

@@ -259,10 +259,7 @@ impl<D: Driver> GpuRows<D> {
         if outcome.is_ok() {
             self.checkin(ws);
         }
-        Ok(outcome?
-            .into_iter()
-            .map(|list| list.into_iter().map(|n| Neighbor { slot: passing[n.slot], ..n }).collect())
-            .collect())
+        Ok(crate::backend::ungather(outcome?, passing))
     }
 
     /// Sends a filtered search's skip words to the device, once per search: every kernel of

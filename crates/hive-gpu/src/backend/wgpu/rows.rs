@@ -485,11 +485,7 @@ impl WgpuRows {
         let mut gathered = WgpuRows::new(self.device.clone(), self.dim, self.precision, self.tuning.clone())?;
         gathered.append(&values)?;
         drop(values);
-        Ok(gathered
-            .knn(queries, k, metric, None)?
-            .into_iter()
-            .map(|list| list.into_iter().map(|n| Neighbor { slot: passing[n.slot], ..n }).collect())
-            .collect())
+        Ok(crate::backend::ungather(gathered.knn(queries, k, metric, None)?, passing))
     }
 
     /// A filtered search's skip words on the device (None for an unfiltered search, which

@@ -340,10 +340,7 @@ impl CpuRows {
             if !few {
                 // Batches: one copy of the passing rows feeds the matrix tiles of every query.
                 let found = self.gathered(&passing).knn_on_pool(queries, k, metric, None)?;
-                return Ok(found
-                    .into_iter()
-                    .map(|list| list.into_iter().map(|n| Neighbor { slot: passing[n.slot], ..n }).collect())
-                    .collect());
+                return Ok(crate::backend::ungather(found, &passing));
             }
         }
         let nq = queries.len() / dim;
