@@ -220,7 +220,7 @@ impl Collection {
     }
 
     /// The live slots that pass `filter`.
-    pub(crate) fn allowed(&self, filter: &Filter) -> Result<SlotSet> {
+    pub(crate) fn allowed<'f>(&self, filter: &'f Filter) -> Result<std::borrow::Cow<'f, SlotSet>> {
         let len = self.entries.len();
         let slot_of = |id: &str| self.slot_of.get(id).copied();
         let target = Target {
@@ -234,15 +234,14 @@ impl Collection {
         if let Filter::Prepared(prepared) = filter
             && let Some(slots) = prepared.current_slots(self.uid, self.version)
         {
-            return Ok(slots.clone());
+            return Ok(std::borrow::Cow::Borrowed(slots));
         }
-        let passing = filter.slots(&target)?;
-        Ok(passing.and(&self.removed.complement(len)))
+        Ok(std::borrow::Cow::Owned(filter.slots(&target)?.and_not(&self.removed)))
     }
 
     /// `filter` turned into slots now, reused by searches until the collection changes.
     pub(crate) fn prepare(&self, filter: &Filter) -> Result<PreparedFilter> {
-        let slots = self.allowed(filter)?;
+        let slots = self.allowed(filter)?.into_owned();
         Ok(PreparedFilter::new(filter.clone(), self.uid, self.version, slots))
     }
 

@@ -147,10 +147,7 @@ impl PayloadIndex {
     }
 
     fn field(&mut self, field: &str) -> &mut FieldIndex {
-        if !self.fields.contains_key(field) {
-            self.fields.insert(SmolStr::new(field), FieldIndex::default());
-        }
-        self.fields.get_mut(field).expect("inserted above")
+        self.fields.entry(SmolStr::new(field)).or_default()
     }
 
     /// The slots whose `field` equals `value` (integers and floats compare by value), out of

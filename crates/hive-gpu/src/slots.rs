@@ -149,6 +149,17 @@ impl SlotSet {
         Self::from_words(words)
     }
 
+    /// Members of this set that are not members of `other`, in one pass.
+    pub(crate) fn and_not(&self, other: &SlotSet) -> SlotSet {
+        let words: Vec<u32> = self
+            .words
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| w & !other.words.get(i).copied().unwrap_or(0))
+            .collect();
+        Self::from_words(words)
+    }
+
     /// Members of either.
     pub fn or(&self, other: &SlotSet) -> SlotSet {
         let (long, short) = if self.words.len() >= other.words.len() { (self, other) } else { (other, self) };
@@ -280,7 +291,11 @@ mod tests {
                 assert_eq!(not.contains(s), s % 3 != 0);
             }
             assert!(!not.contains(len), "the complement stays inside 0..len");
-            for set in [&a, &b, &and, &or, &not] {
+            let and_not = a.and_not(&b);
+            for s in 0..len {
+                assert_eq!(and_not.contains(s), s % 3 == 0 && s % 5 >= 2);
+            }
+            for set in [&a, &b, &and, &or, &not, &and_not] {
                 assert_eq!(set.iter().collect::<Vec<_>>(), naive(set));
                 assert_eq!(set.count(), naive(set).len());
             }

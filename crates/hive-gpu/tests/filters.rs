@@ -304,6 +304,12 @@ fn a_prepared_filter_is_reused_while_the_collection_is_unchanged_and_never_stale
         storage.add_vectors(&vectors).expect("add");
         let prepared = storage.prepare_filter(&Filter::eq("even", true)).expect("prepare");
         assert_eq!(prepared.count(), 1000, "{what}");
+        // Prepared for this collection, it is evaluated afresh on any other.
+        let other = context.create_storage(2, GpuDistanceMetric::Euclidean).expect("storage");
+        other.add_vectors(&[GpuVector::new("o", vec![0.0, 0.0]).with_field("even", false)]).expect("add");
+        let on_other =
+            other.search_filtered(&[0.0, 0.0], 5, &Filter::Prepared(prepared.clone())).expect("search");
+        assert!(on_other.is_empty(), "{what}: another collection's prepared slots were reused");
         let filter = Filter::Prepared(prepared);
         let ids = |k: usize| -> Vec<String> {
             storage

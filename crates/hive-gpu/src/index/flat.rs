@@ -67,15 +67,15 @@ pub(crate) fn search_results(
 
 /// A validated batch: its queries, the k its lists hold (0 when no vector passes the filter),
 /// the filter's live slots and how the batch is cut.
-struct Plan {
+struct Plan<'f> {
     nq: usize,
     k: usize,
-    allowed: Option<SlotSet>,
+    allowed: Option<std::borrow::Cow<'f, SlotSet>>,
     pieces: Pieces,
 }
 
-impl Plan {
-    fn of(collection: &Collection, queries: &[f32], k: usize, options: &SearchOptions) -> Result<Self> {
+impl<'f> Plan<'f> {
+    fn of(collection: &Collection, queries: &[f32], k: usize, options: &'f SearchOptions) -> Result<Self> {
         let config = *collection.config();
         let dim = config.dimension;
         if k == 0 {
@@ -99,7 +99,7 @@ impl Plan {
         }
         // A filter becomes the live slots that pass it, read by every kernel of the search.
         let allowed = options.filter.as_ref().map(|f| collection.allowed(f)).transpose()?;
-        let searched = allowed.as_ref().map_or(collection.len(), SlotSet::count);
+        let searched = allowed.as_ref().map_or(collection.len(), |a| a.count());
         Ok(Self { nq, k: k.min(searched), allowed, pieces: Pieces::of(nq) })
     }
 }
@@ -109,13 +109,13 @@ impl Plan {
 fn search_pieces<T: Send + Sync>(
     collection: &Collection,
     queries: &[f32],
-    plan: &Plan,
+    plan: &Plan<'_>,
     assemble: impl Fn(usize, Vec<Vec<Neighbor>>) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
     let config = *collection.config();
     let dim = config.dimension;
     let (nq, k, pieces) = (plan.nq, plan.k, &plan.pieces);
-    let allowed = plan.allowed.as_ref();
+    let allowed = plan.allowed.as_deref();
     if pieces.count == 1 {
         let neighbours = collection.rows().knn(queries, k, config.metric, allowed)?;
         return Ok(vec![assemble(0, neighbours)?]);

@@ -475,13 +475,7 @@ impl WgpuRows {
         metric: GpuDistanceMetric,
         passing: &[usize],
     ) -> Result<Vec<Vec<Neighbor>>> {
-        let mut values = Vec::new();
-        values.try_reserve_exact(passing.len() * self.dim).map_err(|_| {
-            HiveGpuError::InvalidArgument(format!("no host memory to gather {} rows", passing.len()))
-        })?;
-        for &slot in passing {
-            values.extend(self.host.read_row(slot)?);
-        }
+        let values = self.host.values_of(passing)?;
         let mut gathered = WgpuRows::new(self.device.clone(), self.dim, self.precision, self.tuning.clone())?;
         gathered.append(&values)?;
         drop(values);

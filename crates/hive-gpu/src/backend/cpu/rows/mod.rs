@@ -22,8 +22,8 @@ const PARALLEL_VALUES: usize = 1 << 14;
 
 /// A filtered batch whose passing rows are at most `GATHER_SHARE` of the slots searches a copy
 /// of just those rows: the copy reads each passing row once, where the masked scan computes
-/// every row's distance for every query. At half the rows of 1M x 128 the masked scan was 9%
-/// slower than no filter, the copy 10% faster (docs/PERFORMANCE.md, filtered search).
+/// every row's distance for every query. At half the rows of 1M x 128 the masked scan ran at
+/// 0.91x of no filter, the copy at 1.46x (docs/PERFORMANCE.md, filtered search).
 const GATHER_SHARE: (usize, usize) = (3, 4);
 /// A filtered search of a few queries whose passing rows are at most 1 in `IN_PLACE_FRACTION`
 /// of the slots reads just those rows where they are: one row at a time costs about 4x a
@@ -150,6 +150,31 @@ impl CpuRows {
             dead,
             simd: self.simd,
         }
+    }
+
+    /// The stored values of `slots` as f32, one row after another (wgpu uploads the passing
+    /// rows of a filtered batch from them). One allocation for all, checked against the host's
+    /// memory first.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
+    pub(crate) fn values_of(&self, slots: &[usize]) -> Result<Vec<f32>> {
+        let count = slots.len() * self.dim;
+        let what = || format!("gathering {} rows of a filtered search", slots.len());
+        crate::memory::check(what, (count * 4) as u64)?;
+        let mut values = Vec::new();
+        values.try_reserve_exact(count).map_err(|_| HiveGpuError::OutOfMemory {
+            what: what(),
+            requested: (count * 4) as u64,
+            available: 0,
+            limited_by: "allocator".into(),
+        })?;
+        let mut scratch = Vec::new();
+        for &slot in slots {
+            if slot >= self.len_slots() {
+                return Err(HiveGpuError::InvalidArgument(format!("slot {slot} of {}", self.len_slots())));
+            }
+            values.extend_from_slice(self.rows_f32(slot, 1, &mut scratch));
+        }
+        Ok(values)
     }
 
     /// Records the statistics of the stored row in `slot` (the next one or an existing one).
