@@ -1,5 +1,6 @@
 //! The kernel sources (`kernels/*.cu`, one set for CUDA and HIP) and their loaded functions.
 
+use super::abi::*;
 use super::driver::Driver;
 use crate::error::Result;
 
@@ -45,24 +46,35 @@ pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
 #[derive(Debug)]
 pub(crate) struct TensorKernels<F> {
     /// Filter over f32 rows on TF32 tensor cores.
-    pub(crate) tf32: F,
+    pub(crate) tf32: Kernel<F, MmaFilter>,
     /// Filter over f16 rows on f16 tensor cores.
-    pub(crate) f16: F,
+    pub(crate) f16: Kernel<F, MmaFilter>,
     /// Filter over f32 rows rounded to f16 on the device, on f16 tensor cores.
-    pub(crate) f32h: F,
+    pub(crate) f32h: Kernel<F, MmaFilter>,
     /// f32 rows scaled and rounded to an f16 copy, for the f16 filter.
-    pub(crate) round_rows: F,
+    pub(crate) round_rows: Kernel<F, RoundRows>,
 }
 
 macro_rules! kernel_table {
-    ($($field:ident),* $(,)?) => {
-        /// Every kernel of the engine, loaded for one device.
+    ($($field:ident: $params:ident),* $(,)?) => {
+        /// Every kernel of the engine, loaded for one device, each typed by its parameter
+        /// struct (`abi.rs`).
         #[derive(Debug)]
         pub(crate) struct Kernels<D: Driver> {
-            $(pub(crate) $field: D::Function,)*
+            $(pub(crate) $field: Kernel<D::Function, $params>,)*
             /// Present on devices with [`Driver::tensor_cores`].
             pub(crate) tensor: Option<TensorKernels<D::Function>>,
         }
+
+        // Each kernel is loaded with the struct whose declaration names it.
+        $(const _: () = assert!(
+            declares(<$params as KernelParams>::KERNELS, concat!("hg_", stringify!($field))),
+            concat!("hg_", stringify!($field), " is not declared by ", stringify!($params))
+        );)*
+        const _: () = assert!(declares(<MmaFilter as KernelParams>::KERNELS, TENSOR_NAMES[0]));
+        const _: () = assert!(declares(<MmaFilter as KernelParams>::KERNELS, TENSOR_NAMES[1]));
+        const _: () = assert!(declares(<MmaFilter as KernelParams>::KERNELS, TENSOR_NAMES[2]));
+        const _: () = assert!(declares(<RoundRows as KernelParams>::KERNELS, TENSOR_NAMES[3]));
 
         impl<D: Driver> Kernels<D> {
             /// Kernel names, in the order of the table.
@@ -78,8 +90,17 @@ macro_rules! kernel_table {
                 let functions = driver.compile(&source(prelude, driver.warp_size(), tensor), &names)?;
                 let mut it = functions.into_iter();
                 let mut next = || it.next().ok_or_else(|| crate::error::HiveGpuError::Internal("kernel table".into()));
-                $(let $field = next()?;)*
-                let tensor = if tensor { Some(TensorKernels { tf32: next()?, f16: next()?, f32h: next()?, round_rows: next()? }) } else { None };
+                $(let $field = Kernel::new(next()?);)*
+                let tensor = if tensor {
+                    Some(TensorKernels {
+                        tf32: Kernel::new(next()?),
+                        f16: Kernel::new(next()?),
+                        f32h: Kernel::new(next()?),
+                        round_rows: Kernel::new(next()?),
+                    })
+                } else {
+                    None
+                };
                 Ok(Self { $($field,)* tensor })
             }
         }
@@ -87,27 +108,27 @@ macro_rules! kernel_table {
 }
 
 kernel_table!(
-    scan_topk_f32,
-    scan_topk_f16,
-    scan_all_f32,
-    scan_all_f16,
-    tile_topk,
-    finalize_f32,
-    finalize_f16,
-    radix_hist,
-    radix_pick,
-    radix_collect,
-    rerank_list_f32,
-    rerank_list_f16,
-    select_hist,
-    select_pick,
-    select_collect,
-    bitonic_step,
-    write_results,
-    norms_f32,
-    norms_f16,
-    gather,
-    strided_norms,
-    gemm_tn_f32,
-    gemm_tn_f16,
+    scan_topk_f32: ScanTopk,
+    scan_topk_f16: ScanTopk,
+    scan_all_f32: ScanAll,
+    scan_all_f16: ScanAll,
+    tile_topk: TileTopk,
+    finalize_f32: Finalize,
+    finalize_f16: Finalize,
+    radix_hist: RadixHist,
+    radix_pick: RadixPick,
+    radix_collect: RadixCollect,
+    rerank_list_f32: RerankList,
+    rerank_list_f16: RerankList,
+    select_hist: SelectHist,
+    select_pick: SelectPick,
+    select_collect: SelectCollect,
+    bitonic_step: BitonicStep,
+    write_results: WriteResults,
+    norms_f32: Norms,
+    norms_f16: Norms,
+    gather: Gather,
+    strided_norms: StridedNorms,
+    gemm_tn_f32: GemmTnParams,
+    gemm_tn_f16: GemmTnParams,
 );

@@ -3,6 +3,7 @@
 //! implementation and little else.
 
 #[cfg(feature = "cuda")]
+mod abi;
 pub(crate) mod cuda;
 pub(crate) mod driver;
 #[cfg(feature = "rocm")]
@@ -18,7 +19,8 @@ use std::sync::Arc;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use self::driver::{Arg, Driver, GemmInputs, GemmTn};
+use self::abi::{GemmTnParams, Launch};
+use self::driver::{Driver, GemmInputs, GemmTn};
 use self::kernels::Kernels;
 use crate::backend::{GpuBackend, RowStore};
 use crate::error::Result;
@@ -46,23 +48,21 @@ impl<D: Driver> Device<D> {
             GemmInputs::F16 => self.kernels.gemm_tn_f16,
         };
         let grid = (g.m.div_ceil(TILE) as u32, g.n.div_ceil(TILE) as u32);
-        self.driver.launch(
+        self.launch(
             stream,
             kernel,
-            grid,
-            kernels::BLOCK,
-            0,
-            &[
-                Arg::Ptr(g.a),
-                Arg::U32(g.lda as u32),
-                Arg::Ptr(g.b),
-                Arg::U32(g.ldb as u32),
-                Arg::Ptr(g.c),
-                Arg::U32(g.ldc as u32),
-                Arg::U32(g.m as u32),
-                Arg::U32(g.n as u32),
-                Arg::U32(g.k as u32),
-            ],
+            Launch::new(grid, kernels::BLOCK),
+            &GemmTnParams {
+                a: g.a,
+                lda: g.lda as u32,
+                b: g.b,
+                ldb: g.ldb as u32,
+                c: g.c,
+                ldc: g.ldc as u32,
+                m: g.m as u32,
+                n: g.n as u32,
+                k: g.k as u32,
+            },
         )
     }
 }

@@ -8,7 +8,8 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::Device;
-use super::driver::{Arg, Driver};
+use super::abi::{Gather, Launch, Norms};
+use super::driver::Driver;
 use super::kernels::BLOCK;
 use super::memory::{DeviceBuffer, Scratch, Staging, Workspace};
 use crate::backend::{Neighbor, RowStore};
@@ -217,19 +218,17 @@ impl<D: Driver> GpuRows<D> {
         };
         let warps_per_block = (BLOCK / driver.warp_size()) as usize;
         let grid = count.div_ceil(warps_per_block).min(65535) as u32;
-        driver.launch(
+        self.device.launch(
             stream,
             kernel,
-            (grid, 1),
-            BLOCK,
-            0,
-            &[
-                Arg::Ptr(rows_ptr),
-                Arg::U32(dim as u32),
-                Arg::U32(first as u32),
-                Arg::U32(count as u32),
-                Arg::Ptr(norms_ptr),
-            ],
+            Launch::new((grid, 1), BLOCK),
+            &Norms {
+                rows: rows_ptr,
+                dim: dim as u32,
+                first: first as u32,
+                count: count as u32,
+                norms: norms_ptr,
+            },
         )?;
         // The uploads from both staging buffers finish before one is reused (or regrown).
         driver.synchronize(stream)?;
@@ -316,21 +315,19 @@ impl<D: Driver> GpuRows<D> {
             let words16 = (row_bytes / 2) as u64;
             let total = words16 * count as u64;
             let grid = total.div_ceil(u64::from(BLOCK)).min(65535) as u32;
-            driver.launch(
+            self.device.launch(
                 stream,
                 self.device.kernels.gather,
-                (grid, 1),
-                BLOCK,
-                0,
-                &[
-                    Arg::Ptr(old.rows.ptr()),
-                    Arg::Ptr(rows.ptr()),
-                    Arg::U64(words16),
-                    Arg::Ptr(keep_ptr),
-                    Arg::U32(count as u32),
-                    Arg::Ptr(old.norms.ptr()),
-                    Arg::Ptr(norms.ptr()),
-                ],
+                Launch::new((grid, 1), BLOCK),
+                &Gather {
+                    src: old.rows.ptr(),
+                    dst: rows.ptr(),
+                    words: words16,
+                    keep: keep_ptr,
+                    count: count as u32,
+                    norms_src: old.norms.ptr(),
+                    norms_dst: norms.ptr(),
+                },
             )?;
         }
         driver.synchronize(stream)?;

@@ -13,7 +13,12 @@
 
 use rayon::prelude::*;
 
-use super::driver::{Arg, DevicePtr, Driver, GemmInputs, GemmTn};
+use super::abi::{
+    BitonicStep, Finalize, Launch, MmaFilter, RadixCollect, RadixHist, RadixPick, RadixState, RerankList,
+    RoundRows, ScanAll, ScanTopk, SelectCollect, SelectHist, SelectPick, SelectState, StridedNorms, TileTopk,
+    WriteResults, read_back,
+};
+use super::driver::{DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
 use super::memory::{Filtered, Workspace};
 use super::prepare::{Prepared, prepare};
@@ -103,6 +108,37 @@ impl Outputs {
             mapped: false,
         }
     }
+}
+
+/// The results of [`Outputs`] as read back into host memory: typed arrays, not byte offsets.
+struct OutputsView<'a> {
+    /// `nq x k` slots.
+    slots: &'a [u32],
+    /// `nq x k` f64 distances.
+    dist: &'a [f64],
+    /// One flag per query: nonzero where its band overflowed its list.
+    flags: &'a [u32],
+}
+
+impl Outputs {
+    /// The arrays of `host` (a copy of the outputs of `nq` queries of `k`, at the host
+    /// buffer's start; pinned buffers are page-aligned).
+    fn view<'a>(&self, host: &'a [u8], nq: usize, k: usize) -> Result<OutputsView<'a>> {
+        Ok(OutputsView {
+            slots: typed(host, 0, nq * k)?,
+            dist: typed(host, self.dist_offset, nq * k)?,
+            flags: typed(host, self.flags_offset, nq)?,
+        })
+    }
+}
+
+/// `count` values of `T` at byte `offset` of a host copy of device memory.
+fn typed<T: bytemuck::Pod>(host: &[u8], offset: usize, count: usize) -> Result<&[T]> {
+    let bytes = host
+        .get(offset..offset + count * std::mem::size_of::<T>())
+        .ok_or_else(|| HiveGpuError::Internal(format!("a read back of {} bytes is too short", host.len())))?;
+    bytemuck::try_cast_slice(bytes)
+        .map_err(|e| HiveGpuError::Internal(format!("a read back is not an array of its type: {e}")))
 }
 
 /// The bits of the device's `hg_entry(distance, slot)`: the distance's sortable key, then
@@ -601,25 +637,23 @@ impl<D: Driver> GpuRows<D> {
             host
         };
         let host: &[u8] = host;
-        let word = |at: usize| u32::from_ne_bytes([host[at], host[at + 1], host[at + 2], host[at + 3]]);
+        let view = outputs.view(host, nq, k)?;
         let len = self.len;
         let parse = |q: usize| -> Result<Option<Vec<Neighbor>>> {
-            if word(outputs.flags_offset + q * 4) != 0 {
+            if view.flags[q] != 0 {
                 return Ok(None);
             }
-            let mut row = Vec::with_capacity(k);
-            for i in 0..k {
-                let slot = word((q * k + i) * 4) as usize;
-                let at = outputs.dist_offset + (q * k + i) * 8;
-                let mut bytes = [0u8; 8];
-                bytes.copy_from_slice(&host[at..at + 8]);
-                let distance = f64::from_ne_bytes(bytes);
+            let range = q * k..(q + 1) * k;
+            let row = view.slots[range.clone()].iter().zip(&view.dist[range]);
+            row.map(|(&slot, &distance)| {
+                let slot = slot as usize;
                 if slot >= len {
                     return Err(HiveGpuError::Internal(format!("the device returned slot {slot} of {len}")));
                 }
-                row.push(Neighbor { slot, distance });
-            }
-            Ok(Some(row))
+                Ok(Neighbor { slot, distance })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
         };
         if nq * k >= PARALLEL_RESULTS {
             crate::exec::run(|| (0..nq).into_par_iter().map(parse).collect())?
@@ -658,7 +692,6 @@ impl<D: Driver> GpuRows<D> {
         metric: GpuDistanceMetric,
         outputs: &Outputs,
     ) -> Result<()> {
-        let driver = self.driver();
         let segments = lists.segments;
         // Several lists per query: room for the lists' heads (which bound the k-th best) and
         // for every list's prefix inside the first band. An unsorted buffer is all head.
@@ -691,34 +724,32 @@ impl<D: Driver> GpuRows<D> {
         let kernel =
             if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
         let q0 = first_query as u64;
-        driver.launch(
+        self.device.launch(
             &ws.stream,
             kernel,
-            (count as u32, 1),
-            BLOCK,
-            (sortn * 8 + stage_bytes) as u32,
-            &[
-                Arg::Ptr(lists.entries),
-                Arg::Ptr(lists.evicted),
-                Arg::U32(segments as u32),
-                Arg::U32(head as u32),
-                Arg::U32(u32::from(lists.sorted)),
-                Arg::U32(lists.len as u32),
-                Arg::U32(k as u32),
-                Arg::U32(kcap as u32),
-                Arg::U32(sortn as u32),
-                Arg::Ptr(inputs.gate_mul + q0 * 4),
-                Arg::Ptr(inputs.gate_add + q0 * 4),
-                Arg::Ptr(rows),
-                Arg::U32(self.dim as u32),
-                Arg::Ptr(inputs.exact + q0 * self.dim as u64 * 4),
-                Arg::Ptr(inputs.q_norms + q0 * 8),
-                Arg::I32(metric_code(metric)),
-                Arg::Ptr(outputs.slots + q0 * k as u64 * 4),
-                Arg::Ptr(outputs.dist + q0 * k as u64 * 8),
-                Arg::Ptr(outputs.flags + q0 * 4),
-                Arg::U32(stage_bytes as u32),
-            ],
+            Launch::new((count as u32, 1), BLOCK).shared((sortn * 8 + stage_bytes) as u32),
+            &Finalize {
+                lists: lists.entries,
+                evicted: lists.evicted,
+                segments: segments as u32,
+                head: head as u32,
+                sorted: u32::from(lists.sorted),
+                kcap_in: lists.len as u32,
+                k: k as u32,
+                kcap: kcap as u32,
+                sortn: sortn as u32,
+                gate_mul: inputs.gate_mul + q0 * 4,
+                gate_add: inputs.gate_add + q0 * 4,
+                rows,
+                dim: self.dim as u32,
+                queries: inputs.exact + q0 * self.dim as u64 * 4,
+                q_norms: inputs.q_norms + q0 * 8,
+                metric: metric_code(metric),
+                out_slots: outputs.slots + q0 * k as u64 * 4,
+                out_dist: outputs.dist + q0 * k as u64 * 8,
+                flags: outputs.flags + q0 * 4,
+                stage_bytes: stage_bytes as u32,
+            },
         )
     }
 
@@ -751,30 +782,28 @@ impl<D: Driver> GpuRows<D> {
             let lists = ws.lists.get(&driver, qn * segments * kcap * 8)?;
             let evicted = ws.evicted.get(&driver, qn * segments * 8)?;
             let offset = q0 as u64;
-            driver.launch(
+            self.device.launch(
                 &ws.stream,
                 kernel,
-                (segments as u32, qn as u32),
-                BLOCK,
-                self.scan_shared_bytes(k) as u32,
-                &[
-                    Arg::Ptr(rows),
-                    Arg::Ptr(norms),
-                    Arg::Ptr(dead),
-                    Arg::U32(n as u32),
-                    Arg::U32(self.dim as u32),
-                    Arg::Ptr(inputs.approx + offset * self.dim as u64 * 4),
-                    Arg::Ptr(inputs.gate_mul + offset * 4),
-                    Arg::Ptr(inputs.gate_add + offset * 4),
-                    Arg::I32(metric_code(metric)),
-                    Arg::U32(k as u32),
-                    Arg::U32(kcap as u32),
-                    Arg::U32(sortn as u32),
-                    Arg::U32(per as u32),
-                    Arg::U32(max_sub as u32),
-                    Arg::Ptr(lists),
-                    Arg::Ptr(evicted),
-                ],
+                Launch::new((segments as u32, qn as u32), BLOCK).shared(self.scan_shared_bytes(k) as u32),
+                &ScanTopk {
+                    rows,
+                    norms,
+                    dead,
+                    n: n as u32,
+                    dim: self.dim as u32,
+                    queries: inputs.approx + offset * self.dim as u64 * 4,
+                    gate_mul: inputs.gate_mul + offset * 4,
+                    gate_add: inputs.gate_add + offset * 4,
+                    metric: metric_code(metric),
+                    k: k as u32,
+                    kcap: kcap as u32,
+                    sortn: sortn as u32,
+                    per: per as u32,
+                    max_sub: max_sub as u32,
+                    lists,
+                    evicted,
+                },
             )?;
             profile.mark(&*driver, &ws.stream, "scan")?;
             let lists = Lists { entries: lists, evicted, segments, len: kcap, sorted: true };
@@ -823,13 +852,11 @@ impl<D: Driver> GpuRows<D> {
         // The selection reads a sample's norms by sample row: gather them side by side.
         let norms = if stride > 1 && metric != GpuDistanceMetric::DotProduct {
             let gathered = ws.sample_norms.get(&driver, n * 4)?;
-            driver.launch(
+            self.device.launch(
                 &ws.stream,
                 self.device.kernels.strided_norms,
-                (n.div_ceil(BLOCK as usize).min(1024) as u32, 1),
-                BLOCK,
-                0,
-                &[Arg::Ptr(norms), Arg::U32(stride as u32), Arg::U32(n as u32), Arg::Ptr(gathered)],
+                Launch::new((n.div_ceil(BLOCK as usize).min(1024) as u32, 1), BLOCK),
+                &StridedNorms { norms, stride: stride as u32, count: n as u32, out: gathered },
             )?;
             gathered
         } else {
@@ -881,32 +908,30 @@ impl<D: Driver> GpuRows<D> {
                 driver.record(gemm_done, &ws.gemm_stream)?;
                 profile.mark(&*driver, &ws.gemm_stream, "gemm")?;
                 driver.wait(&ws.stream, gemm_done)?;
-                driver.launch(
+                self.device.launch(
                     &ws.stream,
                     self.device.kernels.tile_topk,
-                    (segments as u32, qc as u32),
-                    BLOCK,
-                    (sortn * 8) as u32,
-                    &[
-                        Arg::Ptr(tile),
-                        Arg::U32(tile_rows as u32),
-                        Arg::U32(rt as u32),
-                        Arg::U32(r0 as u32),
-                        Arg::U32(stride as u32),
-                        Arg::U32(seg as u32),
-                        Arg::Ptr(norms),
-                        Arg::Ptr(dead),
-                        Arg::I32(metric_code(metric)),
-                        Arg::Ptr(if inv_scale == 0 { 0 } else { inv_scale + q0 as u64 * 4 }),
-                        Arg::Ptr(inputs.gate_mul + q0 as u64 * 4),
-                        Arg::Ptr(inputs.gate_add + q0 as u64 * 4),
-                        Arg::U32(k as u32),
-                        Arg::U32(kcap as u32),
-                        Arg::U32(sortn as u32),
-                        Arg::Ptr(lists),
-                        Arg::Ptr(evicted),
-                        Arg::Ptr(thresholds),
-                    ],
+                    Launch::new((segments as u32, qc as u32), BLOCK).shared((sortn * 8) as u32),
+                    &TileTopk {
+                        dots: tile,
+                        ldc: tile_rows as u32,
+                        tile_rows: rt as u32,
+                        row0: r0 as u32,
+                        stride: stride as u32,
+                        seg: seg as u32,
+                        norms,
+                        dead,
+                        metric: metric_code(metric),
+                        inv_scale: if inv_scale == 0 { 0 } else { inv_scale + q0 as u64 * 4 },
+                        gate_mul: inputs.gate_mul + q0 as u64 * 4,
+                        gate_add: inputs.gate_add + q0 as u64 * 4,
+                        k: k as u32,
+                        kcap: kcap as u32,
+                        sortn: sortn as u32,
+                        lists,
+                        evicted,
+                        thresholds,
+                    },
                 )?;
                 driver.record(select_done, &ws.stream)?;
                 profile.mark(&*driver, &ws.stream, "select")?;
@@ -949,11 +974,9 @@ impl<D: Driver> GpuRows<D> {
         // The staging buffer may still feed the inputs' upload (or be reallocated): wait.
         driver.synchronize(&ws.stream)?;
         let host = ws.staging.get(&*driver, state_bytes)?;
-        for (q, &t) in tau.iter().enumerate() {
-            host[q * 4..q * 4 + 4].copy_from_slice(&t.to_ne_bytes());
-            let at = align(nq * 4) + q * 8;
-            host[at..at + 8].copy_from_slice(&entry_key(t, 0).to_ne_bytes());
-        }
+        let evicted: Vec<u64> = tau.iter().map(|&t| entry_key(t, 0)).collect();
+        host[..nq * 4].copy_from_slice(bytemuck::cast_slice(&tau));
+        host[align(nq * 4)..align(nq * 4) + nq * 8].copy_from_slice(bytemuck::cast_slice(&evicted));
         driver.upload(&ws.stream, state, host, state_bytes)?;
 
         let kcap = self.path_list_size(k, path);
@@ -983,30 +1006,28 @@ impl<D: Driver> GpuRows<D> {
             driver.fill(&ws.stream, cand, 0xff, qc * FUSED_CAP * 8)?;
             driver.fill(&ws.stream, counts, 0, qc * 4)?;
             let q = q0 as u64;
-            driver.launch(
+            self.device.launch(
                 &ws.stream,
                 kernel,
-                (qc.div_ceil(MMA_TILE) as u32, row_groups as u32),
-                BLOCK,
-                shared as u32,
-                &[
-                    Arg::Ptr(rows),
-                    Arg::Ptr(norms),
-                    Arg::Ptr(dead),
-                    Arg::U32(n as u32),
-                    Arg::U32(tiles as u32),
-                    Arg::U32(dim as u32),
-                    Arg::Ptr(queries + q * dim as u64 * element),
-                    Arg::U32(qc as u32),
-                    Arg::Ptr(if inputs.inv_scale == 0 { 0 } else { inputs.inv_scale + q * 4 }),
-                    Arg::F32(row_scale),
-                    Arg::Ptr(tau_ptr + q * 4),
-                    Arg::I32(metric_code(metric)),
-                    Arg::U32(FUSED_CAP as u32),
-                    Arg::Ptr(cand),
-                    Arg::Ptr(counts),
-                    Arg::Ptr(evicted_ptr + q * 8),
-                ],
+                Launch::new((qc.div_ceil(MMA_TILE) as u32, row_groups as u32), BLOCK).shared(shared as u32),
+                &MmaFilter {
+                    rows,
+                    norms,
+                    dead,
+                    n: n as u32,
+                    tiles: tiles as u32,
+                    dim: dim as u32,
+                    queries: queries + q * dim as u64 * element,
+                    nq: qc as u32,
+                    inv_scale: if inputs.inv_scale == 0 { 0 } else { inputs.inv_scale + q * 4 },
+                    row_scale,
+                    tau: tau_ptr + q * 4,
+                    metric: metric_code(metric),
+                    cap: FUSED_CAP as u32,
+                    cand,
+                    counts,
+                    evicted: evicted_ptr + q * 8,
+                },
             )?;
             profile.mark(&*driver, &ws.stream, "filter")?;
             let lists = Lists {
@@ -1048,13 +1069,14 @@ impl<D: Driver> GpuRows<D> {
             Err(e) => return Err(e),
         };
         let quads = values / 4;
-        driver.launch(
+        self.device.launch(
             &ws.stream,
             tensor.round_rows,
-            (quads.div_ceil(BLOCK as usize).min(driver.multiprocessors() as usize * 16) as u32, 1),
-            BLOCK,
-            0,
-            &[Arg::Ptr(rows), Arg::Ptr(copy), Arg::U64(quads as u64), Arg::F32(row_scale as f32)],
+            Launch::new(
+                (quads.div_ceil(BLOCK as usize).min(driver.multiprocessors() as usize * 16) as u32, 1),
+                BLOCK,
+            ),
+            &RoundRows { rows, out: copy, quads: quads as u64, scale: row_scale as f32 },
         )?;
         Ok(Some(copy))
     }
@@ -1090,11 +1112,9 @@ impl<D: Driver> GpuRows<D> {
         let host = ws.staging.get(&*driver, nq * j * 8)?;
         driver.download(&ws.stream, host, sample.dist, nq * j * 8)?;
         driver.synchronize(&ws.stream)?;
+        let dist: &[f64] = typed(host, 0, nq * j)?;
         for (q, t) in tau.iter_mut().enumerate() {
-            let at = (q * j + j - 1) * 8;
-            let mut bytes = [0u8; 8];
-            bytes.copy_from_slice(&host[at..at + 8]);
-            let exact = f64::from_ne_bytes(bytes);
+            let exact = dist[q * j + j - 1];
             if exact.is_finite() && exact.abs() < 1e30 {
                 // The L2 kernels leave out |q|^2, the same for every row of a query.
                 let shift =
@@ -1130,60 +1150,46 @@ impl<D: Driver> GpuRows<D> {
         // The radix buffer: the histogram (256 words), then the radix path's 4-word state, then
         // this selection's 8 words.
         let (hist, state) = (radix, radix + 1024 + 16);
-        let host = ws.staging.get(&*driver, 32)?;
+        let start = SelectState { remaining: k as u32, ..bytemuck::Zeroable::zeroed() };
+        let host = ws.staging.get(&*driver, std::mem::size_of::<SelectState>())?;
         driver.synchronize(&ws.stream)?;
-        for (i, v) in [0u32, 0, 0, 0, 0, 0, k as u32, 0].iter().enumerate() {
-            host[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
-        }
-        driver.upload(&ws.stream, state, host, 32)?;
+        host[..std::mem::size_of::<SelectState>()].copy_from_slice(bytemuck::bytes_of(&start));
+        driver.upload(&ws.stream, state, host, std::mem::size_of::<SelectState>())?;
         driver.fill(&ws.stream, hist, 0, 1024)?;
         let grid = (driver.multiprocessors() * 8).min(count.div_ceil(BLOCK as usize).max(1) as u32);
         for pass in 0..12u32 {
-            driver.launch(
+            self.device.launch(
                 &ws.stream,
                 kernels.select_hist,
-                (grid, 1),
-                BLOCK,
-                0,
-                &[
-                    Arg::Ptr(keys),
-                    Arg::Ptr(slots),
-                    Arg::U32(count as u32),
-                    Arg::Ptr(state),
-                    Arg::U32(pass),
-                    Arg::Ptr(hist),
-                ],
+                Launch::new((grid, 1), BLOCK),
+                &SelectHist { keys, slots, n: count as u32, state, pass, hist },
             )?;
-            driver.launch(
+            self.device.launch(
                 &ws.stream,
                 kernels.select_pick,
-                (1, 1),
-                1,
-                0,
-                &[Arg::Ptr(hist), Arg::Ptr(state), Arg::U32(pass)],
+                Launch::new((1, 1), 1),
+                &SelectPick { hist, state, pass },
             )?;
         }
-        driver.launch(
+        self.device.launch(
             &ws.stream,
             kernels.select_collect,
-            (grid, 1),
-            BLOCK,
-            0,
-            &[
-                Arg::Ptr(keys),
-                Arg::Ptr(slots),
-                Arg::U32(count as u32),
-                Arg::Ptr(state),
-                Arg::Ptr(selected_keys),
-                Arg::Ptr(selected_slots),
-            ],
+            Launch::new((grid, 1), BLOCK),
+            &SelectCollect {
+                keys,
+                slots,
+                n: count as u32,
+                state,
+                out_keys: selected_keys,
+                out_slots: selected_slots,
+            },
         )?;
         // Exactly k pairs must have been kept (slots are unique, so the composite is): anything
         // else is a broken kernel, never a silently short result.
-        let host = ws.staging.get(&*driver, 32)?;
-        driver.download(&ws.stream, host, state, 32)?;
+        let host = ws.staging.get(&*driver, std::mem::size_of::<SelectState>())?;
+        driver.download(&ws.stream, host, state, std::mem::size_of::<SelectState>())?;
         driver.synchronize(&ws.stream)?;
-        let kept = u32::from_ne_bytes([host[28], host[29], host[30], host[31]]) as usize;
+        let kept = read_back::<SelectState>(host)?.count as usize;
         if kept != k {
             return Err(HiveGpuError::Internal(format!(
                 "the selection kept {kept} of {count} pairs for k = {k}"
@@ -1216,68 +1222,51 @@ impl<D: Driver> GpuRows<D> {
         let kernels = &self.device.kernels;
         let grid = driver.multiprocessors() * 8;
         let query = inputs.approx + (q * dim * 4) as u64;
-        driver.launch(
+        self.device.launch(
             &ws.stream,
             if f16_rows { kernels.scan_all_f16 } else { kernels.scan_all_f32 },
-            (grid, 1),
-            BLOCK,
-            0,
-            &[
-                Arg::Ptr(rows),
-                Arg::Ptr(norms),
-                Arg::Ptr(dead),
-                Arg::U32(n as u32),
-                Arg::U32(dim as u32),
-                Arg::Ptr(query),
-                Arg::I32(metric_code(metric)),
-                Arg::Ptr(dist),
-            ],
+            Launch::new((grid, 1), BLOCK),
+            &ScanAll {
+                rows,
+                norms,
+                dead,
+                n: n as u32,
+                dim: dim as u32,
+                q: query,
+                metric: metric_code(metric),
+                dist,
+            },
         )?;
-        // state = {prefix, mask, remaining k, candidates}
-        let host = ws.staging.get(&*driver, outputs.bytes.max(16))?;
+        let start = RadixState { prefix: 0, mask: 0, remaining: k as u32, count: 0 };
+        let host = ws.staging.get(&*driver, outputs.bytes.max(std::mem::size_of::<RadixState>()))?;
         driver.synchronize(&ws.stream)?;
-        for (i, v) in [0u32, 0, k as u32, 0].iter().enumerate() {
-            host[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
-        }
-        driver.upload(&ws.stream, state, host, 16)?;
+        host[..std::mem::size_of::<RadixState>()].copy_from_slice(bytemuck::bytes_of(&start));
+        driver.upload(&ws.stream, state, host, std::mem::size_of::<RadixState>())?;
         driver.fill(&ws.stream, hist, 0, 1024)?;
         for shift in [24u32, 16, 8, 0] {
-            driver.launch(
+            self.device.launch(
                 &ws.stream,
                 kernels.radix_hist,
-                (grid, 1),
-                BLOCK,
-                0,
-                &[Arg::Ptr(dist), Arg::U32(n as u32), Arg::Ptr(state), Arg::U32(shift), Arg::Ptr(hist)],
+                Launch::new((grid, 1), BLOCK),
+                &RadixHist { dist, n: n as u32, state, shift, hist },
             )?;
-            driver.launch(
+            self.device.launch(
                 &ws.stream,
                 kernels.radix_pick,
-                (1, 1),
-                1,
-                0,
-                &[Arg::Ptr(hist), Arg::Ptr(state), Arg::U32(shift)],
+                Launch::new((1, 1), 1),
+                &RadixPick { hist, state, shift },
             )?;
         }
-        driver.launch(
+        self.device.launch(
             &ws.stream,
             kernels.radix_collect,
-            (grid, 1),
-            BLOCK,
-            0,
-            &[
-                Arg::Ptr(dist),
-                Arg::U32(n as u32),
-                Arg::Ptr(state),
-                Arg::F32(gate.0),
-                Arg::F32(gate.1),
-                Arg::Ptr(cand),
-            ],
+            Launch::new((grid, 1), BLOCK),
+            &RadixCollect { dist, n: n as u32, state, mul: gate.0, add: gate.1, cand },
         )?;
-        let host = ws.staging.get(&*driver, outputs.bytes.max(16))?;
-        driver.download(&ws.stream, host, state, 16)?;
+        let host = ws.staging.get(&*driver, outputs.bytes.max(std::mem::size_of::<RadixState>()))?;
+        driver.download(&ws.stream, host, state, std::mem::size_of::<RadixState>())?;
         driver.synchronize(&ws.stream)?;
-        let count = u32::from_ne_bytes([host[12], host[13], host[14], host[15]]) as usize;
+        let count = read_back::<RadixState>(host)?.count as usize;
         if count < k || count > n {
             return Err(HiveGpuError::Internal(format!(
                 "radix select found {count} candidates for k = {k} of {n}"
@@ -1287,24 +1276,22 @@ impl<D: Driver> GpuRows<D> {
         let keys = ws.keys.get(&driver, padded * 8)?;
         let slots = ws.slots.get(&driver, padded * 4)?;
         let rerank_grid = padded.div_ceil(BLOCK as usize).min(65535) as u32;
-        driver.launch(
+        self.device.launch(
             &ws.stream,
             if f16_rows { kernels.rerank_list_f16 } else { kernels.rerank_list_f32 },
-            (rerank_grid, 1),
-            BLOCK,
-            0,
-            &[
-                Arg::Ptr(cand),
-                Arg::U32(count as u32),
-                Arg::U32(padded as u32),
-                Arg::Ptr(rows),
-                Arg::U32(dim as u32),
-                Arg::Ptr(inputs.exact + (q * dim * 4) as u64),
-                Arg::F64(q_norm),
-                Arg::I32(metric_code(metric)),
-                Arg::Ptr(keys),
-                Arg::Ptr(slots),
-            ],
+            Launch::new((rerank_grid, 1), BLOCK),
+            &RerankList {
+                cand,
+                count: count as u32,
+                padded: padded as u32,
+                rows,
+                dim: dim as u32,
+                q: inputs.exact + (q * dim * 4) as u64,
+                q_norm,
+                metric: metric_code(metric),
+                keys,
+                slots,
+            },
         )?;
         // A long list (many rows tie inside the band: duplicates) is cut to its k best first, in
         // linear time; sorting all of it would cost count log^2 count.
@@ -1321,38 +1308,28 @@ impl<D: Driver> GpuRows<D> {
         while size <= padded {
             let mut stride = size / 2;
             while stride > 0 {
-                driver.launch(
+                self.device.launch(
                     &ws.stream,
                     kernels.bitonic_step,
-                    (sort_grid, 1),
-                    BLOCK,
-                    0,
-                    &[
-                        Arg::Ptr(keys),
-                        Arg::Ptr(slots),
-                        Arg::U32(padded as u32),
-                        Arg::U32(size as u32),
-                        Arg::U32(stride as u32),
-                    ],
+                    Launch::new((sort_grid, 1), BLOCK),
+                    &BitonicStep { keys, slots, n: padded as u32, size: size as u32, stride: stride as u32 },
                 )?;
                 stride /= 2;
             }
             size *= 2;
         }
-        driver.launch(
+        self.device.launch(
             &ws.stream,
             kernels.write_results,
-            (k.div_ceil(BLOCK as usize) as u32, 1),
-            BLOCK,
-            0,
-            &[
-                Arg::Ptr(keys),
-                Arg::Ptr(slots),
-                Arg::U32(k as u32),
-                Arg::Ptr(outputs.slots + (q * k * 4) as u64),
-                Arg::Ptr(outputs.dist + (q * k * 8) as u64),
-                Arg::Ptr(outputs.flags + (q * 4) as u64),
-            ],
+            Launch::new((k.div_ceil(BLOCK as usize) as u32, 1), BLOCK),
+            &WriteResults {
+                keys,
+                slots,
+                k: k as u32,
+                out_slots: outputs.slots + (q * k * 4) as u64,
+                out_dist: outputs.dist + (q * k * 8) as u64,
+                flag: outputs.flags + (q * 4) as u64,
+            },
         )
     }
 }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 
+use super::params::{Blocks, FilterParams, Params, SelectState};
 use super::rows::{
     MAX_GROUPS, PARAMS_BYTES, PARAMS_STRIDE, SELECT_GROUPS, Shared, Skip, WgpuRows, kernel_query, norm,
 };
@@ -355,8 +356,7 @@ impl WgpuRows {
             gates.extend(gate.iter().flat_map(|x| x.to_ne_bytes()));
         }
         let rank = plan.rank.unwrap_or(k);
-        let states: Vec<u8> =
-            (0..t).flat_map(|_| [0u32, 0, rank as u32, 0]).flat_map(|x| x.to_ne_bytes()).collect();
+        let states = vec![SelectState::start(rank); t];
 
         let mut guard =
             self.work.lock().map_err(|_| HiveGpuError::Internal("wgpu workspace poisoned".into()))?;
@@ -416,14 +416,6 @@ impl WgpuRows {
 
         let metric_code = crate::exact::metric_code(metric) as u32;
 
-        let mut params_bytes = Vec::new();
-        let mut push_params = |words: [u32; 16]| -> u32 {
-            let offset = params_bytes.len() as u32;
-            params_bytes.extend(words.iter().flat_map(|x| x.to_ne_bytes()));
-            params_bytes
-                .resize(params_bytes.len().div_ceil(PARAMS_STRIDE as usize) * PARAMS_STRIDE as usize, 0);
-            offset
-        };
         let query_groups = padded / qt;
         // Rows per workgroup along y: enough workgroups in all, at least 8 tiles each.
         let split = |rows: usize| {
@@ -431,75 +423,86 @@ impl WgpuRows {
             let per = rows.div_ceil(splits).next_multiple_of(TILE_ROWS);
             (per, rows.div_ceil(per))
         };
-        let (tq, st, cp) = (t as u32, plan.sample as u32, cap as u32);
         let lists_base = sample_words as u32;
         let mut sample_base = 0usize;
+        let mut blocks = Blocks::default();
         // (chunk, params offset, workgroups along y) of each pass.
         let mut sample_passes = Vec::new();
         let mut filter_passes = Vec::new();
-        // `FilterParams` of one pass: rows it reads, first slot, mode, row step, rows per
-        // workgroup, output base and words per query.
-        let pass_params =
-            |rows: usize, first: u32, mode: u32, step: usize, per: usize, base: u32, stride: u32| {
-                let (x_bits, u_bits) = ((x_scale as f32).to_bits(), unscale.to_bits());
-                let head = [rows as u32, first, tq, metric_code, mode, step as u32, per as u32, base, stride];
-                let mut words = [0u32; 16];
-                words[..9].copy_from_slice(&head);
-                words[9..12].copy_from_slice(&[FUSED_CAP as u32, x_bits, u_bits]);
-                words
-            };
+        // What every pass of the filter shares.
+        let tile_pass = FilterParams {
+            nq: t as u32,
+            metric: metric_code,
+            cap: FUSED_CAP as u32,
+            x_scale: x_scale as f32,
+            unscale,
+            ..FilterParams::default()
+        };
         for &(c, rows) in &chunks {
-            let first = self.chunks[c].first as u32;
+            let first_slot = self.chunks[c].first as u32;
             if plan.rank.is_some() {
                 let sample_rows = rows.div_ceil(SAMPLE_STRIDE);
                 let (per, groups) = split(sample_rows);
-                let offset = push_params(pass_params(
-                    sample_rows,
-                    first,
-                    0,
-                    SAMPLE_STRIDE,
-                    per,
-                    sample_base as u32,
-                    st,
-                ));
-                sample_passes.push((c, offset, groups));
+                let sample = FilterParams {
+                    n_rows: sample_rows as u32,
+                    first_slot,
+                    mode: 0,
+                    row_step: SAMPLE_STRIDE as u32,
+                    rows_per_split: per as u32,
+                    out_base: sample_base as u32,
+                    out_stride: plan.sample as u32,
+                    ..tile_pass
+                };
+                sample_passes.push((c, blocks.push(sample, PARAMS_STRIDE), groups));
                 sample_base += sample_rows;
             }
             let (per, groups) = split(rows);
-            let offset = push_params(pass_params(rows, first, 1, 1, per, lists_base, list_words as u32));
-            filter_passes.push((c, offset, groups));
+            let filter = FilterParams {
+                n_rows: rows as u32,
+                first_slot,
+                mode: 1,
+                row_step: 1,
+                rows_per_split: per as u32,
+                out_base: lists_base,
+                out_stride: list_words as u32,
+                ..tile_pass
+            };
+            filter_passes.push((c, blocks.push(filter, PARAMS_STRIDE), groups));
         }
-        let d = dim as u32;
+        // The selection kernels' blocks (`Params`): over the sample's distances, the radix
+        // passes, the thresholds (`lists`: whether a sample ranked the queries), then the
+        // selection over the filter's lists.
+        let tile = Params {
+            dim: dim as u32,
+            nq: t as u32,
+            metric: metric_code,
+            cap: cap as u32,
+            ..Params::default()
+        };
+        let sample = plan.sample as u32;
         let radix_offsets: Vec<u32> = [24u32, 16, 8, 0]
             .iter()
-            .map(|&shift| push_params([st, 0, d, tq, metric_code, st, shift, cp, 0, 0, 0, 0, 0, 0, 0, 0]))
+            .map(|&shift| {
+                blocks.push(Params { n_rows: sample, stride: sample, shift, ..tile }, PARAMS_STRIDE)
+            })
             .collect();
         let sampled = u32::from(plan.rank.is_some());
-        let threshold_offset =
-            push_params([0, 0, d, tq, metric_code, 0, 0, cp, k as u32, 0, 0, sampled, 0, 0, 0, 0]);
-        let select_offset = push_params([
-            0,
-            0,
-            d,
-            tq,
-            metric_code,
-            0,
-            0,
-            cp,
-            k as u32,
-            lists_base,
-            list_words as u32,
-            0,
-            0,
-            0,
-            FUSED_CAP as u32,
-            0,
-        ]);
+        let threshold_offset = blocks.push(Params { k: k as u32, lists: sampled, ..tile }, PARAMS_STRIDE);
+        let select = Params {
+            k: k as u32,
+            list_base: lists_base,
+            list_words: list_words as u32,
+            list_cap: FUSED_CAP as u32,
+            ..tile
+        };
+        let select_offset = blocks.push(select, PARAMS_STRIDE);
+        // One workgroup (or row of workgroups) per query of the tile.
+        let tq = t as u32;
         let queue = &device.queue;
-        queue.write_buffer(params, 0, &params_bytes);
+        queue.write_buffer(params, 0, blocks.bytes());
         queue.write_buffer(half_queries, 0, bytemuck::cast_slice(&halves));
         queue.write_buffer(gate, 0, &gates);
-        queue.write_buffer(state, 0, &states);
+        queue.write_buffer(state, 0, bytemuck::cast_slice(&states));
 
         // The filter kernel over each chunk: (chunk, parameter offset, workgroups along y).
         let run_passes = |pass: &mut wgpu::ComputePass<'_>, passes: &[(usize, u32, usize)]| {

@@ -15,6 +15,7 @@
 //! with the CPU backend's code.
 
 mod filter;
+mod params;
 mod rows;
 
 use std::collections::HashMap;

@@ -9,6 +9,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::WgpuDevice;
+use super::params::{Blocks, Params, SelectState};
 use crate::backend::cpu::SimdLevel;
 use crate::backend::cpu::rows::CpuRows;
 use crate::backend::{Neighbor, RowStore};
@@ -619,32 +620,31 @@ impl WgpuRows {
             }
             gates.extend(gate.iter().flat_map(|x| x.to_ne_bytes()));
         }
-        let states: Vec<u8> =
-            (0..t).flat_map(|_| [0u32, 0, k as u32, 0]).flat_map(|x| x.to_ne_bytes()).collect();
-        let metric_code = crate::exact::metric_code(metric) as u32;
-        let mut params_bytes = Vec::new();
-        let mut push_params = |values: [u32; 8], list: [u32; 8]| -> u32 {
-            let offset = params_bytes.len() as u32;
-            params_bytes.extend(values.iter().chain(&list).flat_map(|x| x.to_ne_bytes()));
-            params_bytes
-                .resize(params_bytes.len().div_ceil(PARAMS_STRIDE as usize) * PARAMS_STRIDE as usize, 0);
-            offset
+        let states = vec![SelectState::start(k); t];
+        // Every dispatch's block shares the query tile's shape and metric.
+        let tile = Params {
+            dim: dim as u32,
+            nq: t as u32,
+            metric: crate::exact::metric_code(metric) as u32,
+            stride: len as u32,
+            cap: cap as u32,
+            ..Params::default()
         };
-        let (d, tq, st, cp) = (dim as u32, t as u32, len as u32, cap as u32);
-        // The list fields of the parameters: k, first list, list words, lists, gate, list cap.
-        let [gate_mul, gate_add] = first_gate.map(f32::to_bits);
-        let list_params = |base: usize| match &lists {
-            Some((list_cap, words, per_chunk)) => [
-                k as u32,
-                base as u32,
-                *words as u32,
-                per_chunk.iter().sum::<usize>() as u32,
+        // Single-query lists: k, the dispatch's first list, words per list, lists in all, the
+        // query's band and a list's capacity.
+        let [gate_mul, gate_add] = first_gate;
+        let with_lists = |block: Params, list_base: usize| match &lists {
+            Some((list_cap, words, per_chunk)) => Params {
+                k: k as u32,
+                list_base: list_base as u32,
+                list_words: *words as u32,
+                lists: per_chunk.iter().sum::<usize>() as u32,
                 gate_mul,
                 gate_add,
-                *list_cap as u32,
-                0,
-            ],
-            None => [0; 8],
+                list_cap: *list_cap as u32,
+                ..block
+            },
+            None => block,
         };
         let list_bases: Vec<usize> = match &lists {
             Some((_, _, per_chunk)) => per_chunk
@@ -657,36 +657,30 @@ impl WgpuRows {
                 .collect(),
             None => vec![0; self.chunks.len()],
         };
+        let mut blocks = Blocks::default();
         let chunk_offsets: Vec<u32> = self
             .chunks
             .iter()
             .zip(&list_bases)
             .map(|(c, &base)| {
-                push_params(
-                    [
-                        len.saturating_sub(c.first).min(self.rows_per_chunk) as u32,
-                        c.first as u32,
-                        d,
-                        tq,
-                        metric_code,
-                        st,
-                        0,
-                        cp,
-                    ],
-                    list_params(base),
-                )
+                let rows = len.saturating_sub(c.first).min(self.rows_per_chunk);
+                let chunk = Params { n_rows: rows as u32, row_offset: c.first as u32, ..tile };
+                blocks.push(with_lists(chunk, base), PARAMS_STRIDE)
             })
             .collect();
+        let all_rows = Params { n_rows: len as u32, ..tile };
         let radix_offsets: Vec<u32> = [24u32, 16, 8, 0]
             .iter()
-            .map(|&shift| push_params([st, 0, d, tq, metric_code, st, shift, cp], [0; 8]))
+            .map(|&shift| blocks.push(Params { shift, ..all_rows }, PARAMS_STRIDE))
             .collect();
-        let collect_offset = push_params([st, 0, d, tq, metric_code, st, 0, cp], list_params(0));
+        let collect_offset = blocks.push(with_lists(all_rows, 0), PARAMS_STRIDE);
+        // One workgroup (or row of workgroups) per query of the tile.
+        let tq = t as u32;
         let queue = &device.queue;
-        queue.write_buffer(params, 0, &params_bytes);
+        queue.write_buffer(params, 0, blocks.bytes());
         queue.write_buffer(queries, 0, &kernel_queries);
         queue.write_buffer(gate, 0, &gates);
-        queue.write_buffer(state, 0, &states);
+        queue.write_buffer(state, 0, bytemuck::cast_slice(&states));
 
         let mut encoder =
             device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("knn") });
@@ -823,7 +817,7 @@ impl WgpuRows {
         cap: usize,
     ) -> Result<Vec<Option<Vec<usize>>>> {
         let device = &self.device;
-        let state_bytes = (t * 16) as u64;
+        let state_bytes = (t * std::mem::size_of::<SelectState>()) as u64;
         let cand_bytes = (t * cap * 4) as u64;
         encoder.copy_buffer_to_buffer(state, 0, readback, 0, state_bytes);
         encoder.copy_buffer_to_buffer(cand, 0, readback, state_bytes, cand_bytes);
@@ -838,17 +832,18 @@ impl WgpuRows {
             let view = slice
                 .get_mapped_range()
                 .map_err(|e| HiveGpuError::VulkanError(format!("reading results: {e}")))?;
-            let word = |i: usize| {
-                u32::from_ne_bytes([view[4 * i], view[4 * i + 1], view[4 * i + 2], view[4 * i + 3]])
-            };
+            // The queries' states, then `cap` candidate slots per query.
+            let (states, slots) = view.split_at(state_bytes as usize);
+            let states: Vec<SelectState> = bytemuck::pod_collect_to_vec(states);
+            let slots: Vec<u32> = bytemuck::pod_collect_to_vec(slots);
             let mut out = Vec::with_capacity(t);
-            for q in 0..t {
-                let count = word(q * 4 + 3) as usize;
+            for (q, state) in states.iter().enumerate() {
+                let count = state.count as usize;
                 if count > cap || count < k {
                     out.push(None);
                 } else {
-                    let base = t * 4 + q * cap;
-                    out.push(Some((0..count).map(|i| word(base + i) as usize).collect()));
+                    let found = &slots[q * cap..q * cap + count];
+                    out.push(Some(found.iter().map(|&slot| slot as usize).collect()));
                 }
             }
             Ok(out)

@@ -729,18 +729,18 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     }
 }
 
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f32(const u64* lists, const u64* evicted, u32 S,
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f32(const u64* lists, const u64* evicted, u32 segments,
         u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const float* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
         u32* flags, u32 stage_bytes) {
-    hg_finalize<float>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
+    hg_finalize<float>(lists, evicted, segments, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
                        q_norms, metric, out_slots, out_dist, flags, stage_bytes);
 }
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f16(const u64* lists, const u64* evicted, u32 S,
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f16(const u64* lists, const u64* evicted, u32 segments,
         u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u16* rows,
         u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
         u32* flags, u32 stage_bytes) {
-    hg_finalize<u16>(lists, evicted, S, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
+    hg_finalize<u16>(lists, evicted, segments, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
                        q_norms, metric, out_slots, out_dist, flags, stage_bytes);
 }
 
