@@ -125,6 +125,21 @@ impl RowStore for FaultyRows {
     ) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
         self.inner.knn(queries, k, metric, allowed)
     }
+    fn gather(&self, slots: &[usize]) -> hive_gpu::Result<Vec<f32>> {
+        self.inner.gather(slots)
+    }
+    fn refine(
+        &self,
+        queries: &[f32],
+        candidates: &hive_gpu::backend::Candidates,
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
+        self.inner.refine(queries, candidates, k, metric)
+    }
+    fn select_k(&self, scores: &[f32], width: usize, k: usize) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
+        self.inner.select_k(scores, width, k)
+    }
     fn release_scratch(&self) {
         self.inner.release_scratch()
     }

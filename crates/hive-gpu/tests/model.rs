@@ -1,5 +1,7 @@
-//! Random sequences of upserts, removals, reads, searches, clears and compactions, checked
-//! step by step against a plain in-memory model of what the collection must hold.
+//! Random sequences of upserts, removals, reads, searches (half of them filtered), clears and
+//! compactions, checked step by step against a plain in-memory model of what the collection
+//! must hold. The model decides which vectors pass a filter by evaluating it naively on each
+//! vector's own payload; the library uses its payload indexes and slot sets.
 
 mod common;
 
@@ -7,7 +9,8 @@ use std::collections::HashMap;
 
 use common::{Rng, assert_exact, contexts, reference};
 use hive_gpu::{
-    GpuContext, GpuDistanceMetric, GpuVector, HiveGpuError, Metadata, StorageConfig, StoragePrecision,
+    Filter, GpuContext, GpuDistanceMetric, GpuVector, HiveGpuError, Metadata, PayloadValue, SearchOptions,
+    StorageConfig, StoragePrecision,
 };
 
 /// The model: live ids in the order they were last written (an upsert writes the vector anew
@@ -17,6 +20,8 @@ use hive_gpu::{
 struct Model {
     order: Vec<String>,
     vectors: HashMap<String, (Vec<f32>, Metadata)>,
+    /// Each live id's integer field `bucket`, where it has one.
+    buckets: HashMap<String, i64>,
 }
 
 impl Model {
@@ -28,16 +33,81 @@ impl Model {
         if self.vectors.insert(v.id.clone(), (data, v.metadata.clone())).is_some() {
             self.order.retain(|x| x != &v.id);
         }
+        match v.payload.get("bucket") {
+            Some(PayloadValue::Integer(b)) => self.buckets.insert(v.id.clone(), *b),
+            _ => self.buckets.remove(&v.id),
+        };
         self.order.push(v.id.clone());
     }
 
     fn remove(&mut self, id: &str) {
         self.vectors.remove(id);
+        self.buckets.remove(id);
         self.order.retain(|x| x != id);
     }
 
-    fn pairs(&self) -> Vec<(String, Vec<f32>)> {
-        self.order.iter().map(|id| (id.clone(), self.vectors[id].0.clone())).collect()
+    /// The live vectors that pass `filter` (all without one), in tie order.
+    fn pairs(&self, filter: Option<&ModelFilter>) -> Vec<(String, Vec<f32>)> {
+        self.order
+            .iter()
+            .filter(|id| filter.is_none_or(|f| f.passes(id, self.buckets.get(*id).copied())))
+            .map(|id| (id.clone(), self.vectors[id].0.clone()))
+            .collect()
+    }
+}
+
+/// A filter as the model evaluates it: one vector at a time, from its id and `bucket`.
+#[derive(Debug, Clone)]
+enum ModelFilter {
+    Ids(Vec<String>),
+    ExcludeIds(Vec<String>),
+    Bucket(i64),
+    BucketIn(i64, i64),
+    Not(Box<ModelFilter>),
+    And(Box<ModelFilter>, Box<ModelFilter>),
+    Or(Box<ModelFilter>, Box<ModelFilter>),
+}
+
+impl ModelFilter {
+    fn random(rng: &mut Rng, depth: usize) -> Self {
+        let names =
+            |rng: &mut Rng| (0..1 + rng.below(40)).map(|_| format!("id-{}", rng.below(420))).collect();
+        match rng.below(if depth > 1 { 4 } else { 7 }) {
+            0 => Self::Ids(names(rng)),
+            1 => Self::ExcludeIds(names(rng)),
+            2 => Self::Bucket(rng.below(7) as i64 - 1),
+            3 => {
+                let lo = rng.below(6) as i64;
+                Self::BucketIn(lo, lo + rng.below(3) as i64)
+            }
+            4 => Self::Not(Box::new(Self::random(rng, depth + 1))),
+            5 => Self::And(Box::new(Self::random(rng, depth + 1)), Box::new(Self::random(rng, depth + 1))),
+            _ => Self::Or(Box::new(Self::random(rng, depth + 1)), Box::new(Self::random(rng, depth + 1))),
+        }
+    }
+
+    fn passes(&self, id: &str, bucket: Option<i64>) -> bool {
+        match self {
+            Self::Ids(ids) => ids.iter().any(|x| x == id),
+            Self::ExcludeIds(ids) => !ids.iter().any(|x| x == id),
+            Self::Bucket(b) => bucket == Some(*b),
+            Self::BucketIn(lo, hi) => bucket.is_some_and(|b| (*lo..=*hi).contains(&b)),
+            Self::Not(f) => !f.passes(id, bucket),
+            Self::And(a, b) => a.passes(id, bucket) && b.passes(id, bucket),
+            Self::Or(a, b) => a.passes(id, bucket) || b.passes(id, bucket),
+        }
+    }
+
+    fn to_filter(&self) -> Filter {
+        match self {
+            Self::Ids(ids) => Filter::ids(ids),
+            Self::ExcludeIds(ids) => Filter::exclude_ids(ids),
+            Self::Bucket(b) => Filter::eq("bucket", *b),
+            Self::BucketIn(lo, hi) => Filter::range("bucket", *lo as f64..=*hi as f64),
+            Self::Not(f) => f.to_filter().not(),
+            Self::And(a, b) => a.to_filter().and(b.to_filter()),
+            Self::Or(a, b) => a.to_filter().or(b.to_filter()),
+        }
     }
 }
 
@@ -68,7 +138,9 @@ fn run_sequence(context: &GpuContext, metric: GpuDistanceMetric, precision: Stor
                     .iter()
                     .map(|&i| {
                         let meta: Metadata = [("step".to_string(), step.to_string())].into();
-                        GpuVector::with_metadata(name(i), random_vector(&mut rng, dim), meta)
+                        let v = GpuVector::with_metadata(name(i), random_vector(&mut rng, dim), meta);
+                        // One vector in eight has no `bucket`: predicates on it fail there.
+                        if rng.below(8) == 0 { v } else { v.with_field("bucket", rng.below(6) as i64) }
                     })
                     .filter(|v| metric != GpuDistanceMetric::Cosine || v.data.iter().any(|&x| x != 0.0))
                     .collect();
@@ -117,13 +189,22 @@ fn run_sequence(context: &GpuContext, metric: GpuDistanceMetric, precision: Stor
                     })
                     .collect();
                 let k = 1 + rng.below(60);
-                let result = storage.search_batch(&queries, k);
+                let filter = (rng.below(2) == 0).then(|| ModelFilter::random(&mut rng, 0));
+                let result = match &filter {
+                    Some(f) => storage.search_batch_with(
+                        &queries,
+                        k,
+                        &SearchOptions::default().with_filter(f.to_filter()),
+                    ),
+                    None => storage.search_batch(&queries, k),
+                };
+                let what = format!("{what} filter {filter:?}");
                 if model.order.is_empty() {
                     assert!(matches!(result, Err(HiveGpuError::EmptyCollection)), "{what}: {result:?}");
                     continue;
                 }
                 let lists = result.unwrap_or_else(|e| panic!("{what}: search: {e}"));
-                let pairs = model.pairs();
+                let pairs = model.pairs(filter.as_ref());
                 let by_id = pairs.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
                 for (qi, q) in queries.chunks_exact(dim).enumerate() {
                     let want = reference(metric, &pairs, q, k);

@@ -1,9 +1,12 @@
 //! The op set every backend implements, and finding which backends this machine has.
 //!
 //! Collections and indexes never name a backend: they call [`GpuBackend`] and [`RowStore`].
-//! Each backend is a small set of coarse operations (store rows, fused distance + top-k over
-//! the stored rows for a batch of queries); the conformance suite checks every backend against
-//! an f64 reference through exactly these operations.
+//! Each backend is a small set of operations: store rows; the fused distance + top-k over the
+//! stored rows for a batch of queries, optionally restricted to a slot set (`knn`); and the
+//! primitives approximate indexes are written on: `refine` (candidate lists to the exact top-k,
+//! where IVF and graph searches end), `select_k` (scores to top-k) and `gather` (slots to rows).
+//! The conformance suite checks every backend against an f64 reference through exactly these
+//! operations, each on its own (`tests/primitives.rs`).
 //!
 //! # Soundness
 //!
@@ -29,6 +32,7 @@
 
 // The CPU backend's kernels stay inside the crate: they trust the instruction-set level they are
 // given (`cpu::simd::SimdLevel`), which only `SimdLevel::detect` may produce.
+pub mod candidates;
 pub(crate) mod cpu;
 // The engine is compiled in every build, so its host code is checked without the features,
 // but only the CUDA and ROCm backends call it.
@@ -37,6 +41,8 @@ pub(crate) mod gpu;
 
 #[cfg(feature = "vulkan")]
 pub(crate) mod wgpu;
+
+pub use candidates::Candidates;
 
 use crate::error::{HiveGpuError, Result};
 use crate::slots::SlotSet;
@@ -139,6 +145,29 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>>;
+    /// The stored rows of `slots` as f32 (after the storage precision's rounding), one after
+    /// another in the order given, repeats included: how an index reads its candidates'
+    /// vectors. A slot at or past [`RowStore::len`] is an error naming it.
+    fn gather(&self, slots: &[usize]) -> Result<Vec<f32>>;
+    /// The exact `k` best of each query's candidates (`candidates.of(q)` for query `q` of a
+    /// row-major batch), best first, ties by slot, distances in f64 as [`RowStore::knn`]
+    /// reports them: the re-rank every approximate index (IVF, a graph) ends in. Repeated and
+    /// removed slots are scored once and never, and a query with fewer than `k` distinct
+    /// live candidates gets them all. `k` must be at least 1; a candidate past
+    /// [`RowStore::len`] is an error naming it.
+    fn refine(
+        &self,
+        queries: &[f32],
+        candidates: &Candidates,
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>>;
+    /// The `k` smallest of each row of `scores` (row-major, `width` per row; lower is better),
+    /// ascending, ties by column: a [`Neighbor`] per pick with the column as `slot` and the
+    /// score as `distance`. Rows with fewer than `k` columns give them all. NaN scores are
+    /// refused. It reads no stored row: it is the device's selection, for scores an index
+    /// computed itself (IVF's coarse assignment).
+    fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>>;
     /// Frees the scratch memory idle searches keep for reuse (a GPU backend's workspaces).
     /// Called before a search that ran out of device memory beside others runs again alone.
     fn release_scratch(&self) {}

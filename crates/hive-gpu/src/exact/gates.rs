@@ -23,6 +23,8 @@ pub(crate) enum Approximation {
     RoundedF16 { scale: f64, row_scale: f64 },
     /// wgpu cooperative matrices: f16 operands, the query scaled by `scale` (a power of two);
     /// with `rows_rounded`, f32 rows are rounded to f16 too. Any f16 subnormal may be flushed.
+    // Only the wgpu backend plans it.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     CoopF16 { scale: f64, rows_rounded: bool },
 }
 

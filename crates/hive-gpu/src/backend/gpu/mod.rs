@@ -2,8 +2,8 @@
 //! written once over the [`driver::Driver`] trait. The vendor code is the driver
 //! implementation and little else.
 
-#[cfg(feature = "cuda")]
 mod abi;
+#[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod driver;
 #[cfg(feature = "rocm")]
@@ -11,6 +11,7 @@ pub(crate) mod hip;
 mod kernels;
 mod memory;
 mod prepare;
+mod primitives;
 mod rows;
 pub(crate) mod search;
 

@@ -515,6 +515,24 @@ impl<D: Driver> RowStore for GpuRows<D> {
         self.search(queries, k, metric, allowed)
     }
 
+    fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {
+        self.gather_rows(slots)
+    }
+
+    fn refine(
+        &self,
+        queries: &[f32],
+        candidates: &crate::backend::Candidates,
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        self.refine_lists(queries, candidates, k, metric)
+    }
+
+    fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        self.select_rows(scores, width, k)
+    }
+
     fn release_scratch(&self) {
         if let Ok(mut pool) = self.pool.lock() {
             pool.clear();

@@ -14,14 +14,14 @@
 use rayon::prelude::*;
 
 use super::abi::{
-    BitonicStep, Finalize, Launch, MmaFilter, RadixCollect, RadixHist, RadixPick, RadixState, RerankList,
-    RoundRows, ScanAll, ScanTopk, SelectCollect, SelectHist, SelectPick, SelectState, StridedNorms, TileTopk,
-    WriteResults, read_back,
+    Finalize, Launch, MmaFilter, RadixCollect, RadixHist, RadixPick, RadixState, RoundRows, ScanAll,
+    ScanTopk, SelectCollect, SelectHist, SelectPick, SelectState, StridedNorms, TileTopk, read_back,
 };
 use super::driver::{DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
 use super::memory::{Filtered, Workspace};
 use super::prepare::{Prepared, prepare};
+use super::primitives::{Pairs, ResultSlot};
 use super::rows::GpuRows;
 use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
 use crate::error::{HiveGpuError, Result};
@@ -36,7 +36,7 @@ use half::slice::HalfFloatSliceExt;
 const MAX_LIST: usize = 4096;
 /// Batches of at least this many queries use GEMM tiles; fewer scan.
 const GEMM_MIN_QUERIES: usize = 8;
-fn align(bytes: usize) -> usize {
+pub(super) fn align(bytes: usize) -> usize {
     bytes.div_ceil(256) * 256
 }
 
@@ -90,12 +90,12 @@ struct Lists {
 
 impl Outputs {
     /// Bytes of the results of `nq` queries of `k` neighbors: slots, f64 distances, flags.
-    fn bytes_for(nq: usize, k: usize) -> usize {
+    pub(super) fn bytes_for(nq: usize, k: usize) -> usize {
         align(nq * k * 4) + align(nq * k * 8) + align(nq * 4)
     }
 
     /// The layout of [`Outputs::bytes_for`] at device address `base`.
-    fn at(base: DevicePtr, nq: usize, k: usize) -> Self {
+    pub(super) fn at(base: DevicePtr, nq: usize, k: usize) -> Self {
         let dist_offset = align(nq * k * 4);
         let flags_offset = dist_offset + align(nq * k * 8);
         Self {
@@ -111,19 +111,19 @@ impl Outputs {
 }
 
 /// The results of [`Outputs`] as read back into host memory: typed arrays, not byte offsets.
-struct OutputsView<'a> {
+pub(super) struct OutputsView<'a> {
     /// `nq x k` slots.
-    slots: &'a [u32],
+    pub(super) slots: &'a [u32],
     /// `nq x k` f64 distances.
-    dist: &'a [f64],
+    pub(super) dist: &'a [f64],
     /// One flag per query: nonzero where its band overflowed its list.
-    flags: &'a [u32],
+    pub(super) flags: &'a [u32],
 }
 
 impl Outputs {
     /// The arrays of `host` (a copy of the outputs of `nq` queries of `k`, at the host
     /// buffer's start; pinned buffers are page-aligned).
-    fn view<'a>(&self, host: &'a [u8], nq: usize, k: usize) -> Result<OutputsView<'a>> {
+    pub(super) fn view<'a>(&self, host: &'a [u8], nq: usize, k: usize) -> Result<OutputsView<'a>> {
         Ok(OutputsView {
             slots: typed(host, 0, nq * k)?,
             dist: typed(host, self.dist_offset, nq * k)?,
@@ -159,11 +159,11 @@ struct Thresholds<'a> {
 
 /// Where each output lives in the workspace's output buffer.
 #[derive(Debug, Clone, Copy)]
-struct Outputs {
-    slots: DevicePtr,
-    dist: DevicePtr,
-    flags: DevicePtr,
-    bytes: usize,
+pub(super) struct Outputs {
+    pub(super) slots: DevicePtr,
+    pub(super) dist: DevicePtr,
+    pub(super) flags: DevicePtr,
+    pub(super) bytes: usize,
     dist_offset: usize,
     flags_offset: usize,
     /// In the workspace's mapped host buffer (`results`), not in device memory.
@@ -207,7 +207,7 @@ impl Profiler {
 }
 
 impl<D: Driver> GpuRows<D> {
-    fn checkout(&self) -> Result<Workspace<D>> {
+    pub(super) fn checkout(&self) -> Result<Workspace<D>> {
         let reused =
             self.pool.lock().map_err(|_| HiveGpuError::Internal("workspace pool poisoned".into()))?.pop();
         match reused {
@@ -216,7 +216,7 @@ impl<D: Driver> GpuRows<D> {
         }
     }
 
-    fn checkin(&self, ws: Workspace<D>) {
+    pub(super) fn checkin(&self, ws: Workspace<D>) {
         if let Ok(mut pool) = self.pool.lock() {
             pool.push(ws);
         }
@@ -662,7 +662,7 @@ impl<D: Driver> GpuRows<D> {
         }
     }
 
-    fn arrays_ptrs(&self, ws: &Workspace<D>) -> Result<(DevicePtr, DevicePtr, DevicePtr)> {
+    pub(super) fn arrays_ptrs(&self, ws: &Workspace<D>) -> Result<(DevicePtr, DevicePtr, DevicePtr)> {
         let arrays = self.arrays.as_ref().ok_or(HiveGpuError::EmptyCollection)?;
         // A filtered search reads its own skip words; without removed rows the kernels skip
         // the bitmap entirely (null pointer).
@@ -674,7 +674,7 @@ impl<D: Driver> GpuRows<D> {
         Ok((arrays.rows.ptr(), arrays.norms.ptr(), dead))
     }
 
-    fn is_f16(&self) -> bool {
+    pub(super) fn is_f16(&self) -> bool {
         self.precision == StoragePrecision::F16
     }
 
@@ -1130,7 +1130,7 @@ impl<D: Driver> GpuRows<D> {
     /// The k smallest (key, slot) pairs of the re-ranked list `keys` / `slots` (`count` long),
     /// by a radix select of the composite (see `hg_select_hist` in `kernels/search.cu`): returns
     /// them, unsorted and padded with empty pairs to a power of two, with that length.
-    fn select_k_pairs(
+    pub(super) fn select_k_pairs(
         &self,
         ws: &mut Workspace<D>,
         keys: DevicePtr,
@@ -1273,63 +1273,14 @@ impl<D: Driver> GpuRows<D> {
             )));
         }
         let padded = count.next_power_of_two();
-        let keys = ws.keys.get(&driver, padded * 8)?;
-        let slots = ws.slots.get(&driver, padded * 4)?;
-        let rerank_grid = padded.div_ceil(BLOCK as usize).min(65535) as u32;
-        self.device.launch(
-            &ws.stream,
-            if f16_rows { kernels.rerank_list_f16 } else { kernels.rerank_list_f32 },
-            Launch::new((rerank_grid, 1), BLOCK),
-            &RerankList {
-                cand,
-                count: count as u32,
-                padded: padded as u32,
-                rows,
-                dim: dim as u32,
-                q: inputs.exact + (q * dim * 4) as u64,
-                q_norm,
-                metric: metric_code(metric),
-                keys,
-                slots,
-            },
-        )?;
-        // A long list (many rows tie inside the band: duplicates) is cut to its k best first, in
-        // linear time; sorting all of it would cost count log^2 count.
-        // A `select_min_candidates` of 1 takes the selection wherever it applies (the GPU suite
-        // proves it on every radix-path search that way).
-        let (keys, slots, padded) = if count >= self.tuning.select_min_candidates && count >= 2 * k {
-            self.select_k_pairs(ws, keys, slots, count, k, radix)?
-        } else {
-            (keys, slots, padded)
+        let pairs = Pairs {
+            keys: ws.keys.get(&driver, padded * 8)?,
+            slots: ws.slots.get(&driver, padded * 4)?,
+            count,
+            padded,
         };
-        let pairs = (padded / 2).max(1);
-        let sort_grid = pairs.div_ceil(BLOCK as usize) as u32;
-        let mut size = 2;
-        while size <= padded {
-            let mut stride = size / 2;
-            while stride > 0 {
-                self.device.launch(
-                    &ws.stream,
-                    kernels.bitonic_step,
-                    Launch::new((sort_grid, 1), BLOCK),
-                    &BitonicStep { keys, slots, n: padded as u32, size: size as u32, stride: stride as u32 },
-                )?;
-                stride /= 2;
-            }
-            size *= 2;
-        }
-        self.device.launch(
-            &ws.stream,
-            kernels.write_results,
-            Launch::new((k.div_ceil(BLOCK as usize) as u32, 1), BLOCK),
-            &WriteResults {
-                keys,
-                slots,
-                k: k as u32,
-                out_slots: outputs.slots + (q * k * 4) as u64,
-                out_dist: outputs.dist + (q * k * 8) as u64,
-                flag: outputs.flags + (q * 4) as u64,
-            },
-        )
+        let query = inputs.exact + (q * dim * 4) as u64;
+        self.rerank_keys(ws, cand, count, query, q_norm, metric, pairs)?;
+        self.write_top_k(ws, pairs, k, radix, ResultSlot::of(outputs, q, k))
     }
 }

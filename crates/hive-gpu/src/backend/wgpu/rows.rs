@@ -945,4 +945,25 @@ impl RowStore for WgpuRows {
         }
         self.search(queries, k, metric, allowed)
     }
+
+    // The primitives run on the host copy, where this backend's searches already re-rank
+    // their candidates: the device holds the rows for the approximate scan only. A device
+    // refine and selection for wgpu come with the indexes that need them at scale.
+    fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {
+        self.host.gather(slots)
+    }
+
+    fn refine(
+        &self,
+        queries: &[f32],
+        candidates: &crate::backend::Candidates,
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        self.host.refine(queries, candidates, k, metric)
+    }
+
+    fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        self.host.select_k(scores, width, k)
+    }
 }

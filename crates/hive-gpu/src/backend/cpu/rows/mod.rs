@@ -12,6 +12,7 @@ use self::paths::{BF16_MIN_QUERIES, GEMM_MIN_QUERIES, TileKernel};
 use super::simd::{self, SimdLevel};
 use super::topk::{self, ErrorBound};
 use super::{bf16, int8};
+use crate::backend::candidates::{Candidates, check_refine, check_select, live_candidates};
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::slots::{SearchMask, SlotSet};
@@ -152,10 +153,9 @@ impl CpuRows {
         }
     }
 
-    /// The stored values of `slots` as f32, one row after another (wgpu uploads the passing
-    /// rows of a filtered batch from them). One allocation for all, checked against the host's
-    /// memory first.
-    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
+    /// The stored values of `slots` as f32, one row after another: [`RowStore::gather`], and
+    /// what wgpu uploads the passing rows of a filtered batch from. One allocation for all,
+    /// checked against the host's memory first.
     pub(crate) fn values_of(&self, slots: &[usize]) -> Result<Vec<f32>> {
         let count = slots.len() * self.dim;
         let what = || format!("gathering {} rows of a filtered search", slots.len());
@@ -235,10 +235,8 @@ impl CpuRows {
         }
     }
 
-    /// The exact k best of `slots` for query `q` (f64 distances, ties by slot): the re-rank
-    /// that a backend computing its candidates elsewhere (wgpu) shares with this one.
-    // Only the wgpu backend, which keeps its host rows here, calls this.
-    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
+    /// The exact k best of `slots` for query `q` (f64 distances, ties by slot): one query of
+    /// [`RowStore::refine`], and the re-rank of wgpu's candidates on its host copy.
     pub(crate) fn rerank(
         &self,
         q: &[f32],
@@ -576,7 +574,48 @@ impl RowStore for CpuRows {
         // collection's lock (`crate::exec`).
         crate::exec::run(|| self.knn_on_pool(queries, k, metric, allowed))?
     }
+
+    fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {
+        self.values_of(slots)
+    }
+
+    fn refine(
+        &self,
+        queries: &[f32],
+        candidates: &Candidates,
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let nq = check_refine(self.dim, queries, candidates, k)?;
+        let one = |q: usize| -> Result<Vec<Neighbor>> {
+            let live = live_candidates(candidates, q, self.len_slots(), &self.dead)?;
+            Ok(self.rerank(&queries[q * self.dim..(q + 1) * self.dim], &live, k, metric))
+        };
+        // Queries in parallel once there is enough work to share (a few hundred row reads).
+        if candidates.total() * self.dim >= PARALLEL_REFINE_VALUES {
+            crate::exec::run(|| (0..nq).into_par_iter().map(one).collect())?
+        } else {
+            (0..nq).map(one).collect()
+        }
+    }
+
+    fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        let rows = check_select(scores, width, k)?;
+        let one = |row: &[f32]| -> Vec<Neighbor> {
+            let scored = row.iter().enumerate().map(|(column, &s)| (column, f64::from(s))).collect();
+            topk::best_k(scored, k).into_iter().map(|(slot, distance)| Neighbor { slot, distance }).collect()
+        };
+        if scores.len() >= PARALLEL_REFINE_VALUES {
+            crate::exec::run(|| scores.par_chunks_exact(width).map(one).collect())
+        } else {
+            Ok(scores.chunks_exact(width).map(one).take(rows).collect())
+        }
+    }
 }
+
+/// Values (candidates x dimension, or scores) from which a refine or a selection spreads its
+/// queries over threads.
+const PARALLEL_REFINE_VALUES: usize = 1 << 16;
 
 impl CpuRows {
     /// Candidates from the floating-point kernels: the scan, f32 GEMM tiles or bf16 tiles.

@@ -1,0 +1,246 @@
+//! The backend primitives on their own, below any planner or collection: `refine`, `select_k`,
+//! `gather` and `knn` restricted to a slot set, on every backend and every forced engine path,
+//! f32 and f16 storage, every metric, against an f64 brute force over the stored values.
+//! The data has exact duplicates (ties must go to the lower slot), removed rows (never
+//! returned by refine or knn) and candidate lists with repeats, removed slots, fewer than k
+//! entries and none.
+
+mod common;
+
+use common::{Rng, contexts_with_forced_paths, describe, distance};
+use hive_gpu::backend::Candidates;
+use hive_gpu::slots::SlotSet;
+use hive_gpu::{GpuContext, GpuDistanceMetric, Neighbor, RowStore, SearchPrecision, StoragePrecision};
+
+const DIM: usize = 37;
+const ROWS: usize = 300;
+const REMOVED: [usize; 4] = [3, 15, 16, 299];
+const METRICS: [GpuDistanceMetric; 3] =
+    [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine];
+
+/// A store of `ROWS` rows where rows 10..20 repeat rows 0..10 exactly, with `REMOVED` removed.
+fn store(context: &GpuContext, precision: StoragePrecision, rng: &mut Rng) -> Box<dyn RowStore> {
+    let mut values = rng.normals(ROWS * DIM);
+    values.copy_within(0..10 * DIM, 10 * DIM);
+    let mut rows = context
+        .backend()
+        .new_rows(DIM, precision, SearchPrecision::Exact, context.tuning())
+        .expect("a row store opens");
+    rows.append(&values).expect("rows append");
+    rows.tombstone(&REMOVED);
+    rows
+}
+
+/// The stored values, row by row (after the storage precision's rounding).
+fn stored(rows: &dyn RowStore) -> Vec<Vec<f32>> {
+    (0..rows.len()).map(|s| rows.read_row(s).expect("a stored row reads")).collect()
+}
+
+/// The exact k best of `slots` (each once) for `query`, ties by slot.
+fn best(
+    metric: GpuDistanceMetric,
+    values: &[Vec<f32>],
+    query: &[f32],
+    slots: &[usize],
+    k: usize,
+) -> Vec<(usize, f64)> {
+    let mut scored: Vec<(usize, f64)> =
+        slots.iter().map(|&s| (s, distance(metric, query, &values[s]))).collect();
+    scored.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    scored.dedup_by_key(|(s, _)| *s);
+    scored.truncate(k);
+    scored
+}
+
+/// `got` equals `want`: the same slots in the same order unless two are a genuine f64 tie,
+/// and every distance equal to the exact one of its own slot.
+fn assert_same(
+    what: &str,
+    metric: GpuDistanceMetric,
+    values: &[Vec<f32>],
+    query: &[f32],
+    got: &[Neighbor],
+    want: &[(usize, f64)],
+) {
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} against {want:?}");
+    let scale = want.iter().map(|(_, d)| d.abs()).fold(1.0, f64::max);
+    for (i, (n, &(slot, d))) in got.iter().zip(want).enumerate() {
+        let own = distance(metric, query, &values[n.slot]);
+        assert!(
+            (n.distance - own).abs() <= 1e-9 * scale,
+            "{what}: rank {i} slot {} reports {} but is {own}",
+            n.slot,
+            n.distance
+        );
+        assert!(
+            n.slot == slot || (own - d).abs() <= 1e-12 * scale,
+            "{what}: rank {i} is slot {} ({own}), the reference has slot {slot} ({d})",
+            n.slot
+        );
+    }
+}
+
+/// Every slot's live state: not in `REMOVED`.
+fn live(slot: usize) -> bool {
+    !REMOVED.contains(&slot)
+}
+
+#[test]
+fn refine_equals_an_f64_brute_force_over_each_querys_live_candidates() {
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            let mut rng = Rng::new(0x7e_f1e);
+            let rows = store(&context, precision, &mut rng);
+            let values = stored(&*rows);
+            let nq = 7;
+            let mut queries = rng.normals(nq * DIM);
+            // Query 0 is row 5 itself: a zero distance at the top (its twin, slot 15, is
+            // removed; the other twins tie with their originals).
+            queries[..DIM].copy_from_slice(&values[5]);
+            let every: Vec<usize> = (0..ROWS).collect();
+            let random: Vec<usize> = (0..80).map(|_| rng.below(ROWS)).collect();
+            let twice: Vec<usize> = every.iter().chain(&every).rev().copied().collect();
+            let lists: Vec<Vec<usize>> =
+                vec![every.clone(), random, vec![], vec![42, 7, 42], vec![3, 15], twice, (0..40).collect()];
+            let candidates = Candidates::from_lists(&lists);
+            for metric in METRICS {
+                for k in [1, 10, 64] {
+                    let what = format!("{} {precision:?} {metric:?} k={k}", describe(&context));
+                    let got = rows
+                        .refine(&queries, &candidates, k, metric)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(got.len(), nq, "{what}");
+                    for (q, list) in lists.iter().enumerate() {
+                        let query = &queries[q * DIM..(q + 1) * DIM];
+                        let alive: Vec<usize> = list.iter().copied().filter(|&s| live(s)).collect();
+                        let want = best(metric, &values, query, &alive, k);
+                        assert_same(&format!("{what} query {q}"), metric, &values, query, &got[q], &want);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn refine_refuses_bad_arguments_by_name_and_changes_nothing() {
+    for context in contexts_with_forced_paths() {
+        let mut rng = Rng::new(5);
+        let rows = store(&context, StoragePrecision::F32, &mut rng);
+        let what = describe(&context);
+        let query = rng.normals(DIM);
+        let metric = GpuDistanceMetric::Euclidean;
+        let past = rows.refine(&query, &Candidates::from_lists(&[vec![1, ROWS]]), 3, metric).unwrap_err();
+        assert!(past.to_string().contains(&format!("slot {ROWS}")), "{what}: {past}");
+        let zero = rows.refine(&query, &Candidates::from_lists(&[vec![1]]), 0, metric).unwrap_err();
+        assert!(zero.to_string().contains("k of at least 1"), "{what}: {zero}");
+        let count = rows.refine(&query, &Candidates::from_lists(&[vec![1], vec![2]]), 1, metric).unwrap_err();
+        assert!(count.to_string().contains("2 candidate lists"), "{what}: {count}");
+        let ragged = rows.refine(&query[1..], &Candidates::from_lists(&[vec![1]]), 1, metric).unwrap_err();
+        assert!(ragged.to_string().contains("whole"), "{what}: {ragged}");
+        // The store still answers, and exactly.
+        let values = stored(&*rows);
+        let got = rows.refine(&query, &Candidates::from_lists(&[vec![8, 9]]), 1, metric).expect("refine");
+        assert_same(&what, metric, &values, &query, &got[0], &best(metric, &values, &query, &[8, 9], 1));
+        assert_eq!(rows.len(), ROWS, "{what}");
+    }
+}
+
+#[test]
+fn select_k_returns_the_smallest_scores_ties_by_column() {
+    for context in contexts_with_forced_paths() {
+        let rows = context
+            .backend()
+            .new_rows(4, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
+            .expect("a row store opens");
+        let mut rng = Rng::new(11);
+        for width in [1usize, 5, 300, 1000] {
+            let count = 3;
+            // Quarter steps make many exact ties; infinities sort at the ends.
+            let mut scores: Vec<f32> =
+                (0..count * width).map(|_| (rng.normal() * 4.0).round() / 4.0).collect();
+            scores[0] = f32::INFINITY;
+            if width > 2 {
+                scores[width + 1] = f32::NEG_INFINITY;
+                scores[2 * width + 1] = -0.0;
+                scores[2 * width] = 0.0;
+            }
+            for k in [1, 7, width + 3] {
+                let what = format!("{} width {width} k {k}", describe(&context));
+                let got = rows.select_k(&scores, width, k).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(got.len(), count, "{what}");
+                for (r, row) in scores.chunks_exact(width).enumerate() {
+                    let mut want: Vec<(usize, f32)> = row.iter().copied().enumerate().collect();
+                    want.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+                    want.truncate(k);
+                    let got: Vec<(usize, f32)> = got[r].iter().map(|n| (n.slot, n.distance as f32)).collect();
+                    assert_eq!(got.len(), want.len(), "{what} row {r}");
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!(
+                            g.0 == w.0 && g.1.to_bits() == w.1.to_bits(),
+                            "{what} row {r}: {got:?} against {want:?}"
+                        );
+                    }
+                }
+            }
+        }
+        let nan = rows.select_k(&[1.0, f32::NAN, 2.0], 3, 1).unwrap_err();
+        assert!(nan.to_string().contains("score 1 of row 0 is NaN"), "{}: {nan}", describe(&context));
+        assert!(rows.select_k(&[1.0, 2.0, 3.0], 2, 1).is_err(), "{}", describe(&context));
+    }
+}
+
+#[test]
+fn gather_returns_the_stored_rows_in_the_order_asked() {
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            let mut rng = Rng::new(21);
+            let rows = store(&context, precision, &mut rng);
+            let values = stored(&*rows);
+            let what = format!("{} {precision:?}", describe(&context));
+            // Repeats, removed rows (still stored until compaction) and the last row.
+            let slots: Vec<usize> = (0..200).map(|_| rng.below(ROWS)).chain([3, 3, ROWS - 1, 0]).collect();
+            let got = rows.gather(&slots).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(got.len(), slots.len() * DIM, "{what}");
+            for (i, &s) in slots.iter().enumerate() {
+                let row = &got[i * DIM..(i + 1) * DIM];
+                assert!(
+                    row.iter().zip(&values[s]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: slot {s}"
+                );
+            }
+            assert!(rows.gather(&[]).expect("an empty gather").is_empty(), "{what}");
+            let past = rows.gather(&[0, ROWS + 5]).unwrap_err();
+            assert!(past.to_string().contains(&format!("slot {}", ROWS + 5)), "{what}: {past}");
+        }
+    }
+}
+
+#[test]
+fn knn_restricted_to_a_slot_set_equals_a_brute_force_over_its_live_members() {
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            let mut rng = Rng::new(31);
+            let rows = store(&context, precision, &mut rng);
+            let values = stored(&*rows);
+            // Every third row, the removed ones and the twins of rows 0..10 among them.
+            let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 3 == 0 || REMOVED.contains(s)));
+            let members: Vec<usize> = allowed.iter().filter(|&s| live(s)).collect();
+            let nq = 9;
+            let queries = rng.normals(nq * DIM);
+            for metric in METRICS {
+                for k in [1, 10, members.len()] {
+                    let what = format!("{} {precision:?} {metric:?} k={k}", describe(&context));
+                    let got = rows
+                        .knn(&queries, k, metric, Some(&allowed))
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    for (q, found) in got.iter().enumerate() {
+                        let query = &queries[q * DIM..(q + 1) * DIM];
+                        let want = best(metric, &values, query, &members, k);
+                        assert_same(&format!("{what} query {q}"), metric, &values, query, found, &want);
+                    }
+                }
+            }
+        }
+    }
+}
