@@ -18,6 +18,7 @@ macro_rules! out {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod collection;
 mod dataset;
 mod info;
 mod json;
@@ -42,12 +43,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List every backend, whether it is available and why, and each device's details.
-    Info,
+    /// List every backend, whether it is available and why, and each device's details; with
+    /// --collection, a collection file's header and sections instead.
+    Info(InfoArgs),
     /// Measure build time, QPS, latency and recall (default: the embedded SIFT10K set).
     Bench(BenchArgs),
-    /// Exact k-NN of query vectors against base vectors; prints ids and scores.
+    /// Exact k-NN of query vectors against base vectors or a collection file; prints ids and
+    /// scores.
     Search(SearchArgs),
+    /// Write a collection file from a vector file (ids are the row numbers).
+    Build(BuildArgs),
+}
+
+#[derive(Args)]
+struct InfoArgs {
+    /// A collection file (written by `hive-gpu build` or `GpuVectorStorage::save`).
+    #[arg(long)]
+    collection: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct BuildArgs {
+    /// Base vectors (.fvecs, .bvecs, .npy, IDX).
+    #[arg(long)]
+    base: PathBuf,
+    /// The collection file to write.
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    settings: SearchSettings,
 }
 
 /// Where the vectors come from and how they are searched.
@@ -121,8 +145,11 @@ struct BenchArgs {
 #[derive(Args)]
 struct SearchArgs {
     /// Base vectors (.fvecs, .bvecs, .npy, IDX).
+    #[arg(long, required_unless_present = "collection", conflicts_with = "collection")]
+    base: Option<PathBuf>,
+    /// A collection file to search instead of --base (its metric and precision apply).
     #[arg(long)]
-    base: PathBuf,
+    collection: Option<PathBuf>,
     /// Query vectors (same formats as --base).
     #[arg(long)]
     query: PathBuf,
@@ -220,7 +247,9 @@ fn main() -> ExitCode {
     quiet_vulkan_layers();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Info => info::run(),
+        Command::Info(InfoArgs { collection: Some(path) }) => collection::info(&path),
+        Command::Info(InfoArgs { collection: None }) => info::run(),
+        Command::Build(args) => collection::build(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Search(args) => search::run(&args),
     };

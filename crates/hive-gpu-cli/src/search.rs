@@ -17,21 +17,38 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
     let spinner = if args.json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
     spinner.enable_steady_tick(Duration::from_millis(120));
     spinner.set_message("loading vectors");
-    let base = io::read_vectors(&args.base)?;
     let queries = io::read_vectors(&args.query)?;
-    dataset::check_dimensions(
-        &base,
-        &args.base.display().to_string(),
-        &queries,
-        &args.query.display().to_string(),
-    )?;
     let settings = &args.settings;
     let context = settings.context()?;
-    let config = settings.storage_config(base.dim);
-    let storage = context.create_storage_with(config)?;
-    spinner.set_message(format!("adding {} vectors", base.rows));
-    dataset::fill(&storage, &base, |_| ())?;
-    drop(base);
+    let storage = match (&args.base, &args.collection) {
+        (_, Some(path)) => {
+            let storage = context.open_storage(path)?;
+            if storage.dimension() != queries.dim {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "dimension mismatch: query file {} has {} components per vector, collection {} has {}",
+                    args.query.display(),
+                    queries.dim,
+                    path.display(),
+                    storage.dimension()
+                )));
+            }
+            storage
+        }
+        (Some(path), None) => {
+            let base = io::read_vectors(path)?;
+            dataset::check_dimensions(
+                &base,
+                &path.display().to_string(),
+                &queries,
+                &args.query.display().to_string(),
+            )?;
+            let storage = context.create_storage_with(settings.storage_config(base.dim))?;
+            spinner.set_message(format!("adding {} vectors", base.rows));
+            dataset::fill(&storage, &base, |_| ())?;
+            storage
+        }
+        (None, None) => return Err(HiveGpuError::InvalidArgument("give --base or --collection".into())),
+    };
     spinner.set_message(format!("searching {} queries", queries.rows));
     let results = storage.search_batch(&queries.data, settings.k)?;
     spinner.finish_and_clear();

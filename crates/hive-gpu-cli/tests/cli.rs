@@ -392,3 +392,47 @@ fn no_wayland_noise_outside_a_desktop_session() {
     let err = stderr(&out);
     assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
 }
+
+#[test]
+fn a_built_collection_file_is_described_and_searched_like_its_base() {
+    let scratch = Scratch::new("collection");
+    let coll = scratch.0.join("sift.hgc");
+    let coll = coll.to_str().expect("utf-8");
+    let (base, query) = (sift("siftsmall_base.fvecs"), sift("siftsmall_query.fvecs"));
+    let built =
+        run(&["build", "--base", &base, "--out", coll, "--precision", "f16", "--backend", "cpu"], &[]);
+    assert!(built.status.success(), "{}", stderr(&built));
+    assert!(stdout(&built).contains("10000 vectors of 128"), "{}", stdout(&built));
+
+    let info = run(&["info", "--collection", coll], &[]);
+    assert!(info.status.success(), "{}", stderr(&info));
+    let text = stdout(&info);
+    for line in
+        ["format version  1", "dimension       128", "storage         F16", "10000 live of 10000 slots"]
+    {
+        assert!(text.contains(line), "no {line:?} in\n{text}");
+    }
+    for section in ["config", "ids", "vectors", "removed", "metadata", "payload"] {
+        assert!(text.lines().any(|l| l.starts_with(section)), "no {section} section in\n{text}");
+    }
+
+    // The file answers exactly what the same vectors stored in f16 answer.
+    let from_file =
+        run(&["search", "--collection", coll, "--query", &query, "-k", "5", "--backend", "cpu"], &[]);
+    let from_base = run(
+        &["search", "--base", &base, "--query", &query, "-k", "5", "--precision", "f16", "--backend", "cpu"],
+        &[],
+    );
+    assert!(from_file.status.success(), "{}", stderr(&from_file));
+    assert_eq!(stdout(&from_file), stdout(&from_base));
+
+    // A damaged file is refused by name, with where it went wrong.
+    let mut image = std::fs::read(coll).expect("the file");
+    image.truncate(image.len() / 2);
+    std::fs::write(coll, image).expect("truncate");
+    let damaged = run(&["info", "--collection", coll], &[]);
+    assert!(!damaged.status.success());
+    let err = stderr(&damaged);
+    assert!(err.contains("sift.hgc") && err.contains("header at byte 24"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

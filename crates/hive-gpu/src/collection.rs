@@ -209,6 +209,11 @@ impl Collection {
         self.entries.len() - self.removed.count()
     }
 
+    /// The removed slots.
+    pub(crate) fn removed(&self) -> &SlotSet {
+        &self.removed
+    }
+
     /// Slots in use, removed ones included.
     pub(crate) fn slots(&self) -> usize {
         self.entries.len()

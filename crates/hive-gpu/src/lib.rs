@@ -60,11 +60,13 @@ mod index;
 pub mod io;
 mod memory;
 mod payload;
+pub mod persist;
 mod results;
 pub mod slots;
 pub mod tuning;
 pub mod types;
 
+use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, select_best_backend};
@@ -164,6 +166,33 @@ impl GpuContext {
             backend: self.backend.clone(),
             inner: RwLock::new(Collection::new(config, rows)),
         })
+    }
+}
+
+impl GpuContext {
+    /// Opens the collection file at `path` (written by [`GpuVectorStorage::save`], on any
+    /// backend) on this context's device. The whole file is checked (`docs/FORMAT.md`): a
+    /// damaged or foreign file is [`HiveGpuError::InvalidFormat`] naming the part and the byte
+    /// offset where it went wrong, and its vectors pass the same validation as
+    /// [`GpuVectorStorage::add_vectors`]. Removed vectors are not loaded, so the collection
+    /// opens compacted; the order of the rest (and so the order of ties) is kept.
+    pub fn open_storage(&self, path: impl AsRef<Path>) -> Result<GpuVectorStorage> {
+        let path = path.as_ref();
+        let restored = persist::load(path)?;
+        let storage = self.create_storage_with(restored.config)?;
+        {
+            let mut guard = storage.write();
+            let collection: &mut Collection = &mut guard;
+            exec::run(|| collection.upsert(&restored))?.map_err(|e| match e {
+                HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. } => e,
+                other => HiveGpuError::InvalidFormat {
+                    path: path.to_path_buf(),
+                    format: persist::FORMAT_NAME,
+                    reason: format!("its vectors do not load: {other}"),
+                },
+            })?;
+        }
+        Ok(storage)
     }
 }
 
@@ -336,6 +365,14 @@ impl GpuVectorStorage {
         let mut guard = self.write();
         let collection: &mut Collection = &mut guard;
         exec::run(|| collection.compact())?
+    }
+
+    /// Writes the collection to `path` (format: `docs/FORMAT.md`), replacing any file there
+    /// only once the new one is complete and on disk: a crash at any moment leaves the old
+    /// file or the new one, never a torn one. Writes wait while it runs; searches do not.
+    /// [`GpuContext::open_storage`] opens it on any backend.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        persist::save(&self.read(), path.as_ref())
     }
 
     /// Slots in use, removed-but-not-yet-reclaimed ones included.

@@ -32,6 +32,20 @@ impl SlotSet {
         set
     }
 
+    /// The set whose words are `words` (bit `s % 32` of word `s / 32` is slot `s`), covering
+    /// `len` slots; `Err(slot)` names a set bit at or past `len`.
+    pub(crate) fn checked_from_words(words: Vec<u32>, len: usize) -> std::result::Result<Self, usize> {
+        for (w, &word) in words.iter().enumerate() {
+            let first = w * 32;
+            let valid_bits = len.saturating_sub(first).min(32);
+            let stray = if valid_bits == 32 { 0 } else { word >> valid_bits };
+            if stray != 0 {
+                return Err(first + valid_bits + stray.trailing_zeros() as usize);
+            }
+        }
+        Ok(Self::from_words(words))
+    }
+
     /// No member, covering `len` slots.
     pub fn empty(len: usize) -> Self {
         Self { words: vec![0; Self::words_for(len)], count: 0 }

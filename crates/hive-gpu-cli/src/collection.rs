@@ -1,0 +1,81 @@
+//! `hive-gpu build` (vectors to a collection file) and `hive-gpu info --collection` (a
+//! collection file's header and sections).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hive_gpu::{HiveGpuError, io, persist};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::{BuildArgs, dataset};
+
+pub fn build(args: &BuildArgs) -> Result<(), HiveGpuError> {
+    let started = Instant::now();
+    let spinner = ProgressBar::new_spinner();
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    spinner.set_message(format!("reading {}", args.base.display()));
+    let base = io::read_vectors(&args.base)?;
+    spinner.finish_and_clear();
+    let context = args.settings.context()?;
+    let storage = context.create_storage_with(args.settings.storage_config(base.dim))?;
+    let bar = ProgressBar::new(base.rows as u64).with_style(
+        ProgressStyle::with_template("adding {bar:40} {pos}/{len} vectors ({eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    dataset::fill(&storage, &base, |added| bar.set_position(added as u64))?;
+    bar.finish_and_clear();
+    drop(base);
+    let spinner = ProgressBar::new_spinner();
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    spinner.set_message(format!("saving {}", args.out.display()));
+    let saving = Instant::now();
+    storage.save(&args.out)?;
+    spinner.finish_and_clear();
+    let bytes = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
+    out!(
+        "wrote {} ({} vectors of {}, {:.1} MiB) in {:.2} s (save {:.2} s) on {}",
+        args.out.display(),
+        storage.vector_count(),
+        storage.dimension(),
+        bytes as f64 / (1 << 20) as f64,
+        started.elapsed().as_secs_f64(),
+        saving.elapsed().as_secs_f64(),
+        storage.backend_type().name()
+    );
+    Ok(())
+}
+
+pub fn info(path: &Path) -> Result<(), HiveGpuError> {
+    let info = persist::inspect_file(path)?;
+    let c = &info.config;
+    out!("file            {}", path.display());
+    out!("format version  {}", info.format_version);
+    out!("bytes           {}", info.file_bytes);
+    out!("dimension       {}", c.dimension);
+    out!("metric          {:?}", c.metric);
+    out!("storage         {:?}", c.precision);
+    out!("search          {:?}", c.search);
+    out!("vectors         {} live of {} slots", info.live, info.slots);
+    out!();
+    out!(
+        "{:<10} {:>7} {:>14} {:>14} {:>10} {:>10}",
+        "section",
+        "version",
+        "offset",
+        "bytes",
+        "items",
+        "crc32c"
+    );
+    for s in &info.sections {
+        out!(
+            "{:<10} {:>7} {:>14} {:>14} {:>10} {:>#10x}",
+            s.name,
+            s.version,
+            s.offset,
+            s.length,
+            s.count,
+            s.crc
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,603 @@
+//! The collection file format, version 1 (`docs/FORMAT.md` is its specification): a header,
+//! a table of sections, then the sections' bodies, each at a 64-byte boundary, all
+//! little-endian, every part checksummed with CRC-32C.
+//!
+//! [`parse`] reads a whole file image and trusts nothing in it: every offset, length and
+//! count is checked against the bytes that are really there before anything is allocated, so
+//! the largest allocation a file can cause is a small multiple of its own size. Errors name
+//! the section and the byte offset where the file went wrong.
+
+use std::collections::HashMap;
+
+use crate::payload::{Payload, PayloadValue};
+use crate::slots::SlotSet;
+use crate::types::{GpuDistanceMetric, Metadata, SearchPrecision, StorageConfig, StoragePrecision};
+
+/// The first 8 bytes of every collection file.
+pub(crate) const MAGIC: [u8; 8] = *b"HIVEGPUC";
+/// The format version this build writes, and the newest it reads.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Bytes of the file header.
+pub(crate) const HEADER_BYTES: usize = 64;
+/// Bytes of one section table entry.
+pub(crate) const ENTRY_BYTES: usize = 40;
+/// Section bodies start at multiples of this (so a mapped vector section is aligned for any
+/// element type a device copies from).
+pub(crate) const ALIGN: usize = 64;
+
+/// What a section holds. Every kind appears at most once; version 1 files have all six.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Dimension, slot count, metric, storage and search precision.
+    Config = 1,
+    /// One id per slot (empty for a removed slot).
+    Ids = 2,
+    /// Every slot's stored values, row-major (f32 or f16 bits).
+    Vectors = 3,
+    /// The removed slots, as a bitmap.
+    Removed = 4,
+    /// Each slot's string metadata.
+    Metadata = 5,
+    /// Each slot's typed payload fields.
+    Payload = 6,
+}
+
+impl Kind {
+    pub(crate) const ALL: [Kind; 6] =
+        [Kind::Config, Kind::Ids, Kind::Vectors, Kind::Removed, Kind::Metadata, Kind::Payload];
+
+    fn from_code(code: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| *k as u32 == code)
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Config => "config",
+            Kind::Ids => "ids",
+            Kind::Vectors => "vectors",
+            Kind::Removed => "removed",
+            Kind::Metadata => "metadata",
+            Kind::Payload => "payload",
+        }
+    }
+}
+
+/// One entry of the section table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Section {
+    pub(crate) kind: Kind,
+    /// The section's own layout version (1 for every kind in format version 1).
+    pub(crate) version: u32,
+    /// Byte offset of the body from the start of the file.
+    pub(crate) offset: u64,
+    /// Bytes of the body.
+    pub(crate) length: u64,
+    /// Items in the body (slots, or 1 for the config).
+    pub(crate) count: u64,
+    /// CRC-32C of the body.
+    pub(crate) crc: u32,
+}
+
+impl Section {
+    pub(crate) fn encode(&self) -> [u8; ENTRY_BYTES] {
+        let mut out = [0u8; ENTRY_BYTES];
+        out[0..4].copy_from_slice(&(self.kind as u32).to_le_bytes());
+        out[4..8].copy_from_slice(&self.version.to_le_bytes());
+        out[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        out[16..24].copy_from_slice(&self.length.to_le_bytes());
+        out[24..32].copy_from_slice(&self.count.to_le_bytes());
+        out[32..36].copy_from_slice(&self.crc.to_le_bytes());
+        out
+    }
+}
+
+/// The file header for `sections` (already written), `file_bytes` long in all.
+pub(crate) fn encode_header(sections: &[Section], file_bytes: u64) -> Vec<u8> {
+    let table: Vec<u8> = sections.iter().flat_map(|s| s.encode()).collect();
+    let mut header = vec![0u8; HEADER_BYTES];
+    header[0..8].copy_from_slice(&MAGIC);
+    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
+    header[16..20].copy_from_slice(&(sections.len() as u32).to_le_bytes());
+    header[24..32].copy_from_slice(&file_bytes.to_le_bytes());
+    header[56..60].copy_from_slice(&crc32c::crc32c(&table).to_le_bytes());
+    let crc = crc32c::crc32c(&header[..60]);
+    header[60..64].copy_from_slice(&crc.to_le_bytes());
+    header.extend_from_slice(&table);
+    header
+}
+
+/// Where the first section body may start for a file of `sections` sections.
+pub(crate) fn bodies_start(sections: usize) -> usize {
+    (HEADER_BYTES + sections * ENTRY_BYTES).next_multiple_of(ALIGN)
+}
+
+/// The config body.
+pub(crate) fn encode_config(config: &StorageConfig, slots: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32);
+    out.extend_from_slice(&(config.dimension as u64).to_le_bytes());
+    out.extend_from_slice(&(slots as u64).to_le_bytes());
+    let metric = match config.metric {
+        GpuDistanceMetric::Euclidean => 0u32,
+        GpuDistanceMetric::DotProduct => 1,
+        GpuDistanceMetric::Cosine => 2,
+    };
+    let precision = match config.precision {
+        StoragePrecision::F32 => 0u32,
+        StoragePrecision::F16 => 1,
+    };
+    let search = match config.search {
+        SearchPrecision::Exact => 0u32,
+        SearchPrecision::Fast => 1,
+    };
+    for word in [metric, precision, search, 0] {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out
+}
+
+/// Appends one slot's id record.
+pub(crate) fn encode_id(out: &mut Vec<u8>, id: &str) {
+    out.extend_from_slice(&(id.len() as u32).to_le_bytes());
+    out.extend_from_slice(id.as_bytes());
+}
+
+/// Appends one slot's metadata record (pairs in key order, so a file is a function of its
+/// collection).
+pub(crate) fn encode_metadata(out: &mut Vec<u8>, metadata: &Metadata) {
+    let mut pairs: Vec<(&String, &String)> = metadata.iter().collect();
+    pairs.sort();
+    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (key, value) in pairs {
+        encode_id(out, key);
+        encode_id(out, value);
+    }
+}
+
+/// Appends one slot's payload record (fields in name order).
+pub(crate) fn encode_payload(out: &mut Vec<u8>, payload: &Payload) {
+    let mut fields: Vec<(&String, &PayloadValue)> = payload.iter().collect();
+    fields.sort_by(|a, b| a.0.cmp(b.0));
+    out.extend_from_slice(&(fields.len() as u32).to_le_bytes());
+    for (name, value) in fields {
+        encode_id(out, name);
+        match value {
+            PayloadValue::String(s) => {
+                out.push(0);
+                encode_id(out, s);
+            }
+            PayloadValue::Integer(i) => {
+                out.push(1);
+                out.extend_from_slice(&i.to_le_bytes());
+            }
+            PayloadValue::Float(f) => {
+                out.push(2);
+                out.extend_from_slice(&f.to_le_bytes());
+            }
+            PayloadValue::Bool(b) => {
+                out.push(3);
+                out.push(u8::from(*b));
+            }
+        }
+    }
+}
+
+/// A parsed collection file, borrowing its vectors from the image.
+#[derive(Debug)]
+pub(crate) struct Snapshot<'a> {
+    pub(crate) config: StorageConfig,
+    pub(crate) slots: usize,
+    /// One per slot; empty for a removed slot.
+    pub(crate) ids: Vec<&'a str>,
+    /// `slots x dimension` values, f32 or f16 bits as `config.precision` says, little-endian.
+    pub(crate) vectors: &'a [u8],
+    pub(crate) removed: SlotSet,
+    pub(crate) metadata: Vec<Metadata>,
+    pub(crate) payloads: Vec<Payload>,
+    pub(crate) sections: Vec<Section>,
+}
+
+impl Snapshot<'_> {
+    /// Slot `slot`'s stored values as f32.
+    pub(crate) fn row(&self, slot: usize, out: &mut Vec<f32>) {
+        let dim = self.config.dimension;
+        out.clear();
+        match self.config.precision {
+            StoragePrecision::F32 => {
+                let bytes = &self.vectors[slot * dim * 4..(slot + 1) * dim * 4];
+                out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+            }
+            StoragePrecision::F16 => {
+                let bytes = &self.vectors[slot * dim * 2..(slot + 1) * dim * 2];
+                out.extend(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()),
+                );
+            }
+        }
+    }
+}
+
+/// What is wrong with a collection file, and where: the part (a section's name, "header",
+/// "section table" or "padding"), the byte offset in the file, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FormatError {
+    /// The part of the file.
+    pub part: &'static str,
+    /// The byte offset in the file.
+    pub offset: u64,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl std::error::Error for FormatError {}
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at byte {}: {}", self.part, self.offset, self.reason)
+    }
+}
+
+type Parsed<T> = std::result::Result<T, FormatError>;
+
+/// Whether `crc` is the CRC-32C of `bytes`. Fuzz builds (`--cfg fuzzing`, `scripts/fuzz.sh`)
+/// accept any checksum, so that the fuzzer reaches the records behind them instead of spending
+/// its time on checksums it cannot forge; every other build checks them all.
+fn checksum_matches(bytes: &[u8], crc: u32) -> bool {
+    cfg!(fuzzing) || crc32c::crc32c(bytes) == crc
+}
+
+fn fail<T>(part: &'static str, offset: u64, reason: impl Into<String>) -> Parsed<T> {
+    Err(FormatError { part, offset, reason: reason.into() })
+}
+
+/// A bounds-checked little-endian reader over one part of the file.
+struct Cursor<'a> {
+    part: &'static str,
+    bytes: &'a [u8],
+    /// Offset of `bytes[0]` in the file.
+    base: u64,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(part: &'static str, bytes: &'a [u8], base: u64) -> Self {
+        Self { part, bytes, base, at: 0 }
+    }
+
+    fn offset(&self) -> u64 {
+        self.base + self.at as u64
+    }
+
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Parsed<&'a [u8]> {
+        if n > self.remaining() {
+            return fail(
+                self.part,
+                self.offset(),
+                format!("{what} needs {n} bytes, only {} remain in the section", self.remaining()),
+            );
+        }
+        let out = &self.bytes[self.at..self.at + n];
+        self.at += n;
+        Ok(out)
+    }
+
+    fn u8(&mut self, what: &str) -> Parsed<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u32(&mut self, what: &str) -> Parsed<u32> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self, what: &str) -> Parsed<u64> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn text(&mut self, what: &str) -> Parsed<&'a str> {
+        let at = self.offset();
+        let len = self.u32(what)? as usize;
+        let bytes = self.take(len, what)?;
+        std::str::from_utf8(bytes).or_else(|_| fail(self.part, at, format!("{what} is not UTF-8")))
+    }
+
+    /// A count of records that need at least `min_bytes` each: refused when the section
+    /// cannot hold that many, before anything is allocated for them.
+    fn count(&mut self, what: &str, min_bytes: usize) -> Parsed<usize> {
+        let at = self.offset();
+        let count = self.u32(what)? as usize;
+        if count.saturating_mul(min_bytes) > self.remaining() {
+            return fail(
+                self.part,
+                at,
+                format!("{what} of {count} cannot fit in the {} bytes left", self.remaining()),
+            );
+        }
+        Ok(count)
+    }
+
+    fn finish(&self) -> Parsed<()> {
+        if self.remaining() != 0 {
+            return fail(
+                self.part,
+                self.offset(),
+                format!("{} bytes past the section's last record", self.remaining()),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Parses a whole collection file image.
+pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
+    let mut header = Cursor::new("header", file, 0);
+    let magic = header.take(8, "the magic number").or_else(|_| {
+        fail("header", 0, format!("{} bytes are too short for a collection file", file.len()))
+    })?;
+    if magic != MAGIC {
+        return fail(
+            "header",
+            0,
+            format!("magic {magic:02x?} is not a hive-gpu collection's ({MAGIC:02x?})"),
+        );
+    }
+    let version = header.u32("the format version")?;
+    if version == 0 || version > FORMAT_VERSION {
+        return fail(
+            "header",
+            8,
+            format!(
+                "format version {version}: this build reads versions 1 to {FORMAT_VERSION} (a newer hive-gpu wrote it?)"
+            ),
+        );
+    }
+    let head = header.take(HEADER_BYTES - 12, "the header")?;
+    let word = |at: usize| u32::from_le_bytes([head[at - 12], head[at - 11], head[at - 10], head[at - 9]]);
+    if !checksum_matches(&file[..60], word(60)) {
+        return fail("header", 60, "header checksum mismatch");
+    }
+    let header_bytes = word(12) as usize;
+    let count = word(16) as usize;
+    let flags = word(20);
+    let mut total = [0u8; 8];
+    total.copy_from_slice(&file[24..32]);
+    let file_bytes = u64::from_le_bytes(total);
+    if header_bytes != HEADER_BYTES || flags != 0 {
+        return fail(
+            "header",
+            12,
+            format!("header size {header_bytes} / flags {flags:#x} unknown to format 1"),
+        );
+    }
+    if file_bytes != file.len() as u64 {
+        return fail(
+            "header",
+            24,
+            format!(
+                "the header says {file_bytes} bytes but the file has {} (truncated or extended)",
+                file.len()
+            ),
+        );
+    }
+    if count > Kind::ALL.len() {
+        return fail("header", 16, format!("{count} sections, at most {} known", Kind::ALL.len()));
+    }
+    let mut table = Cursor::new("section table", file, 0);
+    table.at = HEADER_BYTES;
+    let table_bytes = table.take(count * ENTRY_BYTES, "the section table")?;
+    if !checksum_matches(table_bytes, word(56)) {
+        return fail("section table", HEADER_BYTES as u64, "section table checksum mismatch");
+    }
+    let mut sections: Vec<Section> = Vec::with_capacity(count);
+    let mut entries = Cursor::new("section table", table_bytes, HEADER_BYTES as u64);
+    for _ in 0..count {
+        let at = entries.offset();
+        let code = entries.u32("a section kind")?;
+        let kind = Kind::from_code(code)
+            .map_or_else(|| fail("section table", at, format!("unknown section kind {code}")), Ok)?;
+        let section = Section {
+            kind,
+            version: entries.u32("a section version")?,
+            offset: entries.u64("a section offset")?,
+            length: entries.u64("a section length")?,
+            count: entries.u64("a section count")?,
+            crc: entries.u32("a section checksum")?,
+        };
+        entries.u32("reserved")?;
+        if section.version != 1 {
+            return fail(
+                "section table",
+                at,
+                format!("{} section version {} is unknown", kind.name(), section.version),
+            );
+        }
+        if sections.iter().any(|s| s.kind == kind) {
+            return fail("section table", at, format!("a second {} section", kind.name()));
+        }
+        if !section.offset.is_multiple_of(ALIGN as u64) {
+            return fail(
+                "section table",
+                at,
+                format!("{} section at {} is not 64-byte aligned", kind.name(), section.offset),
+            );
+        }
+        let end = section.offset.checked_add(section.length);
+        if section.offset < bodies_start(count) as u64 || end.is_none_or(|e| e > file.len() as u64) {
+            return fail(
+                "section table",
+                at,
+                format!(
+                    "{} section at {} of {} bytes lies outside the file's {} bytes of bodies",
+                    kind.name(),
+                    section.offset,
+                    section.length,
+                    file.len()
+                ),
+            );
+        }
+        let body = &file[section.offset as usize..(section.offset + section.length) as usize];
+        if !checksum_matches(body, section.crc) {
+            return fail(kind.name(), section.offset, format!("{} section checksum mismatch", kind.name()));
+        }
+        sections.push(section);
+    }
+    // Bodies may not overlap, and every byte outside them (the padding) must be zero: no
+    // byte of a file escapes a check.
+    let mut spans: Vec<(u64, u64)> = sections.iter().map(|s| (s.offset, s.offset + s.length)).collect();
+    spans.sort_unstable();
+    let mut covered = (HEADER_BYTES + count * ENTRY_BYTES) as u64;
+    for &(start, end) in spans.iter().chain([(file.len() as u64, file.len() as u64)].iter()) {
+        if start < covered {
+            return fail("section table", HEADER_BYTES as u64, format!("sections overlap at byte {start}"));
+        }
+        if let Some(at) = file[covered as usize..start as usize].iter().position(|&b| b != 0) {
+            return fail("padding", covered + at as u64, "a padding byte is not zero");
+        }
+        covered = end;
+    }
+    let body = |kind: Kind| -> Parsed<(Section, Cursor<'_>)> {
+        let section = sections.iter().find(|s| s.kind == kind).copied();
+        let section = section.map_or_else(
+            || fail("section table", HEADER_BYTES as u64, format!("no {} section", kind.name())),
+            Ok,
+        )?;
+        let bytes = &file[section.offset as usize..(section.offset + section.length) as usize];
+        Ok((section, Cursor::new(kind.name(), bytes, section.offset)))
+    };
+
+    let (_, mut c) = body(Kind::Config)?;
+    let dimension = c.u64("the dimension")?;
+    let slots = c.u64("the slot count")?;
+    let metric = match c.u32("the metric")? {
+        0 => GpuDistanceMetric::Euclidean,
+        1 => GpuDistanceMetric::DotProduct,
+        2 => GpuDistanceMetric::Cosine,
+        other => return fail("config", c.offset() - 4, format!("unknown metric code {other}")),
+    };
+    let precision = match c.u32("the storage precision")? {
+        0 => StoragePrecision::F32,
+        1 => StoragePrecision::F16,
+        other => return fail("config", c.offset() - 4, format!("unknown storage precision code {other}")),
+    };
+    let search = match c.u32("the search precision")? {
+        0 => SearchPrecision::Exact,
+        1 => SearchPrecision::Fast,
+        other => return fail("config", c.offset() - 4, format!("unknown search precision code {other}")),
+    };
+    c.u32("reserved")?;
+    c.finish()?;
+    if dimension == 0 || dimension > u32::MAX as u64 {
+        return fail(
+            "config",
+            body(Kind::Config)?.0.offset,
+            format!("dimension {dimension} is out of range"),
+        );
+    }
+    let dim = dimension as usize;
+    let config = StorageConfig { dimension: dim, metric, precision, search };
+
+    // Every slot has a row of `dim` elements: the vector section's length bounds `slots`
+    // before any per-slot allocation.
+    let (vectors, _) = body(Kind::Vectors)?;
+    let element = match precision {
+        StoragePrecision::F32 => 4,
+        StoragePrecision::F16 => 2,
+    };
+    let row_bytes = dim as u64 * element;
+    if slots.checked_mul(row_bytes) != Some(vectors.length) {
+        return fail(
+            "vectors",
+            vectors.offset,
+            format!("{} bytes hold no {slots} rows of {dim} {element}-byte values", vectors.length),
+        );
+    }
+    let slots = slots as usize;
+    for kind in [Kind::Ids, Kind::Removed, Kind::Metadata, Kind::Payload, Kind::Vectors] {
+        let section = body(kind)?.0;
+        if section.count != slots as u64 {
+            return fail(
+                kind.name(),
+                section.offset,
+                format!("{} items where the config has {slots} slots", section.count),
+            );
+        }
+    }
+    let vector_bytes = &file[vectors.offset as usize..(vectors.offset + vectors.length) as usize];
+
+    let (removed_section, mut c) = body(Kind::Removed)?;
+    let words = SlotSet::words_for(slots);
+    let raw = c.take(words * 4, "the removed bitmap")?;
+    c.finish()?;
+    let bits: Vec<u32> = raw.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let removed = SlotSet::checked_from_words(bits, slots).or_else(|slot| {
+        fail("removed", removed_section.offset, format!("bit {slot} is set past the {slots} slots"))
+    })?;
+
+    let (_, mut c) = body(Kind::Ids)?;
+    let mut ids = Vec::with_capacity(slots.min(c.remaining() / 4));
+    for slot in 0..slots {
+        let at = c.offset();
+        let id = c.text("an id")?;
+        if id.is_empty() != removed.contains(slot) {
+            let why = if id.is_empty() { "a live slot has an empty id" } else { "a removed slot has an id" };
+            return fail("ids", at, format!("slot {slot}: {why}"));
+        }
+        ids.push(id);
+    }
+    c.finish()?;
+
+    let (_, mut c) = body(Kind::Metadata)?;
+    let mut metadata = Vec::with_capacity(slots.min(c.remaining() / 4));
+    for _ in 0..slots {
+        let pairs = c.count("a metadata record", 8)?;
+        let mut map = Metadata::with_capacity(pairs);
+        for _ in 0..pairs {
+            let at = c.offset();
+            let key = c.text("a metadata key")?;
+            let value = c.text("a metadata value")?;
+            if map.insert(key.to_string(), value.to_string()).is_some() {
+                return fail("metadata", at, format!("key {key:?} appears twice in one record"));
+            }
+        }
+        metadata.push(map);
+    }
+    c.finish()?;
+
+    let (_, mut c) = body(Kind::Payload)?;
+    let mut payloads = Vec::with_capacity(slots.min(c.remaining() / 4));
+    for _ in 0..slots {
+        let fields = c.count("a payload record", 6)?;
+        let mut map: Payload = HashMap::with_capacity(fields);
+        for _ in 0..fields {
+            let at = c.offset();
+            let name = c.text("a field name")?;
+            let value = match c.u8("a field type")? {
+                0 => PayloadValue::String(c.text("a string value")?.to_string()),
+                1 => PayloadValue::Integer(c.u64("an integer value")? as i64),
+                2 => PayloadValue::Float(f64::from_bits(c.u64("a float value")?)),
+                3 => match c.u8("a bool value")? {
+                    0 => PayloadValue::Bool(false),
+                    1 => PayloadValue::Bool(true),
+                    other => return fail("payload", c.offset() - 1, format!("bool byte {other}")),
+                },
+                other => return fail("payload", c.offset() - 1, format!("unknown field type {other}")),
+            };
+            if map.insert(name.to_string(), value).is_some() {
+                return fail("payload", at, format!("field {name:?} appears twice in one record"));
+            }
+        }
+        payloads.push(map);
+    }
+    c.finish()?;
+
+    Ok(Snapshot { config, slots, ids, vectors: vector_bytes, removed, metadata, payloads, sections })
+}

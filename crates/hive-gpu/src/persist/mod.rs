@@ -1,0 +1,370 @@
+//! Saving a collection to one file and opening it again
+//! ([`crate::GpuVectorStorage::save`], [`crate::GpuContext::open_storage`]), and reading a
+//! file's description ([`inspect`], [`inspect_file`]). The format is specified in
+//! `docs/FORMAT.md`.
+//!
+//! A save never leaves a torn file where the collection's file was: it writes a new file next
+//! to it, syncs it, renames it over the old one and syncs the directory, so a crash at any
+//! moment leaves the previous file or the new one (`tests/persistence.rs` kills a saving
+//! process at many points to prove it). An open reads the file, checks every byte of it
+//! ([`format::parse`]) and loads the live vectors through the same validation as any add.
+
+pub(crate) mod format;
+
+pub use format::FormatError;
+
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use half::f16;
+
+use self::format::{ALIGN, Kind, Section};
+use crate::collection::{Batch, Collection};
+use crate::error::{HiveGpuError, Result};
+use crate::payload::Payload;
+use crate::types::{Metadata, StorageConfig, StoragePrecision};
+
+/// Rows read from the row store per step of a save: bounds its host copy (64 Ki rows of 128
+/// f32 are 32 MiB) while keeping each device read large.
+const SAVE_ROWS: usize = 1 << 16;
+
+/// Bytes buffered before each write to the file.
+const WRITE_BUFFER: usize = 8 << 20;
+
+/// What a collection file is called in errors.
+pub(crate) const FORMAT_NAME: &str = "hive-gpu collection";
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> HiveGpuError + '_ {
+    move |source| HiveGpuError::Io { path: path.to_path_buf(), source }
+}
+
+/// A write error inside a section, before [`Sections::section`] names the file (it reports
+/// the failed write with the path itself).
+fn sink(source: std::io::Error) -> HiveGpuError {
+    HiveGpuError::Io { path: PathBuf::new(), source }
+}
+
+/// A file next to `path`, named after it and this process, that no other save uses.
+fn temporary_path(path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp-{}-{n}", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Writes `collection` to `path`, replacing any file there only once the new one is complete
+/// and on disk.
+pub(crate) fn save(collection: &Collection, path: &Path) -> Result<()> {
+    if path.file_name().is_none() {
+        return Err(HiveGpuError::InvalidArgument(format!("{} names no file to save to", path.display())));
+    }
+    let temporary = temporary_path(path);
+    let written = write_file(collection, &temporary).and_then(|()| {
+        std::fs::rename(&temporary, path).map_err(io_error(path))?;
+        // The rename itself is durable once the directory is.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+/// Appends sections to a file, each at a 64-byte boundary, with its checksum.
+struct Sections {
+    file: std::io::BufWriter<std::fs::File>,
+    at: u64,
+    sections: Vec<Section>,
+}
+
+impl Sections {
+    fn raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(bytes)?;
+        self.at += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes one section whose body `fill` produces through `write`.
+    fn section(
+        &mut self,
+        kind: Kind,
+        count: usize,
+        fill: impl FnOnce(&mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> Result<()>,
+        path: &Path,
+    ) -> Result<()> {
+        let pad = (self.at as usize).next_multiple_of(ALIGN) - self.at as usize;
+        self.raw(&[0u8; ALIGN][..pad]).map_err(io_error(path))?;
+        let offset = self.at;
+        let mut crc = 0u32;
+        let mut failed = None;
+        let mut write = |bytes: &[u8]| -> std::io::Result<()> {
+            crc = crc32c::crc32c_append(crc, bytes);
+            let result = self.file.write_all(bytes);
+            self.at += bytes.len() as u64;
+            if let Err(e) = &result {
+                failed = Some(e.kind());
+            }
+            result
+        };
+        let filled = fill(&mut write);
+        if let Some(kind) = failed {
+            return Err(io_error(path)(std::io::Error::from(kind)));
+        }
+        filled?;
+        self.sections.push(Section {
+            kind,
+            version: 1,
+            offset,
+            length: self.at - offset,
+            count: count as u64,
+            crc,
+        });
+        Ok(())
+    }
+}
+
+fn write_file(collection: &Collection, path: &Path) -> Result<()> {
+    let io = io_error(path);
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(&io)?;
+    let config = *collection.config();
+    let slots = collection.slots();
+    let mut out =
+        Sections { file: std::io::BufWriter::with_capacity(WRITE_BUFFER, file), at: 0, sections: Vec::new() };
+    // The header and table are written last, over this placeholder.
+    out.raw(&vec![0u8; format::bodies_start(Kind::ALL.len())]).map_err(&io)?;
+    out.section(Kind::Config, 1, |w| w(&format::encode_config(&config, slots)).map_err(sink), path)?;
+    out.section(Kind::Vectors, slots, |w| write_vectors(collection, w), path)?;
+    out.section(
+        Kind::Removed,
+        slots,
+        |w| {
+            let words = collection.removed().words();
+            let bytes: Vec<u8> = (0..crate::slots::SlotSet::words_for(slots))
+                .flat_map(|i| words.get(i).copied().unwrap_or(0).to_le_bytes())
+                .collect();
+            w(&bytes).map_err(sink)
+        },
+        path,
+    )?;
+    out.section(
+        Kind::Ids,
+        slots,
+        |w| records(slots, w, |slot, buf| format::encode_id(buf, entry_id(collection, slot))),
+        path,
+    )?;
+    out.section(
+        Kind::Metadata,
+        slots,
+        |w| {
+            records(slots, w, |slot, buf| match collection.entry(slot) {
+                Some((_, metadata, _)) => format::encode_metadata(buf, metadata),
+                None => format::encode_metadata(buf, &Metadata::new()),
+            })
+        },
+        path,
+    )?;
+    out.section(
+        Kind::Payload,
+        slots,
+        |w| {
+            records(slots, w, |slot, buf| match collection.entry(slot) {
+                Some((_, _, payload)) => format::encode_payload(buf, payload),
+                None => format::encode_payload(buf, &Payload::new()),
+            })
+        },
+        path,
+    )?;
+    let total = out.at;
+    let header = format::encode_header(&out.sections, total);
+    let mut file = out.file.into_inner().map_err(|e| io(e.into_error()))?;
+    file.seek(SeekFrom::Start(0)).map_err(&io)?;
+    file.write_all(&header).map_err(&io)?;
+    file.sync_all().map_err(&io)
+}
+
+fn entry_id(collection: &Collection, slot: usize) -> &str {
+    collection.entry(slot).map_or("", |(id, _, _)| id.as_str())
+}
+
+/// Writes one record per slot, encoded by `encode` into a buffer flushed every megabyte.
+fn records(
+    slots: usize,
+    write: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    mut encode: impl FnMut(usize, &mut Vec<u8>),
+) -> Result<()> {
+    let mut buffer = Vec::with_capacity(1 << 20);
+    for slot in 0..slots {
+        encode(slot, &mut buffer);
+        if buffer.len() >= 1 << 20 {
+            write(&buffer).map_err(sink)?;
+            buffer.clear();
+        }
+    }
+    write(&buffer).map_err(sink)
+}
+
+/// Every slot's stored values, read from the row store in large steps (`RowStore::gather`),
+/// as little-endian f32 or f16 bits.
+fn write_vectors(collection: &Collection, write: &mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> Result<()> {
+    let slots = collection.slots();
+    let precision = collection.config().precision;
+    let mut bytes = Vec::new();
+    for start in (0..slots).step_by(SAVE_ROWS) {
+        let chunk: Vec<usize> = (start..(start + SAVE_ROWS).min(slots)).collect();
+        let values = collection.rows().gather(&chunk)?;
+        bytes.clear();
+        match precision {
+            StoragePrecision::F32 => bytes.extend(values.iter().flat_map(|x| x.to_le_bytes())),
+            // The stored values are f16 already: the round trip through f32 is exact.
+            StoragePrecision::F16 => {
+                bytes.extend(values.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_le_bytes()))
+            }
+        }
+        write(&bytes).map_err(sink)?;
+    }
+    Ok(())
+}
+
+/// A parsed file's live vectors, in slot order, as one batch for [`Collection::upsert`].
+pub(crate) struct Restored {
+    pub(crate) config: StorageConfig,
+    ids: Vec<String>,
+    values: Vec<f32>,
+    metadata: Vec<Metadata>,
+    payloads: Vec<Payload>,
+}
+
+impl Batch for Restored {
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+    fn id(&self, i: usize) -> &str {
+        &self.ids[i]
+    }
+    fn values(&self, i: usize, dim: usize) -> &[f32] {
+        &self.values[i * dim..(i + 1) * dim]
+    }
+    fn metadata(&self, i: usize) -> &Metadata {
+        &self.metadata[i]
+    }
+    fn payload(&self, i: usize) -> &Payload {
+        &self.payloads[i]
+    }
+    fn payload_bytes(&self) -> usize {
+        let text: usize =
+            self.metadata.iter().flat_map(|m| m.iter()).map(|(k, v)| k.len() + v.len() + 64).sum();
+        text + self.payloads.iter().map(|p| p.len() * 64).sum::<usize>()
+    }
+    fn flat_values(&self) -> Option<&[f32]> {
+        Some(&self.values)
+    }
+}
+
+/// Reads and checks the collection file at `path`: its configuration and live vectors.
+pub(crate) fn load(path: &Path) -> Result<Restored> {
+    let image = read_image(path)?;
+    let invalid = |reason: String| HiveGpuError::InvalidFormat {
+        path: path.to_path_buf(),
+        format: FORMAT_NAME,
+        reason,
+    };
+    let snapshot = format::parse(&image).map_err(|e| invalid(e.to_string()))?;
+    let live: Vec<usize> = (0..snapshot.slots).filter(|&s| !snapshot.removed.contains(s)).collect();
+    let dim = snapshot.config.dimension;
+    crate::memory::check(
+        || format!("loading {} vectors from {}", live.len(), path.display()),
+        (live.len() * dim * 4) as u64,
+    )?;
+    let mut values = Vec::with_capacity(live.len() * dim);
+    let mut row = Vec::with_capacity(dim);
+    for &slot in &live {
+        snapshot.row(slot, &mut row);
+        values.extend_from_slice(&row);
+    }
+    let ids = live.iter().map(|&s| snapshot.ids[s].to_string()).collect();
+    let config = snapshot.config;
+    let (mut metadata, mut payloads) = (snapshot.metadata, snapshot.payloads);
+    let metadata = live.iter().map(|&s| std::mem::take(&mut metadata[s])).collect();
+    let payloads = live.iter().map(|&s| std::mem::take(&mut payloads[s])).collect();
+    Ok(Restored { config, ids, values, metadata, payloads })
+}
+
+/// One section of a collection file, as [`inspect`] describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SectionInfo {
+    /// What it holds ("config", "ids", "vectors", "removed", "metadata", "payload").
+    pub name: &'static str,
+    /// Its layout version.
+    pub version: u32,
+    /// Byte offset of its body in the file.
+    pub offset: u64,
+    /// Bytes of its body.
+    pub length: u64,
+    /// Items in it (slots, or 1 for the config).
+    pub count: u64,
+    /// CRC-32C of its body.
+    pub crc: u32,
+}
+
+/// A collection file's header and sections, checked from end to end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileInfo {
+    /// The format version it was written in.
+    pub format_version: u32,
+    /// Its length in bytes.
+    pub file_bytes: u64,
+    /// The collection's configuration.
+    pub config: StorageConfig,
+    /// Slots, removed ones included.
+    pub slots: usize,
+    /// Live vectors.
+    pub live: usize,
+    /// Its sections, in table order.
+    pub sections: Vec<SectionInfo>,
+}
+
+/// Parses and checks a whole collection file image (every checksum and record, as an open
+/// does) and describes it. This is what the fuzz target exercises.
+pub fn inspect(image: &[u8]) -> std::result::Result<FileInfo, FormatError> {
+    let snapshot = format::parse(image)?;
+    Ok(FileInfo {
+        format_version: format::FORMAT_VERSION,
+        file_bytes: image.len() as u64,
+        config: snapshot.config,
+        slots: snapshot.slots,
+        live: snapshot.slots - snapshot.removed.count(),
+        sections: snapshot
+            .sections
+            .iter()
+            .map(|s| SectionInfo {
+                name: s.kind.name(),
+                version: s.version,
+                offset: s.offset,
+                length: s.length,
+                count: s.count,
+                crc: s.crc,
+            })
+            .collect(),
+    })
+}
+
+/// [`inspect`] of the file at `path`.
+pub fn inspect_file(path: impl AsRef<Path>) -> Result<FileInfo> {
+    let path = path.as_ref();
+    let image = read_image(path)?;
+    inspect(&image).map_err(|e| HiveGpuError::InvalidFormat {
+        path: path.to_path_buf(),
+        format: FORMAT_NAME,
+        reason: e.to_string(),
+    })
+}
+
+/// The whole file at `path`, within the process's memory budget.
+fn read_image(path: &Path) -> Result<Vec<u8>> {
+    let io = io_error(path);
+    let bytes = std::fs::metadata(path).map_err(&io)?.len();
+    crate::memory::check(|| format!("reading {}", path.display()), bytes)?;
+    std::fs::read(path).map_err(&io)
+}

@@ -1,0 +1,348 @@
+//! Saved collections: `open(save(x))` equals `x` on every backend (ids, values bit for bit,
+//! f16, metadata, typed payloads and the filters over them, tie order), a file of every
+//! released format version still opens, hostile files get errors naming where they went
+//! wrong (never a panic), and a save killed at any moment leaves the old file or the new one.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Rng, contexts, describe};
+use hive_gpu::{
+    Filter, GpuBackendType, GpuContext, GpuDistanceMetric, GpuVector, GpuVectorStorage, HiveGpuError,
+    Metadata, SearchOptions, StorageConfig, StoragePrecision,
+};
+
+/// A fresh directory under the system's temporary one.
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "hive-gpu-{name}-{}-{}",
+        std::process::id(),
+        Rng::new(0).next_u64()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    dir
+}
+
+/// A collection with payloads of every type, exact duplicates (ties), removed and replaced
+/// vectors, so that its slots are not simply its ids in order.
+fn populated(
+    context: &GpuContext,
+    metric: GpuDistanceMetric,
+    precision: StoragePrecision,
+    seed: u64,
+    count: usize,
+) -> GpuVectorStorage {
+    let dim = 19;
+    let mut rng = Rng::new(seed);
+    let storage = context
+        .create_storage_with(StorageConfig::new(dim, metric).with_precision(precision))
+        .expect("a collection");
+    let vectors: Vec<GpuVector> = (0..count)
+        .map(|i| {
+            let mut data = rng.normals(dim);
+            data[0] += 0.5;
+            if i % 17 == 5 {
+                data = vec![0.25; dim];
+            }
+            let mut meta = Metadata::new();
+            if i % 3 == 0 {
+                meta.insert("source".into(), format!("doc-{}", i % 11));
+                meta.insert("ünïcode".into(), "✓".into());
+            }
+            let mut v = GpuVector::with_metadata(format!("id-{i}"), data, meta);
+            if i % 4 != 0 {
+                v = v
+                    .with_field("bucket", (i % 6) as i64)
+                    .with_field("score", i as f64 / 7.0)
+                    .with_field("flag", i % 2 == 0)
+                    .with_field("color", ["red", "green", "blue"][i % 3]);
+            }
+            v
+        })
+        .collect();
+    storage.add_vectors(&vectors).expect("add");
+    let removed: Vec<String> = (0..count).filter(|i| i % 9 == 2).map(|i| format!("id-{i}")).collect();
+    storage.remove_vectors(&removed).expect("remove");
+    // Replaced vectors move to new slots at the end.
+    let replaced: Vec<GpuVector> = (0..count)
+        .filter(|i| i % 13 == 1)
+        .map(|i| GpuVector::new(format!("id-{i}"), rng.normals(dim)))
+        .collect();
+    storage.add_vectors(&replaced).expect("upsert");
+    storage
+}
+
+fn ids_of(storage: &GpuVectorStorage, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("id-{i}")).filter(|id| storage.contains(id)).collect()
+}
+
+/// `b` holds exactly what `a` holds, and searches (plain and filtered) agree to the bit.
+fn assert_same_collection(what: &str, a: &GpuVectorStorage, b: &GpuVectorStorage, count: usize, seed: u64) {
+    assert_eq!(a.config(), b.config(), "{what}: config");
+    assert_eq!(a.vector_count(), b.vector_count(), "{what}: count");
+    for id in ids_of(a, count + 10) {
+        let (x, y) = (
+            a.get_vector(&id).unwrap().unwrap(),
+            b.get_vector(&id).unwrap().unwrap_or_else(|| panic!("{what}: {id} lost")),
+        );
+        assert!(
+            x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{what}: values of {id}"
+        );
+        assert_eq!(x.metadata, y.metadata, "{what}: metadata of {id}");
+        assert_eq!(x.payload, y.payload, "{what}: payload of {id}");
+    }
+    let dim = a.dimension();
+    let mut rng = Rng::new(seed ^ 0xabc);
+    let mut queries = rng.normals(5 * dim);
+    queries[..dim].fill(0.25); // a query on the duplicates: ties
+    let k = 12;
+    let filter = Filter::eq("color", "red").or(Filter::range("bucket", 1.0..=2.0)).and(Filter::has("flag"));
+    for options in
+        [SearchOptions::default().with_metadata(true), SearchOptions::default().with_filter(filter)]
+    {
+        let (x, y) = (
+            a.search_batch_with(&queries, k, &options).unwrap(),
+            b.search_batch_with(&queries, k, &options).unwrap(),
+        );
+        for (q, (rx, ry)) in x.iter().zip(&y).enumerate() {
+            let ix: Vec<(&str, u32)> = rx.iter().map(|r| (r.id.as_str(), r.score.to_bits())).collect();
+            let iy: Vec<(&str, u32)> = ry.iter().map(|r| (r.id.as_str(), r.score.to_bits())).collect();
+            assert_eq!(ix, iy, "{what}: query {q} ({options:?})");
+        }
+    }
+}
+
+#[test]
+fn saved_collections_open_equal_on_every_backend() {
+    let dir = scratch_dir("roundtrip");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    for context in contexts() {
+        for (m, metric) in
+            [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine]
+                .into_iter()
+                .enumerate()
+        {
+            for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+                let what = format!("{} {metric:?} {precision:?}", describe(&context));
+                let seed = 100 + m as u64;
+                let count = 700;
+                let original = populated(&context, metric, precision, seed, count);
+                let path = dir.join(format!("{}-{m}-{precision:?}.hgc", context.backend_type()));
+                original.save(&path).unwrap_or_else(|e| panic!("{what}: save: {e}"));
+                let reopened = context.open_storage(&path).unwrap_or_else(|e| panic!("{what}: open: {e}"));
+                assert_same_collection(&what, &original, &reopened, count, seed);
+                // Any backend opens any backend's file.
+                let on_cpu =
+                    cpu.open_storage(&path).unwrap_or_else(|e| panic!("{what}: open on the CPU: {e}"));
+                assert_same_collection(&format!("{what} on the CPU"), &original, &on_cpu, count, seed);
+                // Saving what was opened gives the same bytes: a file is a function of its
+                // collection (after the compaction an open implies).
+                let again = dir.join("again.hgc");
+                reopened.save(&again).expect("save again");
+                let twice = dir.join("twice.hgc");
+                context.open_storage(&again).expect("open again").save(&twice).expect("save twice");
+                assert_eq!(
+                    std::fs::read(&again).unwrap(),
+                    std::fs::read(&twice).unwrap(),
+                    "{what}: files differ"
+                );
+            }
+        }
+    }
+    let empty = cpu.create_storage(3, GpuDistanceMetric::Cosine).unwrap();
+    let path = dir.join("empty.hgc");
+    empty.save(&path).expect("an empty collection saves");
+    let opened = cpu.open_storage(&path).expect("and opens");
+    assert_eq!(
+        (opened.vector_count(), opened.dimension(), opened.metric()),
+        (0, 3, GpuDistanceMetric::Cosine)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every format version released: each has a file in `tests/data/formats/` that must open.
+const RELEASED_FORMATS: &[u32] = &[1];
+
+/// The file of `tests/data/formats/` for format `version` (relative to the package folder, the
+/// working directory of `cargo test` and of the GPU bundle's runner).
+fn format_file(version: u32) -> PathBuf {
+    Path::new("tests/data/formats").join(format!("collection-v{version}.hgc"))
+}
+
+/// The collection every format file holds.
+fn format_collection(context: &GpuContext) -> GpuVectorStorage {
+    populated(context, GpuDistanceMetric::Cosine, StoragePrecision::F16, 7, 60)
+}
+
+#[test]
+fn every_released_format_version_still_opens() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let expected = format_collection(&cpu);
+    if std::env::var("HIVE_GPU_WRITE_FORMAT_FILES").as_deref() == Ok("1") {
+        std::fs::create_dir_all("tests/data/formats").unwrap();
+        expected.save(format_file(1)).expect("write the format file");
+    }
+    for context in contexts() {
+        for &version in RELEASED_FORMATS {
+            let path = format_file(version);
+            let opened = context.open_storage(&path).unwrap_or_else(|e| panic!("format {version}: {e}"));
+            assert_same_collection(
+                &format!("format {version} on {}", describe(&context)),
+                &expected,
+                &opened,
+                60,
+                7,
+            );
+        }
+        // The current version's file is exactly what a save writes today.
+        let dir = scratch_dir("format");
+        let now = dir.join("now.hgc");
+        format_collection(&context).save(&now).expect("save");
+        assert_eq!(
+            std::fs::read(&now).unwrap(),
+            std::fs::read(format_file(1)).unwrap(),
+            "{}",
+            describe(&context)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Rewrites the header checksum of a file image after a deliberate change to the header.
+fn reseal_header(image: &mut [u8]) {
+    let crc = crc32c::crc32c(&image[..60]);
+    image[60..64].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn open_error(cpu: &GpuContext, path: &Path, image: &[u8]) -> String {
+    std::fs::write(path, image).unwrap();
+    match cpu.open_storage(path) {
+        Ok(_) => panic!("a damaged file opened"),
+        Err(e @ HiveGpuError::InvalidFormat { .. }) => e.to_string(),
+        Err(e) => panic!("a damaged file gave {e:?}, not InvalidFormat"),
+    }
+}
+
+#[test]
+fn damaged_files_are_refused_by_name_and_offset_never_with_a_panic() {
+    let dir = scratch_dir("hostile");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let good = dir.join("good.hgc");
+    populated(&cpu, GpuDistanceMetric::Euclidean, StoragePrecision::F32, 3, 120).save(&good).unwrap();
+    let image = std::fs::read(&good).unwrap();
+    let bad = dir.join("bad.hgc");
+
+    // Every truncation.
+    for len in (0..image.len()).step_by(13).chain([image.len() - 1]) {
+        let e = open_error(&cpu, &bad, &image[..len]);
+        assert!(e.contains("header") || e.contains("truncated"), "truncated to {len}: {e}");
+    }
+    // A flipped byte anywhere: some checksum or check names the part.
+    let mut rng = Rng::new(9);
+    for _ in 0..300 {
+        let at = rng.below(image.len());
+        let mut damaged = image.clone();
+        damaged[at] ^= 1 << rng.below(8);
+        let e = open_error(&cpu, &bad, &damaged);
+        assert!(e.contains("at byte"), "flip at {at}: {e}");
+    }
+    let mut wrong = image.clone();
+    wrong[0] = b'X';
+    assert!(open_error(&cpu, &bad, &wrong).contains("magic"));
+    let mut future = image.clone();
+    future[8..12].copy_from_slice(&2u32.to_le_bytes());
+    reseal_header(&mut future);
+    assert!(open_error(&cpu, &bad, &future).contains("format version 2"));
+
+    // An absurd slot count in a config whose checksums are all correct: refused by the vector
+    // section's length, before anything is allocated for the slots.
+    let config_at = u64::from_le_bytes(image[64 + 8..64 + 16].try_into().unwrap()) as usize;
+    let mut absurd = image.clone();
+    absurd[config_at + 8..config_at + 16].copy_from_slice(&(u64::MAX / 3).to_le_bytes());
+    let body_crc = crc32c::crc32c(&absurd[config_at..config_at + 32]);
+    absurd[64 + 32..64 + 36].copy_from_slice(&body_crc.to_le_bytes());
+    let table_end = 64 + 6 * 40;
+    let table_crc = crc32c::crc32c(&absurd[64..table_end]);
+    absurd[56..60].copy_from_slice(&table_crc.to_le_bytes());
+    reseal_header(&mut absurd);
+    let e = open_error(&cpu, &bad, &absurd);
+    assert!(e.contains("vectors") && e.contains("rows"), "{e}");
+
+    // The good file still opens, and a missing one is an I/O error naming it.
+    assert_eq!(
+        cpu.open_storage(&good).unwrap().vector_count(),
+        populated(&cpu, GpuDistanceMetric::Euclidean, StoragePrecision::F32, 3, 120).vector_count()
+    );
+    let missing = cpu.open_storage(dir.join("missing.hgc")).unwrap_err();
+    assert!(
+        matches!(missing, HiveGpuError::Io { .. }) && missing.to_string().contains("missing.hgc"),
+        "{missing}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const KILL_ENV: &str = "HIVE_GPU_SAVE_LOOP";
+
+/// The two collections the killed child saves in turn.
+fn kill_pair(cpu: &GpuContext) -> [GpuVectorStorage; 2] {
+    [
+        populated(cpu, GpuDistanceMetric::Euclidean, StoragePrecision::F32, 1, 400),
+        populated(cpu, GpuDistanceMetric::DotProduct, StoragePrecision::F16, 2, 6000),
+    ]
+}
+
+/// The child of the kill test: saves the two collections in turn until killed. Returns at
+/// once in a normal test run.
+#[test]
+fn save_loop_child() {
+    let Ok(path) = std::env::var(KILL_ENV) else { return };
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let pair = kill_pair(&cpu);
+    for i in 0.. {
+        pair[i % 2].save(&path).expect("save");
+    }
+}
+
+#[test]
+fn a_save_killed_at_any_moment_leaves_the_old_or_the_new_file() {
+    let dir = scratch_dir("kill");
+    let path = dir.join("collection.hgc");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let pair = kill_pair(&cpu);
+    pair[0].save(&path).expect("the first save");
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut rng = Rng::new(77);
+    let mut seen = [0usize; 2];
+    let mut inside_a_save = 0;
+    for round in 0..30 {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", "save_loop_child", "--nocapture", "--test-threads", "1"])
+            .env(KILL_ENV, &path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the child");
+        std::thread::sleep(Duration::from_millis(30 + rng.below(400) as u64));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("the child ends");
+        // A temporary file left behind is a kill that landed inside a save.
+        for entry in std::fs::read_dir(&dir).expect("the directory").flatten() {
+            if entry.file_name().to_string_lossy().contains(".tmp-") {
+                inside_a_save += 1;
+                std::fs::remove_file(entry.path()).expect("a leftover removed");
+            }
+        }
+        let opened = cpu.open_storage(&path).unwrap_or_else(|e| panic!("round {round}: a torn file: {e}"));
+        let which = if opened.vector_count() == pair[0].vector_count() { 0 } else { 1 };
+        assert_same_collection(&format!("round {round}"), &pair[which], &opened, [400, 6000][which], 5);
+        seen[which] += 1;
+    }
+    // The kills landed both between saves of each collection and (most likely) inside them.
+    assert!(seen[1] > 0, "the child never completed a save of the second collection: {seen:?}");
+    assert!(inside_a_save >= 10, "only {inside_a_save} of 30 kills landed inside a save");
+    let _ = std::fs::remove_dir_all(&dir);
+}
