@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use hive_gpu::{HiveGpuError, io, persist};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{BuildArgs, dataset};
+use crate::{BackendArg, BuildArgs, dataset};
 
 pub fn build(args: &BuildArgs) -> Result<(), HiveGpuError> {
     let started = Instant::now();
@@ -45,7 +45,7 @@ pub fn build(args: &BuildArgs) -> Result<(), HiveGpuError> {
     Ok(())
 }
 
-pub fn info(path: &Path) -> Result<(), HiveGpuError> {
+pub fn info(path: &Path, open: bool, backend: BackendArg) -> Result<(), HiveGpuError> {
     let info = persist::inspect_file(path)?;
     let c = &info.config;
     out!("file            {}", path.display());
@@ -75,6 +75,23 @@ pub fn info(path: &Path) -> Result<(), HiveGpuError> {
             s.length,
             s.count,
             s.crc
+        );
+    }
+    if open {
+        let context = backend.context()?;
+        let started = Instant::now();
+        let bytes = std::fs::read(path).map_err(|source| HiveGpuError::Io { path: path.into(), source })?;
+        let read = started.elapsed().as_secs_f64();
+        drop(bytes);
+        let started = Instant::now();
+        let storage = context.open_storage(path)?;
+        let opened = started.elapsed().as_secs_f64();
+        out!();
+        out!(
+            "opened {} vectors on {} in {opened:.3} s; reading the file's bytes took {read:.3} s ({:.2}x)",
+            storage.vector_count(),
+            storage.backend_type().name(),
+            opened / read.max(1e-9)
         );
     }
     Ok(())

@@ -60,6 +60,13 @@ struct InfoArgs {
     /// A collection file (written by `hive-gpu build` or `GpuVectorStorage::save`).
     #[arg(long)]
     collection: Option<PathBuf>,
+    /// Also open the collection on --backend and report how long that took, beside the time
+    /// to read the file's bytes.
+    #[arg(long, requires = "collection")]
+    open: bool,
+    /// Backend to open the collection on.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
 }
 
 #[derive(Args)]
@@ -216,7 +223,13 @@ impl SearchSettings {
     }
 
     fn context(&self) -> Result<GpuContext, HiveGpuError> {
-        let backend = match self.backend {
+        self.backend.context()
+    }
+}
+
+impl BackendArg {
+    fn context(self) -> Result<GpuContext, HiveGpuError> {
+        let backend = match self {
             BackendArg::Auto => return GpuContext::new(),
             BackendArg::Cpu => GpuBackendType::Cpu,
             BackendArg::Cuda => GpuBackendType::Cuda,
@@ -247,8 +260,10 @@ fn main() -> ExitCode {
     quiet_vulkan_layers();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Info(InfoArgs { collection: Some(path) }) => collection::info(&path),
-        Command::Info(InfoArgs { collection: None }) => info::run(),
+        Command::Info(InfoArgs { collection: Some(path), open, backend }) => {
+            collection::info(&path, open, backend)
+        }
+        Command::Info(InfoArgs { collection: None, .. }) => info::run(),
         Command::Build(args) => collection::build(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Search(args) => search::run(&args),
