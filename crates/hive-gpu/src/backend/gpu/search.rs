@@ -644,16 +644,17 @@ impl<D: Driver> GpuRows<D> {
                 return Ok(None);
             }
             let range = q * k..(q + 1) * k;
-            let row = view.slots[range.clone()].iter().zip(&view.dist[range]);
-            row.map(|(&slot, &distance)| {
+            // Sized once: collecting through `Result` grows the list by doubling, several
+            // allocations per query (docs/PERFORMANCE.md, "Typed kernel ABI and primitives").
+            let mut row = Vec::with_capacity(k);
+            for (&slot, &distance) in view.slots[range.clone()].iter().zip(&view.dist[range]) {
                 let slot = slot as usize;
                 if slot >= len {
                     return Err(HiveGpuError::Internal(format!("the device returned slot {slot} of {len}")));
                 }
-                Ok(Neighbor { slot, distance })
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+                row.push(Neighbor { slot, distance });
+            }
+            Ok(Some(row))
         };
         if nq * k >= PARALLEL_RESULTS {
             crate::exec::run(|| (0..nq).into_par_iter().map(parse).collect())?
