@@ -307,13 +307,21 @@ impl Batch for Restored {
 
 /// Reads and checks the collection file at `path`: its configuration and live vectors.
 pub(crate) fn load(path: &Path) -> Result<Restored> {
+    let started = std::time::Instant::now();
+    let phase = |what: &str| {
+        if crate::backend::profiling() {
+            eprintln!("hive-gpu profile (open): {what} at {:.3} s", started.elapsed().as_secs_f64());
+        }
+    };
     let image = read_image(path)?;
+    phase("read");
     let invalid = |reason: String| HiveGpuError::InvalidFormat {
         path: path.to_path_buf(),
         format: FORMAT_NAME,
         reason,
     };
     let snapshot = format::parse(&image).map_err(|e| invalid(e.to_string()))?;
+    phase("parsed");
     let live: Vec<usize> = (0..snapshot.slots).filter(|&s| !snapshot.removed.contains(s)).collect();
     let dim = snapshot.config.dimension;
     crate::memory::check(
@@ -331,6 +339,7 @@ pub(crate) fn load(path: &Path) -> Result<Restored> {
     let (mut metadata, mut payloads) = (snapshot.metadata, snapshot.payloads);
     let metadata = live.iter().map(|&s| std::mem::take(&mut metadata[s])).collect();
     let payloads = live.iter().map(|&s| std::mem::take(&mut payloads[s])).collect();
+    phase("restored");
     Ok(Restored { config, ids, values, metadata, payloads })
 }
 
