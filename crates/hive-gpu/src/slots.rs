@@ -265,6 +265,15 @@ impl SearchMask<'_> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn words_read_from_a_file_may_not_name_a_slot_past_the_end() {
+        let set = SlotSet::checked_from_words(vec![0b101, 1 << 3], 36).expect("slots 0, 2 and 35");
+        assert_eq!((set.count(), set.iter().collect::<Vec<_>>()), (3, vec![0, 2, 35]));
+        assert_eq!(SlotSet::checked_from_words(vec![0, 1 << 4], 36), Err(36));
+        assert_eq!(SlotSet::checked_from_words(vec![0, 0, 1 << 7], 40), Err(71));
+        assert_eq!(SlotSet::checked_from_words(vec![u32::MAX], 32).map(|s| s.count()), Ok(32));
+    }
+
     use super::*;
 
     #[test]

@@ -62,14 +62,28 @@ pub(crate) fn save(collection: &Collection, path: &Path) -> Result<()> {
     let temporary = temporary_path(path);
     let written = write_file(collection, &temporary).and_then(|()| {
         std::fs::rename(&temporary, path).map_err(io_error(path))?;
-        // The rename itself is durable once the directory is.
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+        sync_directory_of(path)
     });
     if written.is_err() {
         let _ = std::fs::remove_file(&temporary);
     }
     written
+}
+
+/// Makes a rename into `path`'s directory durable: on Unix the directory itself is fsynced
+/// (until then a crash may forget the rename). Windows cannot open a directory as a file, and
+/// NTFS journals its metadata, so there the rename stands as it is.
+fn sync_directory_of(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
 }
 
 /// Appends sections to a file, each at a 64-byte boundary, with its checksum.
@@ -153,9 +167,14 @@ fn write_file(collection: &Collection, path: &Path) -> Result<()> {
         slots,
         |w| {
             let words = collection.removed().words();
-            let bytes: Vec<u8> = (0..crate::slots::SlotSet::words_for(slots))
-                .flat_map(|i| words.get(i).copied().unwrap_or(0).to_le_bytes())
-                .collect();
+            // No bit past the last slot (the reader refuses one): the set's words may be longer.
+            let word = |i: usize| {
+                let w = words.get(i).copied().unwrap_or(0);
+                let valid = slots.saturating_sub(i * 32).min(32);
+                if valid == 32 { w } else { w & ((1u32 << valid) - 1) }
+            };
+            let bytes: Vec<u8> =
+                (0..crate::slots::SlotSet::words_for(slots)).flat_map(|i| word(i).to_le_bytes()).collect();
             w(&bytes).map_err(sink)
         },
         path,
