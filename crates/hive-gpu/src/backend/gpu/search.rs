@@ -645,7 +645,7 @@ impl<D: Driver> GpuRows<D> {
             }
             let range = q * k..(q + 1) * k;
             // Sized once: collecting through `Result` grows the list by doubling, several
-            // allocations per query (docs/PERFORMANCE.md, "Typed kernel ABI and primitives").
+            // allocations per query (docs/PERFORMANCE.md, "Typed kernel ABI and backend primitives").
             let mut row = Vec::with_capacity(k);
             for (&slot, &distance) in view.slots[range.clone()].iter().zip(&view.dist[range]) {
                 let slot = slot as usize;
