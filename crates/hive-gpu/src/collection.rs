@@ -511,23 +511,26 @@ impl Batch for [GpuVector] {
         &self[i].payload
     }
     fn payload_bytes(&self) -> usize {
-        let text = |k: &String, v: &str| k.len() + v.len() + 2 * std::mem::size_of::<String>();
-        self.iter()
-            .map(|v| {
-                v.metadata.iter().map(|(k, x)| text(k, x) + INDEXED_VALUE_BYTES).sum::<usize>()
-                    + v.payload
-                        .iter()
-                        .map(|(k, x)| {
-                            let s = match x {
-                                PayloadValue::String(s) => s.as_str(),
-                                _ => "",
-                            };
-                            text(k, s) + INDEXED_VALUE_BYTES
-                        })
-                        .sum::<usize>()
-            })
-            .sum()
+        self.iter().map(|v| payload_bytes(&v.metadata, &v.payload)).sum()
     }
+}
+
+/// Host bytes one vector's metadata and typed payload take, with their index entries (an
+/// estimate): what every [`Batch::payload_bytes`] sums.
+pub(crate) fn payload_bytes(metadata: &Metadata, payload: &Payload) -> usize {
+    let text = |k: &String, v: &str| k.len() + v.len() + 2 * std::mem::size_of::<String>();
+    let strings = metadata.iter().map(|(k, x)| text(k, x) + INDEXED_VALUE_BYTES).sum::<usize>();
+    let fields = payload
+        .iter()
+        .map(|(k, x)| {
+            let s = match x {
+                PayloadValue::String(s) => s.as_str(),
+                _ => "",
+            };
+            text(k, s) + INDEXED_VALUE_BYTES
+        })
+        .sum::<usize>();
+    strings + fields
 }
 
 /// Ids with their vectors in one row-major array (`ids.len() * dim` values, checked by

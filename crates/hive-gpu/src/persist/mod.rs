@@ -158,7 +158,8 @@ fn write_file(collection: &Collection, path: &Path) -> Result<()> {
         at: 0,
         sections: Vec::new(),
     };
-    // The header and table are written last, over this placeholder.
+    // Zeros hold the room of the header and table: both depend on the sections' offsets and
+    // checksums, so they are written over these bytes once every section is out.
     out.raw(&vec![0u8; format::bodies_start(Kind::ALL.len())]).map_err(&io)?;
     out.section(Kind::Config, 1, |w| w(&format::encode_config(&config, slots)).map_err(sink), path)?;
     out.section(Kind::Vectors, slots, |w| write_vectors(collection, w), path)?;
@@ -315,9 +316,7 @@ impl Batch for Restored {
         &self.payloads[i]
     }
     fn payload_bytes(&self) -> usize {
-        let text: usize =
-            self.metadata.iter().flat_map(|m| m.iter()).map(|(k, v)| k.len() + v.len() + 64).sum();
-        text + self.payloads.iter().map(|p| p.len() * 64).sum::<usize>()
+        self.metadata.iter().zip(&self.payloads).map(|(m, p)| crate::collection::payload_bytes(m, p)).sum()
     }
     fn flat_values(&self) -> Option<&[f32]> {
         Some(&self.values)
