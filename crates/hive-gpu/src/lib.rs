@@ -73,6 +73,7 @@ pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, sel
 pub use error::{HiveGpuError, Result};
 pub use filter::{Filter, MAX_FILTER_DEPTH, PreparedFilter};
 pub use payload::{Payload, PayloadValue};
+pub use persist::{Durability, DurableOptions, LogStats};
 pub use results::{ResultRow, SearchResults};
 pub use tuning::Tuning;
 pub use types::{
@@ -165,6 +166,7 @@ impl GpuContext {
         Ok(GpuVectorStorage {
             backend: self.backend.clone(),
             inner: RwLock::new(Collection::new(config, rows)),
+            log: None,
         })
     }
 }
@@ -179,11 +181,16 @@ impl GpuContext {
     pub fn open_storage(&self, path: impl AsRef<Path>) -> Result<GpuVectorStorage> {
         let path = path.as_ref();
         let restored = persist::load(path)?;
+        self.storage_from(&restored, path)
+    }
+
+    /// A new collection holding what [`persist::load`] read from `path`.
+    fn storage_from(&self, restored: &persist::Restored, path: &Path) -> Result<GpuVectorStorage> {
         let storage = self.create_storage_with(restored.config)?;
         {
             let mut guard = storage.write();
             let collection: &mut Collection = &mut guard;
-            exec::run(|| collection.upsert(&restored))?.map_err(|e| match e {
+            exec::run(|| collection.upsert(&restored.vectors))?.map_err(|e| match e {
                 HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. } => e,
                 other => HiveGpuError::InvalidFormat {
                     path: path.to_path_buf(),
@@ -196,6 +203,76 @@ impl GpuContext {
     }
 }
 
+impl GpuContext {
+    /// Opens the durable collection at `path` on this context's device, creating it (empty,
+    /// as `config` describes) when there is no file there. A durable collection is a snapshot
+    /// file at `path` and a write-ahead log next to it (`path` with `.wal` added): every
+    /// [`GpuVectorStorage::add_vectors`], [`GpuVectorStorage::add_vectors_flat`],
+    /// [`GpuVectorStorage::remove_vectors`] and [`GpuVectorStorage::clear`] returns only once
+    /// its record is in the log as `options.durability` says, so an acknowledged write
+    /// survives a crash; concurrent writers share the log's flushes (group commit). Opening
+    /// replays the log over the snapshot; a torn last record (a crash inside an append) is
+    /// dropped. [`GpuVectorStorage::checkpoint`] folds the log into a new snapshot, as does a
+    /// write that leaves the log longer than `options.checkpoint_log_bytes`.
+    ///
+    /// A write that fails is not logged and changes nothing. A write whose log flush fails
+    /// took effect in this process but may not be durable: its error says so, and the log
+    /// refuses writes until a checkpoint succeeds.
+    ///
+    /// An existing collection must have `config`'s dimension, metric and storage precision
+    /// (an error says which differs). One process at a time holds a durable collection: a
+    /// second open of the same files fails until the first storage is dropped.
+    pub fn open_durable(
+        &self,
+        path: impl AsRef<Path>,
+        config: StorageConfig,
+        options: DurableOptions,
+    ) -> Result<GpuVectorStorage> {
+        let path = path.as_ref();
+        if path.file_name().is_none() {
+            return Err(HiveGpuError::InvalidArgument(format!("{} names no file", path.display())));
+        }
+        let exists =
+            path.try_exists().map_err(|source| HiveGpuError::Io { path: path.to_path_buf(), source })?;
+        let mut storage = if exists {
+            let restored = persist::load(path)?;
+            let found = restored.config;
+            if (found.dimension, found.metric, found.precision)
+                != (config.dimension, config.metric, config.precision)
+            {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "{} holds a collection of dimension {}, {:?}, {:?} storage; asked for dimension {}, {:?}, {:?}",
+                    path.display(),
+                    found.dimension,
+                    found.metric,
+                    found.precision,
+                    config.dimension,
+                    config.metric,
+                    config.precision
+                )));
+            }
+            let storage = self.storage_from(&restored, path)?;
+            let log = persist::durable::Log::open(path, restored.id, &mut storage.write(), options)?;
+            (storage, log)
+        } else {
+            let storage = self.create_storage_with(config)?;
+            let log = persist::durable::Log::create(path, &storage.read(), options)?;
+            (storage, log)
+        };
+        storage.0.log = Some(storage.1);
+        Ok(storage.0)
+    }
+}
+
+/// Whether `a` and `b` name the same file (the same path, or the same file on disk).
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b
+        || match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+}
+
 /// A collection of vectors with string ids on one device, searched exactly.
 ///
 /// All methods take `&self`: searches run concurrently with each other, and a write (add,
@@ -205,6 +282,8 @@ impl GpuContext {
 pub struct GpuVectorStorage {
     backend: Arc<dyn GpuBackend>,
     inner: RwLock<Collection>,
+    /// The write-ahead log of a durable collection ([`GpuContext::open_durable`]).
+    log: Option<persist::durable::Log>,
 }
 
 impl GpuVectorStorage {
@@ -218,23 +297,70 @@ impl GpuVectorStorage {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Runs `change` under the write lock; on a durable collection, logs `record()` once the
+    /// change has taken effect (still under the lock, so the log's order is the order of the
+    /// changes) and returns once the log holds it durably. A change that fails is not logged.
+    fn write_logged(
+        &self,
+        record: impl FnOnce() -> persist::log::PendingRecord,
+        change: impl FnOnce(&mut Collection) -> Result<()> + Send,
+    ) -> Result<()> {
+        let Some(log) = &self.log else {
+            let mut guard = self.write();
+            let collection: &mut Collection = &mut guard;
+            return exec::run(|| change(collection))?;
+        };
+        // Encoded before the lock is taken: other writers need not wait for it.
+        let record = record();
+        let ticket = {
+            let mut guard = self.write();
+            log.check_writable()?;
+            let collection: &mut Collection = &mut guard;
+            exec::run(|| change(collection))??;
+            log.append(&record)
+        };
+        log.wait(ticket)?;
+        if log.wants_checkpoint() {
+            log.checkpoint_if_due(&self.read())?;
+        }
+        Ok(())
+    }
+
     /// Adds vectors; an id already present is replaced with the new data and payload (upsert),
     /// and a removed id can be added again. A batch is all or nothing: it is checked first
     /// (dimension, finite values, no id twice, non-zero under cosine), and a failure anywhere
     /// (a bad vector, memory, a device error) leaves the collection as it was.
     pub fn add_vectors(&self, vectors: &[GpuVector]) -> Result<()> {
-        let mut guard = self.write();
-        let collection: &mut Collection = &mut guard;
-        exec::run(|| collection.upsert(vectors))?
+        let dim = self.dimension();
+        self.write_logged(
+            || {
+                persist::log::PendingRecord::upsert(vectors.len(), dim, |i| {
+                    let v = &vectors[i];
+                    (&v.id, &v.data, &v.metadata, &v.payload)
+                })
+            },
+            |collection| collection.upsert(vectors),
+        )
     }
 
     /// [`GpuVectorStorage::add_vectors`] for vectors without payloads given as one row-major
     /// array: `ids.len() * dimension` values, vector `i` at `values[i * dimension..]`. Nothing
     /// is copied per vector, so loading a large matrix costs no more memory than the matrix.
     pub fn add_vectors_flat<S: AsRef<str> + Sync>(&self, ids: &[S], values: &[f32]) -> Result<()> {
-        let mut guard = self.write();
-        let collection: &mut Collection = &mut guard;
-        exec::run(|| collection.upsert(&collection::FlatBatch { ids, values }))?
+        let dim = self.dimension();
+        let batch = collection::FlatBatch { ids, values };
+        self.write_logged(
+            || {
+                // A batch whose values do not match its ids fails in the upsert; its record
+                // (never logged) holds what there is.
+                let (empty_metadata, empty_payload) = (Metadata::new(), Payload::new());
+                persist::log::PendingRecord::upsert(ids.len(), dim, |i| {
+                    let row = values.get(i * dim..(i + 1) * dim).unwrap_or(&[]);
+                    (ids[i].as_ref(), row, &empty_metadata, &empty_payload)
+                })
+            },
+            |collection| collection.upsert(&batch),
+        )
     }
 
     /// Makes room for `additional` more vectors, so that adding them does not reallocate
@@ -318,9 +444,7 @@ impl GpuVectorStorage {
     /// removed. Space is reclaimed automatically once removed slots reach a quarter of the
     /// storage.
     pub fn remove_vectors<S: AsRef<str> + Sync>(&self, ids: &[S]) -> Result<()> {
-        let mut guard = self.write();
-        let collection: &mut Collection = &mut guard;
-        exec::run(|| collection.remove(ids))?
+        self.write_logged(|| persist::log::PendingRecord::remove(ids), |collection| collection.remove(ids))
     }
 
     /// The stored vector (after the storage precision's rounding) and its payload.
@@ -355,8 +479,10 @@ impl GpuVectorStorage {
 
     /// Removes every vector.
     pub fn clear(&self) -> Result<()> {
-        self.write().clear();
-        Ok(())
+        self.write_logged(persist::log::PendingRecord::clear, |collection| {
+            collection.clear();
+            Ok(())
+        })
     }
 
     /// Reclaims the slots of removed vectors now instead of waiting for the automatic
@@ -371,8 +497,34 @@ impl GpuVectorStorage {
     /// only once the new one is complete and on disk: a crash at any moment leaves the old
     /// file or the new one, never a torn one. Writes wait while it runs; searches do not.
     /// [`GpuContext::open_storage`] opens it on any backend.
+    ///
+    /// On a durable collection, saving to its own snapshot's path is a
+    /// [`GpuVectorStorage::checkpoint`] (a plain save there would orphan its log).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        persist::save(&self.read(), path.as_ref())
+        let path = path.as_ref();
+        if let Some(log) = &self.log
+            && same_file(path, log.snapshot())
+        {
+            return self.checkpoint();
+        }
+        persist::save(&self.read(), path).map(|_| ())
+    }
+
+    /// On a durable collection ([`GpuContext::open_durable`]): writes a new snapshot of the
+    /// collection and empties its log, so the next open replays nothing. Writes wait while it
+    /// runs; searches do not. A collection that is not durable has no log: an error.
+    pub fn checkpoint(&self) -> Result<()> {
+        let Some(log) = &self.log else {
+            return Err(HiveGpuError::InvalidArgument(
+                "checkpoint needs a durable collection (GpuContext::open_durable)".into(),
+            ));
+        };
+        log.checkpoint(&self.read())
+    }
+
+    /// The write-ahead log's counters, on a durable collection.
+    pub fn log_stats(&self) -> Option<LogStats> {
+        self.log.as_ref().map(|log| log.stats())
     }
 
     /// Slots in use, removed-but-not-yet-reclaimed ones included.

@@ -239,22 +239,22 @@ impl std::fmt::Display for FormatError {
     }
 }
 
-type Parsed<T> = std::result::Result<T, FormatError>;
+pub(crate) type Parsed<T> = std::result::Result<T, FormatError>;
 
 /// Whether `crc` is the CRC-32C of `bytes`. Fuzz builds (`--cfg fuzzing`, `scripts/fuzz.sh`)
 /// accept any checksum, so that the fuzzer reaches the records behind them instead of spending
 /// its time on checksums it cannot forge; every other build checks them all.
-fn checksum_matches(bytes: &[u8], crc: u32) -> bool {
+pub(crate) fn checksum_matches(bytes: &[u8], crc: u32) -> bool {
     cfg!(fuzzing) || crc32c::crc32c(bytes) == crc
 }
 
-fn fail<T>(part: &'static str, offset: u64, reason: impl Into<String>) -> Parsed<T> {
+pub(crate) fn fail<T>(part: &'static str, offset: u64, reason: impl Into<String>) -> Parsed<T> {
     Err(FormatError { part, offset, reason: reason.into() })
 }
 
 /// A bounds-checked little-endian reader over one part of the file.
-struct Cursor<'a> {
-    part: &'static str,
+pub(crate) struct Cursor<'a> {
+    pub(crate) part: &'static str,
     bytes: &'a [u8],
     /// Offset of `bytes[0]` in the file.
     base: u64,
@@ -262,19 +262,19 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn new(part: &'static str, bytes: &'a [u8], base: u64) -> Self {
+    pub(crate) fn new(part: &'static str, bytes: &'a [u8], base: u64) -> Self {
         Self { part, bytes, base, at: 0 }
     }
 
-    fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         self.base + self.at as u64
     }
 
-    fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.bytes.len() - self.at
     }
 
-    fn take(&mut self, n: usize, what: &str) -> Parsed<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize, what: &str) -> Parsed<&'a [u8]> {
         if n > self.remaining() {
             return fail(
                 self.part,
@@ -287,23 +287,23 @@ impl<'a> Cursor<'a> {
         Ok(out)
     }
 
-    fn u8(&mut self, what: &str) -> Parsed<u8> {
+    pub(crate) fn u8(&mut self, what: &str) -> Parsed<u8> {
         Ok(self.take(1, what)?[0])
     }
 
-    fn u32(&mut self, what: &str) -> Parsed<u32> {
+    pub(crate) fn u32(&mut self, what: &str) -> Parsed<u32> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn u64(&mut self, what: &str) -> Parsed<u64> {
+    pub(crate) fn u64(&mut self, what: &str) -> Parsed<u64> {
         let b = self.take(8, what)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
     }
 
-    fn text(&mut self, what: &str) -> Parsed<&'a str> {
+    pub(crate) fn text(&mut self, what: &str) -> Parsed<&'a str> {
         let at = self.offset();
         let len = self.u32(what)? as usize;
         let bytes = self.take(len, what)?;
@@ -312,7 +312,7 @@ impl<'a> Cursor<'a> {
 
     /// A count of records that need at least `min_bytes` each: refused when the section
     /// cannot hold that many, before anything is allocated for them.
-    fn count(&mut self, what: &str, min_bytes: usize) -> Parsed<usize> {
+    pub(crate) fn count(&mut self, what: &str, min_bytes: usize) -> Parsed<usize> {
         let at = self.offset();
         let count = self.u32(what)? as usize;
         if count.saturating_mul(min_bytes) > self.remaining() {
@@ -325,7 +325,7 @@ impl<'a> Cursor<'a> {
         Ok(count)
     }
 
-    fn finish(&self) -> Parsed<()> {
+    pub(crate) fn finish(&self) -> Parsed<()> {
         if self.remaining() != 0 {
             return fail(
                 self.part,
@@ -558,46 +558,56 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
     let (_, mut c) = body(Kind::Metadata)?;
     let mut metadata = Vec::with_capacity(slots.min(c.remaining() / 4));
     for _ in 0..slots {
-        let pairs = c.count("a metadata record", 8)?;
-        let mut map = Metadata::with_capacity(pairs);
-        for _ in 0..pairs {
-            let at = c.offset();
-            let key = c.text("a metadata key")?;
-            let value = c.text("a metadata value")?;
-            if map.insert(key.to_string(), value.to_string()).is_some() {
-                return fail("metadata", at, format!("key {key:?} appears twice in one record"));
-            }
-        }
-        metadata.push(map);
+        metadata.push(decode_metadata(&mut c)?);
     }
     c.finish()?;
 
     let (_, mut c) = body(Kind::Payload)?;
     let mut payloads = Vec::with_capacity(slots.min(c.remaining() / 4));
     for _ in 0..slots {
-        let fields = c.count("a payload record", 6)?;
-        let mut map: Payload = HashMap::with_capacity(fields);
-        for _ in 0..fields {
-            let at = c.offset();
-            let name = c.text("a field name")?;
-            let value = match c.u8("a field type")? {
-                0 => PayloadValue::String(c.text("a string value")?.to_string()),
-                1 => PayloadValue::Integer(c.u64("an integer value")? as i64),
-                2 => PayloadValue::Float(f64::from_bits(c.u64("a float value")?)),
-                3 => match c.u8("a bool value")? {
-                    0 => PayloadValue::Bool(false),
-                    1 => PayloadValue::Bool(true),
-                    other => return fail("payload", c.offset() - 1, format!("bool byte {other}")),
-                },
-                other => return fail("payload", c.offset() - 1, format!("unknown field type {other}")),
-            };
-            if map.insert(name.to_string(), value).is_some() {
-                return fail("payload", at, format!("field {name:?} appears twice in one record"));
-            }
-        }
-        payloads.push(map);
+        payloads.push(decode_payload(&mut c)?);
     }
     c.finish()?;
 
     Ok(Snapshot { config, slots, ids, vectors: vector_bytes, removed, metadata, payloads, sections })
+}
+
+/// Reads one metadata record ([`encode_metadata`]'s layout).
+pub(crate) fn decode_metadata(c: &mut Cursor<'_>) -> Parsed<Metadata> {
+    let pairs = c.count("a metadata record", 8)?;
+    let mut map = Metadata::with_capacity(pairs);
+    for _ in 0..pairs {
+        let at = c.offset();
+        let key = c.text("a metadata key")?;
+        let value = c.text("a metadata value")?;
+        if map.insert(key.to_string(), value.to_string()).is_some() {
+            return fail(c.part, at, format!("key {key:?} appears twice in one record"));
+        }
+    }
+    Ok(map)
+}
+
+/// Reads one payload record ([`encode_payload`]'s layout).
+pub(crate) fn decode_payload(c: &mut Cursor<'_>) -> Parsed<Payload> {
+    let fields = c.count("a payload record", 6)?;
+    let mut map: Payload = HashMap::with_capacity(fields);
+    for _ in 0..fields {
+        let at = c.offset();
+        let name = c.text("a field name")?;
+        let value = match c.u8("a field type")? {
+            0 => PayloadValue::String(c.text("a string value")?.to_string()),
+            1 => PayloadValue::Integer(c.u64("an integer value")? as i64),
+            2 => PayloadValue::Float(f64::from_bits(c.u64("a float value")?)),
+            3 => match c.u8("a bool value")? {
+                0 => PayloadValue::Bool(false),
+                1 => PayloadValue::Bool(true),
+                other => return fail(c.part, c.offset() - 1, format!("bool byte {other}")),
+            },
+            other => return fail(c.part, c.offset() - 1, format!("unknown field type {other}")),
+        };
+        if map.insert(name.to_string(), value).is_some() {
+            return fail(c.part, at, format!("field {name:?} appears twice in one record"));
+        }
+    }
+    Ok(map)
 }

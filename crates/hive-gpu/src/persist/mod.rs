@@ -9,8 +9,11 @@
 //! process at many points to prove it). An open reads the file, checks every byte of it
 //! ([`format::parse`]) and loads the live vectors through the same validation as any add.
 
+pub(crate) mod durable;
 pub(crate) mod format;
+pub(crate) mod log;
 
+pub use durable::{Durability, DurableOptions, LogStats};
 pub use format::FormatError;
 
 use std::io::{Seek, SeekFrom, Write};
@@ -19,6 +22,7 @@ use std::path::{Path, PathBuf};
 use half::f16;
 
 use self::format::{ALIGN, Kind, Section};
+use self::log::SnapshotId;
 use crate::collection::{Batch, Collection};
 use crate::error::{HiveGpuError, Result};
 use crate::payload::Payload;
@@ -34,7 +38,7 @@ const WRITE_BUFFER: usize = 8 << 20;
 /// What a collection file is called in errors.
 pub(crate) const FORMAT_NAME: &str = "hive-gpu collection";
 
-fn io_error(path: &Path) -> impl Fn(std::io::Error) -> HiveGpuError + '_ {
+pub(crate) fn io_error(path: &Path) -> impl Fn(std::io::Error) -> HiveGpuError + '_ {
     move |source| HiveGpuError::Io { path: path.to_path_buf(), source }
 }
 
@@ -45,7 +49,7 @@ fn sink(source: std::io::Error) -> HiveGpuError {
 }
 
 /// A file next to `path`, named after it and this process, that no other save uses.
-fn temporary_path(path: &Path) -> PathBuf {
+pub(crate) fn temporary_path(path: &Path) -> PathBuf {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut name = path.file_name().unwrap_or_default().to_os_string();
@@ -54,15 +58,16 @@ fn temporary_path(path: &Path) -> PathBuf {
 }
 
 /// Writes `collection` to `path`, replacing any file there only once the new one is complete
-/// and on disk.
-pub(crate) fn save(collection: &Collection, path: &Path) -> Result<()> {
+/// and on disk. Returns the new file's identity (what a write-ahead log names as its base).
+pub(crate) fn save(collection: &Collection, path: &Path) -> Result<SnapshotId> {
     if path.file_name().is_none() {
         return Err(HiveGpuError::InvalidArgument(format!("{} names no file to save to", path.display())));
     }
     let temporary = temporary_path(path);
-    let written = write_file(collection, &temporary).and_then(|()| {
+    let written = write_file(collection, &temporary).and_then(|id| {
         std::fs::rename(&temporary, path).map_err(io_error(path))?;
-        sync_directory_of(path)
+        sync_directory_of(path)?;
+        Ok(id)
     });
     if written.is_err() {
         let _ = std::fs::remove_file(&temporary);
@@ -73,7 +78,7 @@ pub(crate) fn save(collection: &Collection, path: &Path) -> Result<()> {
 /// Makes a rename into `path`'s directory durable: on Unix the directory itself is fsynced
 /// (until then a crash may forget the rename). Windows cannot open a directory as a file, and
 /// NTFS journals its metadata, so there the rename stands as it is.
-fn sync_directory_of(path: &Path) -> Result<()> {
+pub(crate) fn sync_directory_of(path: &Path) -> Result<()> {
     #[cfg(unix)]
     {
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -147,7 +152,7 @@ impl Sections {
     }
 }
 
-fn write_file(collection: &Collection, path: &Path) -> Result<()> {
+fn write_file(collection: &Collection, path: &Path) -> Result<SnapshotId> {
     let io = io_error(path);
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(&io)?;
     let config = *collection.config();
@@ -217,7 +222,7 @@ fn write_file(collection: &Collection, path: &Path) -> Result<()> {
     if crate::backend::profiling() {
         eprintln!("hive-gpu profile (save): synced at {:.3} s", out_started.elapsed().as_secs_f64());
     }
-    Ok(())
+    Ok(SnapshotId::of_header(&header, total))
 }
 
 fn entry_id(collection: &Collection, slot: usize) -> &str {
@@ -290,16 +295,51 @@ impl ToLittleEndian for u16 {
     }
 }
 
-/// A parsed file's live vectors, in slot order, as one batch for [`Collection::upsert`].
-pub(crate) struct Restored {
-    pub(crate) config: StorageConfig,
+/// Vectors with their ids and payloads, as one batch for [`Collection::upsert`]: a parsed
+/// file's live vectors, or a logged upsert.
+#[derive(Debug, Default)]
+pub(crate) struct Vectors {
     ids: Vec<String>,
     values: Vec<f32>,
     metadata: Vec<Metadata>,
     payloads: Vec<Payload>,
 }
 
-impl Batch for Restored {
+impl Vectors {
+    /// Room for `count` vectors of `dim` components (the caller has checked that its input
+    /// holds that many).
+    pub(crate) fn with_capacity(count: usize, dim: usize) -> Self {
+        Self {
+            ids: Vec::with_capacity(count),
+            values: Vec::with_capacity(count * dim),
+            metadata: Vec::with_capacity(count),
+            payloads: Vec::with_capacity(count),
+        }
+    }
+
+    /// Appends a vector whose values are little-endian f32 bytes.
+    pub(crate) fn push(&mut self, id: &str, values: &[u8], metadata: Metadata, payload: Payload) {
+        self.ids.push(id.to_string());
+        self.values.extend(values.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+        self.metadata.push(metadata);
+        self.payloads.push(payload);
+    }
+
+    /// Appends every vector of `other`.
+    pub(crate) fn append(&mut self, other: Vectors) {
+        self.ids.extend(other.ids);
+        self.values.extend(other.values);
+        self.metadata.extend(other.metadata);
+        self.payloads.extend(other.payloads);
+    }
+
+    /// The ids, in order.
+    pub(crate) fn ids(&self) -> &[String] {
+        &self.ids
+    }
+}
+
+impl Batch for Vectors {
     fn len(&self) -> usize {
         self.ids.len()
     }
@@ -321,6 +361,13 @@ impl Batch for Restored {
     fn flat_values(&self) -> Option<&[f32]> {
         Some(&self.values)
     }
+}
+
+/// A parsed file: its configuration, its live vectors in slot order, and its identity.
+pub(crate) struct Restored {
+    pub(crate) config: StorageConfig,
+    pub(crate) vectors: Vectors,
+    pub(crate) id: SnapshotId,
 }
 
 /// Reads and checks the collection file at `path`: its configuration and live vectors.
@@ -354,11 +401,12 @@ pub(crate) fn load(path: &Path) -> Result<Restored> {
     }
     let ids = live.iter().map(|&s| snapshot.ids[s].to_string()).collect();
     let config = snapshot.config;
+    let id = SnapshotId::of_header(&image, image.len() as u64);
     let (mut metadata, mut payloads) = (snapshot.metadata, snapshot.payloads);
     let metadata = live.iter().map(|&s| std::mem::take(&mut metadata[s])).collect();
     let payloads = live.iter().map(|&s| std::mem::take(&mut payloads[s])).collect();
     phase("restored");
-    Ok(Restored { config, ids, values, metadata, payloads })
+    Ok(Restored { config, vectors: Vectors { ids, values, metadata, payloads }, id })
 }
 
 /// One section of a collection file, as [`inspect`] describes it.
@@ -432,7 +480,7 @@ pub fn inspect_file(path: impl AsRef<Path>) -> Result<FileInfo> {
 }
 
 /// The whole file at `path`, within the process's memory budget.
-fn read_image(path: &Path) -> Result<Vec<u8>> {
+pub(crate) fn read_image(path: &Path) -> Result<Vec<u8>> {
     let io = io_error(path);
     let bytes = std::fs::metadata(path).map_err(&io)?.len();
     crate::memory::check(|| format!("reading {}", path.display()), bytes)?;

@@ -2,6 +2,8 @@
 //! exactness check every backend must pass.
 #![allow(dead_code)]
 
+pub mod stored;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
