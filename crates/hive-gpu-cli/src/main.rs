@@ -18,6 +18,7 @@ macro_rules! out {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod bench_writes;
 mod collection;
 mod dataset;
 mod info;
@@ -53,6 +54,44 @@ enum Command {
     Search(SearchArgs),
     /// Write a collection file from a vector file (ids are the row numbers).
     Build(BuildArgs),
+    /// Measure acknowledged single-vector upserts per second from many writer threads on a
+    /// durable collection (write-ahead log with group commit), beside the disk's flush rate.
+    BenchWrites(BenchWritesArgs),
+}
+
+#[derive(Args)]
+struct BenchWritesArgs {
+    /// Folder for the collection and its log (on the disk to measure).
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Writer threads, each upserting one vector at a time and waiting for its acknowledgement.
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    /// Seconds to write for.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Components per vector.
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// When a write is acknowledged: on the disk, in the OS's cache, or not logged at all.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Disk)]
+    durability: DurabilityArg,
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    backend: BackendArg,
+    /// Print one JSON object instead of the report.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DurabilityArg {
+    /// fdatasync before acknowledging (survives power loss).
+    Disk,
+    /// write() before acknowledging (survives the process being killed).
+    Process,
+    /// No log (an in-memory collection): the upper bound.
+    None,
 }
 
 #[derive(Args)]
@@ -267,6 +306,7 @@ fn main() -> ExitCode {
         Command::Build(args) => collection::build(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Search(args) => search::run(&args),
+        Command::BenchWrites(args) => bench_writes::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -272,7 +272,7 @@ impl Collection {
         }
         // Contents are checked in parallel (the first bad vector of the batch is reported),
         // ids in order.
-        let invalid = (0..count).into_par_iter().with_min_len(MIN_PARALLEL / 8).find_map_first(|i| {
+        let check = |i: usize| {
             let id = batch.id(i);
             if id.is_empty() {
                 return Some(HiveGpuError::InvalidArgument(format!(
@@ -282,17 +282,24 @@ impl Collection {
             check_values(batch.values(i, config.dimension), &config, Subject::Vector(id))
                 .and_then(|()| check_payload(id, batch.metadata(i), batch.payload(i)))
                 .err()
-        });
+        };
+        // A small batch stays on this thread (see `exec::run_small`): no rayon call at all.
+        let invalid = if count < MIN_PARALLEL / 8 {
+            (0..count).find_map(check)
+        } else {
+            (0..count).into_par_iter().with_min_len(MIN_PARALLEL / 8).find_map_first(check)
+        };
         if let Some(error) = invalid {
             return Err(error);
         }
         // The slots of ids already stored are looked up in parallel, duplicates found in order.
         let slot_of = &self.slot_of;
-        let stored: Vec<Option<usize>> = (0..count)
-            .into_par_iter()
-            .with_min_len(MIN_PARALLEL)
-            .map(|i| slot_of.get(batch.id(i)).copied())
-            .collect();
+        let lookup = |i: usize| slot_of.get(batch.id(i)).copied();
+        let stored: Vec<Option<usize>> = if count < MIN_PARALLEL {
+            (0..count).map(lookup).collect()
+        } else {
+            (0..count).into_par_iter().with_min_len(MIN_PARALLEL).map(lookup).collect()
+        };
         let mut first_seen: IdMap<&str, usize> = IdMap::with_capacity_and_hasher(count, Default::default());
         for i in 0..count {
             if let Some(first) = first_seen.insert(batch.id(i), i) {
@@ -317,11 +324,12 @@ impl Collection {
         let inserted = count - replaced.len();
         self.entries.try_reserve(count).map_err(|_| out_of_memory(count))?;
         self.slot_of.try_reserve(inserted).map_err(|_| out_of_memory(inserted))?;
-        let added: Vec<Entry> = (0..count)
-            .into_par_iter()
-            .with_min_len(MIN_PARALLEL)
-            .map(|i| Entry::new(batch.id(i), batch.metadata(i), batch.payload(i)))
-            .collect();
+        let entry = |i: usize| Entry::new(batch.id(i), batch.metadata(i), batch.payload(i));
+        let added: Vec<Entry> = if count < MIN_PARALLEL {
+            (0..count).map(entry).collect()
+        } else {
+            (0..count).into_par_iter().with_min_len(MIN_PARALLEL).map(entry).collect()
+        };
 
         let first_slot = self.rows.len();
         if let Err(error) = self.append_rows(batch) {
@@ -364,10 +372,12 @@ impl Collection {
             let end = (start + APPEND_CHUNK).min(count);
             flat.clear();
             flat.resize((end - start) * dim, 0.0);
-            flat.par_chunks_exact_mut(dim)
-                .with_min_len(MIN_PARALLEL)
-                .enumerate()
-                .for_each(|(i, row)| row.copy_from_slice(batch.values(start + i, dim)));
+            let copy = |(i, row): (usize, &mut [f32])| row.copy_from_slice(batch.values(start + i, dim));
+            if end - start < MIN_PARALLEL {
+                flat.chunks_exact_mut(dim).enumerate().for_each(copy);
+            } else {
+                flat.par_chunks_exact_mut(dim).with_min_len(MIN_PARALLEL).enumerate().for_each(copy);
+            }
             self.rows.append(&flat)?;
         }
         Ok(())
@@ -406,6 +416,13 @@ impl Collection {
         }
         self.compact_if_worth_it();
         Ok(())
+    }
+
+    /// Whether a write of `count` vectors or ids is small enough to run on the caller's
+    /// thread (`exec::run_small`): a few vectors, and too few to set off a compaction (the
+    /// one part of a small write that works on the whole collection).
+    pub(crate) fn is_small_write(&self, count: usize) -> bool {
+        count < MIN_PARALLEL / 8 && (self.removed.count() + count) * 4 < self.entries.len()
     }
 
     /// Reclaims removed slots once they are a quarter of the storage. Reclaiming is an

@@ -51,6 +51,19 @@ pub(crate) fn run<R: Send>(section: impl FnOnce() -> R + Send) -> Result<R> {
     })
 }
 
+/// [`run`], except that a `small` section called from a thread of no rayon pool runs right
+/// here: handing a write of one vector to the pool and back cost more than the write itself
+/// (two thread switches per write; `hive-gpu bench-writes`, docs/PERFORMANCE.md). A small
+/// section is one whose code takes no parallel path (the callers' size thresholds); should one
+/// still reach rayon, a plain thread waits for the global pool without running anything
+/// else, so the rule of the module documentation still holds.
+pub(crate) fn run_small<R: Send>(small: bool, section: impl FnOnce() -> R + Send) -> Result<R> {
+    if small && rayon::current_thread_index().is_none() {
+        return Ok(section());
+    }
+    run(section)
+}
+
 /// The pool, started on first use. A failure to start it (the OS refused threads) is
 /// reported, and the next call tries again.
 fn pool() -> Result<&'static rayon::ThreadPool> {

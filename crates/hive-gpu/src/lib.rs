@@ -302,13 +302,15 @@ impl GpuVectorStorage {
     /// changes) and returns once the log holds it durably. A change that fails is not logged.
     fn write_logged(
         &self,
+        count: usize,
         record: impl FnOnce() -> persist::log::PendingRecord,
         change: impl FnOnce(&mut Collection) -> Result<()> + Send,
     ) -> Result<()> {
         let Some(log) = &self.log else {
             let mut guard = self.write();
             let collection: &mut Collection = &mut guard;
-            return exec::run(|| change(collection))?;
+            let small = collection.is_small_write(count);
+            return exec::run_small(small, || change(collection))?;
         };
         // Encoded before the lock is taken: other writers need not wait for it.
         let record = record();
@@ -316,7 +318,8 @@ impl GpuVectorStorage {
             let mut guard = self.write();
             log.check_writable()?;
             let collection: &mut Collection = &mut guard;
-            exec::run(|| change(collection))??;
+            let small = collection.is_small_write(count);
+            exec::run_small(small, || change(collection))??;
             log.append(&record)
         };
         log.wait(ticket)?;
@@ -333,6 +336,7 @@ impl GpuVectorStorage {
     pub fn add_vectors(&self, vectors: &[GpuVector]) -> Result<()> {
         let dim = self.dimension();
         self.write_logged(
+            vectors.len(),
             || {
                 persist::log::PendingRecord::upsert(vectors.len(), dim, |i| {
                     let v = &vectors[i];
@@ -350,6 +354,7 @@ impl GpuVectorStorage {
         let dim = self.dimension();
         let batch = collection::FlatBatch { ids, values };
         self.write_logged(
+            ids.len(),
             || {
                 // A batch whose values do not match its ids fails in the upsert; its record
                 // (never logged) holds what there is.
@@ -444,7 +449,11 @@ impl GpuVectorStorage {
     /// removed. Space is reclaimed automatically once removed slots reach a quarter of the
     /// storage.
     pub fn remove_vectors<S: AsRef<str> + Sync>(&self, ids: &[S]) -> Result<()> {
-        self.write_logged(|| persist::log::PendingRecord::remove(ids), |collection| collection.remove(ids))
+        self.write_logged(
+            ids.len(),
+            || persist::log::PendingRecord::remove(ids),
+            |collection| collection.remove(ids),
+        )
     }
 
     /// The stored vector (after the storage precision's rounding) and its payload.
@@ -479,7 +488,7 @@ impl GpuVectorStorage {
 
     /// Removes every vector.
     pub fn clear(&self) -> Result<()> {
-        self.write_logged(persist::log::PendingRecord::clear, |collection| {
+        self.write_logged(0, persist::log::PendingRecord::clear, |collection| {
             collection.clear();
             Ok(())
         })

@@ -23,6 +23,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::log::{self, Change, LOG_HEADER_BYTES, PendingRecord, SnapshotId};
 use super::{Vectors, io_error, sync_directory_of, temporary_path};
@@ -117,8 +118,19 @@ struct LogState {
     generation: u64,
     /// A flush's failure, refusing writes until a checkpoint succeeds.
     failed: Option<String>,
+    /// Records handed to flushes so far (of `appended`).
+    taken: u64,
+    /// Records the last flush took, and how long it took: what the next flusher gathers
+    /// for (see [`Log::wait`]).
+    last_batch: u64,
+    last_flush: Duration,
+    /// Whether a flusher is waiting for appends.
+    gathering: bool,
     stats: LogStats,
 }
+
+/// The longest a flusher holds its flush back to gather more writers' records.
+const MAX_GATHER: Duration = Duration::from_millis(1);
 
 /// A durable collection's log (see the module documentation).
 #[derive(Debug)]
@@ -128,6 +140,8 @@ pub(crate) struct Log {
     options: DurableOptions,
     state: Mutex<LogState>,
     flushed: Condvar,
+    /// Signalled by appends while a flusher gathers.
+    appended: Condvar,
     /// One checkpoint at a time.
     checkpointing: Mutex<()>,
 }
@@ -201,9 +215,14 @@ impl Log {
                 flushing: false,
                 generation: 0,
                 failed: None,
+                taken: 0,
+                last_batch: 0,
+                last_flush: Duration::ZERO,
+                gathering: false,
                 stats,
             }),
             flushed: Condvar::new(),
+            appended: Condvar::new(),
             checkpointing: Mutex::new(()),
         }
     }
@@ -306,6 +325,9 @@ impl Log {
         state.stats.log_bytes += (state.pending.len() - before) as u64;
         state.stats.records += 1;
         state.appended += 1;
+        if state.gathering {
+            self.appended.notify_one();
+        }
         Ticket(state.appended)
     }
 
@@ -325,13 +347,18 @@ impl Log {
                 continue;
             }
             state.flushing = true;
+            state = self.gather(state);
             let records = std::mem::take(&mut state.pending);
             let (upto, generation, file) = (state.appended, state.generation, state.file.clone());
+            let batch = upto - state.taken;
+            state.taken = upto;
             drop(state);
+            let started = Instant::now();
             let written = (&*file).write_all(&records).and_then(|()| match self.options.durability {
                 Durability::Disk => file.sync_data(),
                 Durability::Process => Ok(()),
             });
+            let took = started.elapsed();
             state = self.lock();
             state.flushing = false;
             if state.generation == generation {
@@ -339,6 +366,7 @@ impl Log {
                     Ok(()) => {
                         state.durable = state.durable.max(upto);
                         state.stats.flushes += 1;
+                        (state.last_batch, state.last_flush) = (batch, took);
                     }
                     Err(e) => state.failed = Some(e.to_string()),
                 }
@@ -351,6 +379,29 @@ impl Log {
             }
             self.flushed.notify_all();
         }
+    }
+
+    /// Holds a disk flush back until as many records are pending as the last flush took, for
+    /// at most half that flush's time (and [`MAX_GATHER`]). Without it, writers fall into two
+    /// alternating halves: the writers a flush acknowledges are still waking when the next
+    /// flusher starts, so each flush takes half of them (4.25 records per flush from 8
+    /// writers: `hive-gpu bench-writes`, docs/PERFORMANCE.md). A single writer, whose last
+    /// flush took one record, never waits.
+    fn gather<'a>(&'a self, mut state: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
+        if self.options.durability != Durability::Disk || state.last_batch <= 1 {
+            return state;
+        }
+        let deadline = Instant::now() + (state.last_flush / 2).min(MAX_GATHER);
+        while state.appended - state.taken < state.last_batch {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            state.gathering = true;
+            state = self.appended.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        state.gathering = false;
+        state
     }
 
     /// Whether the log has grown past the options' checkpoint length.
@@ -381,6 +432,7 @@ impl Log {
         state.pending.clear();
         state.next_sequence = 1;
         state.durable = state.appended;
+        state.taken = state.appended;
         state.generation += 1;
         state.failed = None;
         state.stats.checkpoints += 1;

@@ -25,9 +25,30 @@ const UPLOAD_CHUNK_BYTES: usize = 32 << 20;
 /// Values converted per task when staging rows in parallel.
 const FILL_GRAIN: usize = 1 << 16;
 
+/// [`fill_staging`] of one chunk, on this thread.
+fn fill_chunk(dst: &mut [u8], src: &[f32], precision: StoragePrecision) {
+    match precision {
+        StoragePrecision::F32 => {
+            for (dst, src) in dst.chunks_exact_mut(4).zip(src) {
+                dst.copy_from_slice(&src.to_ne_bytes());
+            }
+        }
+        StoragePrecision::F16 => {
+            for (dst, src) in dst.chunks_exact_mut(2).zip(src) {
+                dst.copy_from_slice(&f16::from_f32(*src).to_bits().to_ne_bytes());
+            }
+        }
+    }
+}
+
 /// Writes `values` into `staging` as the stored element type (native-endian bytes), in
 /// parallel: one thread cannot keep up with the copy engine.
 fn fill_staging(staging: &mut [u8], values: &[f32], precision: StoragePrecision) {
+    if values.len() <= FILL_GRAIN {
+        // One task's worth stays on this thread: a small write makes no rayon call.
+        fill_chunk(staging, values, precision);
+        return;
+    }
     match precision {
         StoragePrecision::F32 => staging
             .par_chunks_mut(FILL_GRAIN * 4)

@@ -109,11 +109,18 @@ impl CpuRows {
 
     /// Records the statistics of the stored rows from `first` on, measured in parallel.
     fn note_rows_from(&mut self, first: usize) {
-        let stats: Vec<RowStats> = (first..self.len_slots())
-            .into_par_iter()
-            .with_min_len(PARALLEL_VALUES.div_ceil(self.dim))
-            .map_init(Vec::new, |scratch, slot| self.row_stats(slot, scratch))
-            .collect();
+        let per_task = PARALLEL_VALUES.div_ceil(self.dim);
+        let stats: Vec<RowStats> = if self.len_slots() - first <= per_task {
+            // One task's worth stays on this thread: a small write makes no rayon call.
+            let mut scratch = Vec::new();
+            (first..self.len_slots()).map(|slot| self.row_stats(slot, &mut scratch)).collect()
+        } else {
+            (first..self.len_slots())
+                .into_par_iter()
+                .with_min_len(per_task)
+                .map_init(Vec::new, |scratch, slot| self.row_stats(slot, scratch))
+                .collect()
+        };
         for (slot, stats) in (first..).zip(stats) {
             self.record(slot, stats);
         }
@@ -460,10 +467,17 @@ impl RowStore for CpuRows {
             )));
         }
         let first = self.len_slots();
-        let values = rows.par_iter().with_min_len(PARALLEL_VALUES);
-        match &mut self.elements {
-            Elements::F32(v) => v.par_extend(values.copied()),
-            Elements::F16(v) => v.par_extend(values.map(|&x| f16::from_f32(x))),
+        if rows.len() <= PARALLEL_VALUES {
+            match &mut self.elements {
+                Elements::F32(v) => v.extend_from_slice(rows),
+                Elements::F16(v) => v.extend(rows.iter().map(|&x| f16::from_f32(x))),
+            }
+        } else {
+            let values = rows.par_iter().with_min_len(PARALLEL_VALUES);
+            match &mut self.elements {
+                Elements::F32(v) => v.par_extend(values.copied()),
+                Elements::F16(v) => v.par_extend(values.map(|&x| f16::from_f32(x))),
+            }
         }
         self.note_rows_from(first);
         self.dead.cover(self.len_slots());
