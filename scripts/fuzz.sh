@@ -37,7 +37,7 @@ seconds=${1:-20}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(fvecs ivecs bvecs npy idx idx_gz collection)
+    targets=(fvecs ivecs bvecs npy idx idx_gz collection log)
 fi
 jobs=${FUZZ_JOBS:-1}
 
@@ -72,6 +72,8 @@ for target in "${targets[@]}"; do
     # and keeps each execution fast; the other formats are read as they are.
     max_len=$((1 << 20))
     [ "$target" = idx_gz ] && max_len=$((64 << 10))
+    # A log is replayed into a collection and written back: 64 KiB holds hundreds of records.
+    [ "$target" = log ] && max_len=$((64 << 10))
     parallel=()
     if [ "$jobs" -gt 1 ]; then
         # Each job logs to fuzz-<n>.log in the working directory.

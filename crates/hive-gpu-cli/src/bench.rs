@@ -29,7 +29,9 @@ struct Timings {
 
 pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let settings = &args.settings;
-    let metric = settings.metric();
+    // A collection file brings its own metric and precision.
+    let stored = args.data.collection.as_deref().map(hive_gpu::persist::inspect_file).transpose()?;
+    let metric = stored.as_ref().map_or(settings.metric(), |info| info.config.metric);
     let ks = if args.ks.is_empty() { vec![settings.k] } else { args.ks.clone() };
     if ks.contains(&0) {
         return Err(HiveGpuError::InvalidArgument("-k must be at least 1".into()));
@@ -81,9 +83,24 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let context = settings.context()?;
     let device = context.device_info();
 
-    let config = settings.storage_config(data.base.dim);
-    let storage = context.create_storage_with(config)?;
-    let build = build(&storage, &data, args.json)?;
+    let (storage, build, loaded) = match &args.data.collection {
+        Some(path) => {
+            let spinner = if args.json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+            spinner.set_message(format!("opening {}", path.display()));
+            spinner.enable_steady_tick(Duration::from_millis(120));
+            let began = Instant::now();
+            let storage = context.open_storage(path)?;
+            let spent = began.elapsed();
+            spinner.finish_and_clear();
+            (storage, spent, "open")
+        }
+        None => {
+            let storage = context.create_storage_with(settings.storage_config(data.base.dim))?;
+            let spent = build(&storage, &data, args.json)?;
+            (storage, spent, "add")
+        }
+    };
+    let config = storage.config();
     // The unfiltered search first, then each filter: ratios come from one run.
     let selectivities: Vec<Option<f64>> =
         std::iter::once(None).chain(args.filter_selectivity.iter().map(|&s| Some(s))).collect();
@@ -137,6 +154,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                             ("p50_ms", Value::Num(p50)),
                             ("p99_ms", p99.map_or(Value::Null, Value::Num)),
                             ("build_s", Value::Num(build.as_secs_f64())),
+                            ("build", Value::Str(loaded.into())),
                             ("rounds", Value::Int(timings.rounds.len() as u64)),
                             ("calls", Value::Int(timings.calls.len() as u64)),
                         ])
@@ -173,7 +191,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                     );
                 }
                 out!();
-                out!("  {:<18} {:>14}", "build (add)", format!("{:.3} s", build.as_secs_f64()));
+                out!("  {:<18} {:>14}", format!("build ({loaded})"), format!("{:.3} s", build.as_secs_f64()));
                 out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
                 out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
                 match p99 {

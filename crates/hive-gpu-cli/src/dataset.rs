@@ -66,6 +66,32 @@ pub fn load(args: &DataArgs) -> Result<Dataset, HiveGpuError> {
     if let Some(dir) = &args.data {
         return load_folder(dir);
     }
+    if let (Some(collection), Some(query)) = (&args.collection, &args.query) {
+        let stored = hive_gpu::persist::read_vectors(collection)?;
+        // Recall compares result ids with row numbers: the ids must be them.
+        if let Some((row, id)) = stored.ids.iter().enumerate().find(|(row, id)| **id != row.to_string()) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "{}: row {row} has id {id:?}; bench needs the row-number ids `hive-gpu build` writes",
+                collection.display()
+            )));
+        }
+        let groundtruth = args.groundtruth.as_deref().map(io::read_ivecs).transpose()?;
+        return Ok(Dataset {
+            name: file_name(collection),
+            base: stored.vectors,
+            base_source: collection.display().to_string(),
+            queries: io::read_vectors(query)?,
+            query_source: query.display().to_string(),
+            groundtruth,
+            groundtruth_source: args.groundtruth.as_deref().map(|p| p.display().to_string()),
+        });
+    }
+    if args.query.is_some() && args.base.is_none() {
+        return Err(HiveGpuError::InvalidArgument("--query needs --base or --collection".into()));
+    }
+    if args.groundtruth.is_some() && args.base.is_none() {
+        return Err(HiveGpuError::InvalidArgument("--groundtruth needs --base or --collection".into()));
+    }
     match (&args.base, &args.query) {
         (Some(base), Some(query)) => {
             let groundtruth = args.groundtruth.as_deref().map(io::read_ivecs).transpose()?;

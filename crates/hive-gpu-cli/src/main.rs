@@ -124,16 +124,21 @@ struct BuildArgs {
 #[derive(Args, Clone)]
 struct DataArgs {
     /// Folder holding `*_base.fvecs`, `*_query.fvecs` and optionally `*_groundtruth.ivecs`.
-    #[arg(long, conflicts_with_all = ["base", "query"])]
+    #[arg(long, conflicts_with_all = ["base", "query", "collection"])]
     data: Option<PathBuf>,
     /// Base vectors (.fvecs, .bvecs, .npy, or IDX such as train-images-idx3-ubyte.gz).
-    #[arg(long, requires = "query")]
+    #[arg(long, requires = "query", conflicts_with = "collection")]
     base: Option<PathBuf>,
+    /// A collection file (as `hive-gpu build` writes it, ids the row numbers) to open and
+    /// search instead of building one from --base; its metric and precision apply, and the
+    /// time reported is the open's.
+    #[arg(long, requires = "query")]
+    collection: Option<PathBuf>,
     /// Query vectors (same formats as --base).
-    #[arg(long, requires = "base")]
+    #[arg(long)]
     query: Option<PathBuf>,
     /// Ground-truth neighbour ids (.ivecs, one row per query, nearest first; L2 only).
-    #[arg(long, requires = "base")]
+    #[arg(long)]
     groundtruth: Option<PathBuf>,
 }
 

@@ -426,6 +426,32 @@ fn a_built_collection_file_is_described_and_searched_like_its_base() {
     assert!(from_file.status.success(), "{}", stderr(&from_file));
     assert_eq!(stdout(&from_file), stdout(&from_base));
 
+    // bench opens the file (its f16 storage applies), measures recall against the ground
+    // truth and against a brute force over the file's own rows, and says it opened it.
+    let gt = sift("siftsmall_groundtruth.ivecs");
+    for extra in [&["--groundtruth", gt.as_str()][..], &["--exact-recall"][..]] {
+        let mut args = vec![
+            "bench",
+            "--collection",
+            coll,
+            "--query",
+            &query,
+            "--backend",
+            "cpu",
+            "--json",
+            "--nq",
+            "20",
+        ];
+        args.extend_from_slice(extra);
+        let bench = run(&args, &[]);
+        assert!(bench.status.success(), "{}", stderr(&bench));
+        let json = stdout(&bench);
+        assert!(json.contains("\"build\":\"open\"") && json.contains("\"precision\":\"f16\""), "{json}");
+        assert!(field(&json, "recall") >= 0.99, "{json}");
+    }
+    let alone = run(&["bench", "--query", &query, "--backend", "cpu"], &[]);
+    assert!(!alone.status.success() && stderr(&alone).contains("--query needs --base or --collection"));
+
     // A damaged file is refused by name, with where it went wrong.
     let mut image = std::fs::read(coll).expect("the file");
     image.truncate(image.len() / 2);

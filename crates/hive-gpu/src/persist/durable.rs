@@ -268,7 +268,7 @@ impl Log {
         let stale = match log::scan_header(&image) {
             // A log of an earlier snapshot: a checkpoint folded it in, then stopped before
             // replacing it.
-            Ok(logged) => logged != base && !cfg!(fuzzing),
+            Ok(logged) => logged != base,
             // The empty file a crash can leave where a log was being created.
             Err(_) if image.is_empty() => true,
             Err(e) => return Err(invalid(e.to_string())),

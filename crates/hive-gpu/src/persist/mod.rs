@@ -409,6 +409,31 @@ pub(crate) fn load(path: &Path) -> Result<Restored> {
     Ok(Restored { config, vectors: Vectors { ids, values, metadata, payloads }, id })
 }
 
+/// A collection file's live vectors, in slot order (the order ties go by), with their ids.
+#[derive(Debug, Clone)]
+pub struct StoredVectors {
+    /// The collection's configuration.
+    pub config: StorageConfig,
+    /// Each vector's id, in the rows' order.
+    pub ids: Vec<String>,
+    /// The vectors as f32 (f16 storage widened exactly), row after row.
+    pub vectors: crate::io::Matrix,
+}
+
+/// Reads the live vectors of the collection file at `path`, checked end to end as
+/// [`crate::GpuContext::open_storage`] checks it, without putting them in a collection: to
+/// export a collection, or to measure a search of it against a brute force over its rows.
+pub fn read_vectors(path: impl AsRef<Path>) -> Result<StoredVectors> {
+    let restored = load(path.as_ref())?;
+    let dim = restored.config.dimension;
+    let rows = restored.vectors.ids.len();
+    Ok(StoredVectors {
+        config: restored.config,
+        ids: restored.vectors.ids,
+        vectors: crate::io::Matrix { rows, dim, data: restored.vectors.values },
+    })
+}
+
 /// One section of a collection file, as [`inspect`] describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SectionInfo {
