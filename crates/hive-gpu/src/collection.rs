@@ -36,6 +36,12 @@ const ENTRY_BYTES: usize =
 /// Vectors appended per call into the row store, bounding the temporary copy.
 const APPEND_CHUNK: usize = 8192;
 
+/// Values a small write may carry (`Collection::is_small_write`): no more than the smallest
+/// amount any row store appends in parallel (the CPU rows' `PARALLEL_VALUES`, which wgpu's
+/// host copy shares; the GPU engine stages 65,536 values per task), so a small write makes no
+/// rayon call anywhere.
+const SMALL_WRITE_VALUES: usize = 1 << 14;
+
 /// Vectors per task of the parallel passes over a batch: small batches stay on the calling
 /// thread.
 const MIN_PARALLEL: usize = 512;
@@ -422,7 +428,9 @@ impl Collection {
     /// thread (`exec::run_small`): a few vectors, and too few to set off a compaction (the
     /// one part of a small write that works on the whole collection).
     pub(crate) fn is_small_write(&self, count: usize) -> bool {
-        count < MIN_PARALLEL / 8 && (self.removed.count() + count) * 4 < self.entries.len()
+        count < MIN_PARALLEL / 8
+            && count * self.config.dimension <= SMALL_WRITE_VALUES
+            && (self.removed.count() + count) * 4 < self.entries.len()
     }
 
     /// Reclaims removed slots once they are a quarter of the storage. Reclaiming is an

@@ -53,10 +53,10 @@ pub(crate) fn run<R: Send>(section: impl FnOnce() -> R + Send) -> Result<R> {
 
 /// [`run`], except that a `small` section called from a thread of no rayon pool runs right
 /// here: handing a write of one vector to the pool and back cost more than the write itself
-/// (two thread switches per write; `hive-gpu bench-writes`, docs/PERFORMANCE.md). A small
-/// section is one whose code takes no parallel path (the callers' size thresholds); should one
-/// still reach rayon, a plain thread waits for the global pool without running anything
-/// else, so the rule of the module documentation still holds.
+/// (two thread switches per write; `hive-gpu bench-writes`, docs/PERFORMANCE.md). A section
+/// may be called small only if it takes no parallel path at all (`Collection::is_small_write`
+/// keeps writes below every row store's parallel threshold): a rayon call from here would go
+/// to the global pool, which may be the caller's, and wait there under the collection's lock.
 pub(crate) fn run_small<R: Send>(small: bool, section: impl FnOnce() -> R + Send) -> Result<R> {
     if small && rayon::current_thread_index().is_none() {
         return Ok(section());

@@ -220,8 +220,9 @@ impl GpuContext {
     /// refuses writes until a checkpoint succeeds.
     ///
     /// An existing collection must have `config`'s dimension, metric and storage precision
-    /// (an error says which differs). One process at a time holds a durable collection: a
-    /// second open of the same files fails until the first storage is dropped.
+    /// (an error says which differs). One storage at a time holds a durable collection (a lock
+    /// on `path` with `.lock` added): a second open, in this process or another, fails until
+    /// the first storage is dropped.
     pub fn open_durable(
         &self,
         path: impl AsRef<Path>,
@@ -232,6 +233,11 @@ impl GpuContext {
         if path.file_name().is_none() {
             return Err(HiveGpuError::InvalidArgument(format!("{} names no file", path.display())));
         }
+        // Absolute, so that checkpoints go to the same file whatever the working directory
+        // becomes.
+        let path = &std::path::absolute(path)
+            .map_err(|source| HiveGpuError::Io { path: path.to_path_buf(), source })?;
+        let lock = persist::durable::lock(path)?;
         let exists =
             path.try_exists().map_err(|source| HiveGpuError::Io { path: path.to_path_buf(), source })?;
         let mut storage = if exists {
@@ -252,11 +258,11 @@ impl GpuContext {
                 )));
             }
             let storage = self.storage_from(&restored, path)?;
-            let log = persist::durable::Log::open(path, restored.id, &mut storage.write(), options)?;
+            let log = persist::durable::Log::open(lock, path, restored.id, &mut storage.write(), options)?;
             (storage, log)
         } else {
             let storage = self.create_storage_with(config)?;
-            let log = persist::durable::Log::create(path, &storage.read(), options)?;
+            let log = persist::durable::Log::create(lock, path, &storage.read(), options)?;
             (storage, log)
         };
         storage.0.log = Some(storage.1);
@@ -324,7 +330,10 @@ impl GpuVectorStorage {
         };
         log.wait(ticket)?;
         if log.wants_checkpoint() {
-            log.checkpoint_if_due(&self.read())?;
+            // The write is durable in the log whatever happens here: a failed checkpoint is
+            // reported by the next write (the log refuses writes until one succeeds) and by
+            // `checkpoint`, not by this write.
+            let _ = log.checkpoint_if_due(&self.read());
         }
         Ok(())
     }

@@ -231,11 +231,13 @@ fn hostile_logs_are_errors_naming_the_record_never_a_panic() {
     storage.add_vectors(&[GpuVector::new("a", vec![1.0; DIM])]).unwrap();
     drop(storage);
     let good = std::fs::read(wal(&path)).unwrap();
+    // Records are checksummed from the checksum of their log's header (docs/FORMAT.md).
+    let salt = crc32c::crc32c(&good[60..64]);
     let record = |body: &[u8], sequence: u64| {
         let mut body = body.to_vec();
         body.extend_from_slice(&sequence.to_le_bytes());
         let mut out = (body.len() as u64).to_le_bytes().to_vec();
-        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c_append(salt, &body).to_le_bytes());
         out.extend_from_slice(&body);
         out
     };
@@ -308,6 +310,33 @@ fn a_durable_collection_is_held_by_one_storage_and_keeps_its_shape() {
     let plain = cpu.create_storage(DIM, GpuDistanceMetric::Euclidean).unwrap();
     assert!(matches!(plain.checkpoint(), Err(HiveGpuError::InvalidArgument(_))));
     assert!(plain.log_stats().is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failed_checkpoint_refuses_writes_until_one_succeeds_and_loses_nothing() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).unwrap();
+    let dir = scratch_dir("durable-failed-checkpoint");
+    let path = dir.join("c.hgc");
+    let storage = cpu.open_durable(&path, config(), DurableOptions::default()).unwrap();
+    storage.add_vectors(&[GpuVector::new("a", vec![1.0; DIM])]).unwrap();
+    // A directory where the new log must go: the snapshot is replaced, the log cannot be.
+    std::fs::remove_file(wal(&path)).unwrap();
+    std::fs::create_dir(wal(&path)).unwrap();
+    std::fs::write(wal(&path).join("blocker"), b"x").unwrap();
+    assert!(storage.checkpoint().is_err());
+    // The old log no longer continues the snapshot on disk: a write appended to it would be
+    // dropped at the next open, so writes are refused, changing nothing.
+    let refused = storage.add_vectors(&[GpuVector::new("b", vec![2.0; DIM])]);
+    assert!(matches!(&refused, Err(e) if e.to_string().contains("checkpoint")), "{refused:?}");
+    assert!(!storage.contains("b"));
+    std::fs::remove_dir_all(wal(&path)).unwrap();
+    storage.checkpoint().unwrap();
+    storage.add_vectors(&[GpuVector::new("b", vec![2.0; DIM])]).unwrap();
+    drop(storage);
+    let opened = cpu.open_durable(&path, config(), DurableOptions::default()).unwrap();
+    assert!(opened.contains("a") && opened.contains("b") && opened.vector_count() == 2);
+    drop(opened);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

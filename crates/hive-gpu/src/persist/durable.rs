@@ -116,8 +116,10 @@ struct LogState {
     /// Bumped by each checkpoint: a flush of an older log file that ends afterwards changes
     /// nothing (its records are in the snapshot).
     generation: u64,
-    /// A flush's failure, refusing writes until a checkpoint succeeds.
+    /// A flush's or a checkpoint's failure, refusing writes until a checkpoint succeeds.
     failed: Option<String>,
+    /// The log file's header checksum, which its records' checksums start from.
+    salt: u32,
     /// Records handed to flushes so far (of `appended`).
     taken: u64,
     /// Records the last flush took, and how long it took: what the next flusher gathers
@@ -135,6 +137,8 @@ const MAX_GATHER: Duration = Duration::from_millis(1);
 /// A durable collection's log (see the module documentation).
 #[derive(Debug)]
 pub(crate) struct Log {
+    /// Held (locked) for the collection's life: see [`lock`].
+    _lock: File,
     snapshot: PathBuf,
     path: PathBuf,
     options: DurableOptions,
@@ -153,20 +157,35 @@ pub(crate) fn log_path(snapshot: &Path) -> PathBuf {
     snapshot.with_file_name(name)
 }
 
-fn lock_error(path: &Path) -> impl Fn(std::fs::TryLockError) -> HiveGpuError + '_ {
-    move |e| match e {
+/// Takes the durable collection at `snapshot` for this storage: `<snapshot>.lock`, created if
+/// need be and locked exclusively (`std::fs::File::try_lock`) until the storage is dropped.
+/// Its own file, never replaced, because the log and snapshot files are replaced by every
+/// checkpoint: a lock on one of them would stay on the replaced file. Taken before the
+/// snapshot is read, so no other storage can checkpoint between the read and the replay.
+pub(crate) fn lock(snapshot: &Path) -> Result<File> {
+    let mut name = snapshot.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    let path = snapshot.with_file_name(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_error(&path))?;
+    file.try_lock().map_err(|e| match e {
         std::fs::TryLockError::WouldBlock => HiveGpuError::InvalidArgument(format!(
             "{} is held by another open durable collection (in this process or another)",
-            path.display()
+            snapshot.display()
         )),
-        std::fs::TryLockError::Error(source) => HiveGpuError::Io { path: path.to_path_buf(), source },
-    }
+        std::fs::TryLockError::Error(source) => HiveGpuError::Io { path: path.clone(), source },
+    })?;
+    Ok(file)
 }
 
 /// Writes a fresh log continuing `base` at `path`: a new file with just the header, synced,
-/// locked, renamed over whatever was there, the directory synced. Returns it open for
-/// appending.
-fn create_log(path: &Path, base: SnapshotId) -> Result<File> {
+/// renamed over whatever was there, the directory synced. Returns it open for appending, with
+/// its header's checksum (the records' salt).
+fn create_log(path: &Path, base: SnapshotId) -> Result<(File, u32)> {
     let temporary = temporary_path(path);
     let made = (|| {
         let io = io_error(&temporary);
@@ -176,12 +195,12 @@ fn create_log(path: &Path, base: SnapshotId) -> Result<File> {
             .create_new(true)
             .open(&temporary)
             .map_err(&io)?;
-        file.write_all(&log::encode_header(base)).map_err(&io)?;
+        let header = log::encode_header(base);
+        file.write_all(&header).map_err(&io)?;
         file.sync_all().map_err(&io)?;
-        file.try_lock().map_err(lock_error(path))?;
         std::fs::rename(&temporary, path).map_err(io_error(path))?;
         sync_directory_of(path)?;
-        Ok(file)
+        Ok((file, log::header_salt(&header)))
     })();
     if made.is_err() {
         let _ = std::fs::remove_file(&temporary);
@@ -196,13 +215,15 @@ impl Log {
     }
 
     fn new(
+        lock: File,
         snapshot: &Path,
-        file: File,
+        (file, salt): (File, u32),
         options: DurableOptions,
         next_sequence: u64,
         stats: LogStats,
     ) -> Self {
         Self {
+            _lock: lock,
             snapshot: snapshot.to_path_buf(),
             path: log_path(snapshot),
             options,
@@ -215,6 +236,7 @@ impl Log {
                 flushing: false,
                 generation: 0,
                 failed: None,
+                salt,
                 taken: 0,
                 last_batch: 0,
                 last_flush: Duration::ZERO,
@@ -234,30 +256,36 @@ impl Log {
 
     /// Starts a durable collection at `snapshot` from `collection` (empty, or just loaded from
     /// a file that has no usable log): writes the snapshot and a fresh log.
-    pub(crate) fn create(snapshot: &Path, collection: &Collection, options: DurableOptions) -> Result<Self> {
-        let path = log_path(snapshot);
-        // Whoever holds the old log (if any) must not be writing to it while it is replaced.
-        let _old = hold_existing(&path)?;
+    pub(crate) fn create(
+        lock: File,
+        snapshot: &Path,
+        collection: &Collection,
+        options: DurableOptions,
+    ) -> Result<Self> {
         let base = super::save(collection, snapshot)?;
-        let file = create_log(&path, base)?;
+        let log = create_log(&log_path(snapshot), base)?;
         let stats = LogStats { log_bytes: LOG_HEADER_BYTES as u64, ..LogStats::default() };
-        Ok(Self::new(snapshot, file, options, 1, stats))
+        Ok(Self::new(lock, snapshot, log, options, 1, stats))
     }
 
     /// Opens the log of the snapshot at `snapshot` (whose identity is `base` and which has
     /// been loaded into `collection`) and replays it into `collection`. A torn last record is
     /// cut off the file; a log of an older snapshot is replaced by a fresh one.
     pub(crate) fn open(
+        lock: File,
         snapshot: &Path,
         base: SnapshotId,
         collection: &mut Collection,
         options: DurableOptions,
     ) -> Result<Self> {
         let path = log_path(snapshot);
-        let Some(file) = hold_existing(&path)? else {
-            let file = create_log(&path, base)?;
-            let stats = LogStats { log_bytes: LOG_HEADER_BYTES as u64, ..LogStats::default() };
-            return Ok(Self::new(snapshot, file, options, 1, stats));
+        let fresh = LogStats { log_bytes: LOG_HEADER_BYTES as u64, ..LogStats::default() };
+        let file = match std::fs::OpenOptions::new().read(true).append(true).open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Self::new(lock, snapshot, create_log(&path, base)?, options, 1, fresh));
+            }
+            Err(source) => return Err(HiveGpuError::Io { path, source }),
         };
         let image = super::read_image(&path)?;
         let invalid = |reason: String| HiveGpuError::InvalidFormat {
@@ -269,18 +297,17 @@ impl Log {
             // A log of an earlier snapshot: a checkpoint folded it in, then stopped before
             // replacing it.
             Ok(logged) => logged != base,
-            // The empty file a crash can leave where a log was being created.
+            // An empty file holds no write (this library never leaves one: logs are created
+            // whole, by rename); it is taken as no log.
             Err(_) if image.is_empty() => true,
             Err(e) => return Err(invalid(e.to_string())),
         };
         if stale {
-            // The old file stays locked until the new one has replaced it.
-            let fresh = create_log(&path, base)?;
             drop(file);
-            let file = fresh;
-            let stats = LogStats { log_bytes: LOG_HEADER_BYTES as u64, ..LogStats::default() };
-            return Ok(Self::new(snapshot, file, options, 1, stats));
+            return Ok(Self::new(lock, snapshot, create_log(&path, base)?, options, 1, fresh));
         }
+        let salt =
+            log::header_salt(image[..LOG_HEADER_BYTES].try_into().expect("a whole header was scanned"));
         let scanned = replay(&image, collection, &path)?;
         if scanned.valid_bytes < image.len() as u64 {
             let io = io_error(&path);
@@ -293,7 +320,7 @@ impl Log {
             torn_bytes: image.len() as u64 - scanned.valid_bytes,
             ..LogStats::default()
         };
-        Ok(Self::new(snapshot, file, options, scanned.records + 1, stats))
+        Ok(Self::new(lock, snapshot, (file, salt), options, scanned.records + 1, stats))
     }
 
     /// Refuses a write while an earlier flush's failure stands (the log may lack writes the
@@ -309,7 +336,7 @@ impl Log {
         HiveGpuError::Io {
             path: self.path.clone(),
             source: std::io::Error::other(format!(
-                "an earlier write to the log failed ({reason}): writes are refused until a checkpoint succeeds"
+                "the log cannot take writes since an earlier failure ({reason}): writes are refused until a checkpoint succeeds"
             )),
         }
     }
@@ -318,10 +345,10 @@ impl Log {
     /// effect. Wait on the ticket (without the lock) before acknowledging the write.
     pub(crate) fn append(&self, record: &PendingRecord) -> Ticket {
         let mut state = self.lock();
-        let sequence = state.next_sequence;
+        let (sequence, salt) = (state.next_sequence, state.salt);
         state.next_sequence += 1;
         let before = state.pending.len();
-        record.write_to(sequence, &mut state.pending);
+        record.write_to(sequence, salt, &mut state.pending);
         state.stats.log_bytes += (state.pending.len() - before) as u64;
         state.stats.records += 1;
         state.appended += 1;
@@ -424,11 +451,21 @@ impl Log {
         self.checkpoint_locked(collection)
     }
 
+    /// A failure anywhere refuses writes until a checkpoint succeeds: once the new snapshot
+    /// may have replaced the old one, the old log no longer continues the snapshot on disk,
+    /// and a write appended to it would be dropped as stale at the next open.
     fn checkpoint_locked(&self, collection: &Collection) -> Result<()> {
-        let base = super::save(collection, &self.snapshot)?;
-        let file = create_log(&self.path, base)?;
+        let written = super::save(collection, &self.snapshot).and_then(|base| create_log(&self.path, base));
+        let (file, salt) = match written {
+            Ok(log) => log,
+            Err(e) => {
+                self.lock().failed = Some(format!("a checkpoint failed: {e}"));
+                return Err(e);
+            }
+        };
         let mut state = self.lock();
         state.file = Arc::new(file);
+        state.salt = salt;
         state.pending.clear();
         state.next_sequence = 1;
         state.durable = state.appended;
@@ -448,18 +485,6 @@ impl Log {
     }
 }
 
-/// Opens and locks the log file at `path` if there is one.
-fn hold_existing(path: &Path) -> Result<Option<File>> {
-    match std::fs::OpenOptions::new().read(true).append(true).open(path) {
-        Ok(file) => {
-            file.try_lock().map_err(lock_error(path))?;
-            Ok(Some(file))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(HiveGpuError::Io { path: path.to_path_buf(), source }),
-    }
-}
-
 /// Applies every whole record of the log image to `collection`, in order. Runs of upserts
 /// with no id twice go as one batch: that is the same as upserting them one after another
 /// (each gets the next slots, each replaced id's old slot is removed) and much faster to
@@ -470,7 +495,7 @@ fn replay(image: &[u8], collection: &mut Collection, path: &Path) -> Result<log:
     let scanned = log::scan(image, dim, |offset, change| -> Result<()> {
         match change {
             Change::Upsert(vectors) => {
-                if vectors.ids().iter().any(|id| run.ids.contains(id)) {
+                if run.vectors.len() >= REPLAY_RUN || vectors.ids().iter().any(|id| run.ids.contains(id)) {
                     run.apply(collection)?;
                 }
                 if run.vectors.len() == 0 {
@@ -500,6 +525,12 @@ fn replay(image: &[u8], collection: &mut Collection, path: &Path) -> Result<log:
     Ok(scanned)
 }
 
+/// Vectors gathered into one replayed batch at most: replacing many stored ids in one batch
+/// leaves their old slots removed at once, where one write at a time would have compacted
+/// them along the way, so a bounded run keeps a replay's peak memory near the original
+/// writes'.
+const REPLAY_RUN: usize = 1 << 16;
+
 /// What a log file is called in errors.
 const LOG_FORMAT_NAME: &str = "hive-gpu write-ahead log";
 
@@ -507,7 +538,9 @@ fn not_applicable(path: &Path, offset: u64, e: HiveGpuError) -> HiveGpuError {
     HiveGpuError::InvalidFormat {
         path: path.to_path_buf(),
         format: LOG_FORMAT_NAME,
-        reason: format!("the record at byte {offset} does not apply to the collection: {e}"),
+        reason: format!(
+            "the record at byte {offset} (or a later one of its run of upserts) does not apply to the collection: {e}"
+        ),
     }
 }
 
