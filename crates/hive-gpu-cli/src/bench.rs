@@ -85,14 +85,13 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
 
     let (storage, build, loaded) = match &args.data.collection {
         Some(path) => {
-            let spinner = if args.json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
-            spinner.set_message(format!("opening {}", path.display()));
-            spinner.enable_steady_tick(Duration::from_millis(120));
             let began = Instant::now();
-            let storage = context.open_storage(path)?;
-            let spent = began.elapsed();
-            spinner.finish_and_clear();
-            (storage, spent, "open")
+            let storage = if args.json {
+                context.open_storage(path)?
+            } else {
+                crate::collection::open_with_bar(&context, path)?
+            };
+            (storage, began.elapsed(), "open")
         }
         None => {
             let storage = context.create_storage_with(settings.storage_config(data.base.dim))?;

@@ -25,12 +25,10 @@ pub fn build(args: &BuildArgs) -> Result<(), HiveGpuError> {
     dataset::fill(&storage, &base, |added| bar.set_position(added as u64))?;
     bar.finish_and_clear();
     drop(base);
-    let spinner = ProgressBar::new_spinner();
-    spinner.enable_steady_tick(Duration::from_millis(120));
-    spinner.set_message(format!("saving {}", args.out.display()));
+    let bar = vector_bar("saving", storage.slot_count() as u64);
     let saving = Instant::now();
-    storage.save(&args.out)?;
-    spinner.finish_and_clear();
+    storage.save_with_progress(&args.out, &mut |done, _| bar.set_position(done))?;
+    bar.finish_and_clear();
     let bytes = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
     out!(
         "wrote {} ({} vectors of {}, {:.1} MiB) in {:.2} s (save {:.2} s) on {}",
@@ -84,7 +82,7 @@ pub fn info(path: &Path, open: bool, backend: BackendArg) -> Result<(), HiveGpuE
         let read = started.elapsed().as_secs_f64();
         drop(bytes);
         let started = Instant::now();
-        let storage = context.open_storage(path)?;
+        let storage = open_with_bar(&context, path)?;
         let opened = started.elapsed().as_secs_f64();
         out!();
         out!(
@@ -95,4 +93,26 @@ pub fn info(path: &Path, open: bool, backend: BackendArg) -> Result<(), HiveGpuE
         );
     }
     Ok(())
+}
+
+/// A bar over `total` vectors, labelled `what` (hidden where stderr is no terminal).
+fn vector_bar(what: &str, total: u64) -> ProgressBar {
+    ProgressBar::new(total).with_style(
+        ProgressStyle::with_template(&format!("{what} {{bar:40}} {{pos}}/{{len}} vectors ({{eta}} left)"))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    )
+}
+
+/// Opens the collection file at `path` on `context` with a bar over its vectors.
+pub fn open_with_bar(
+    context: &hive_gpu::GpuContext,
+    path: &Path,
+) -> Result<hive_gpu::GpuVectorStorage, HiveGpuError> {
+    let bar = vector_bar("opening", 0);
+    let storage = context.open_storage_with_progress(path, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    storage
 }

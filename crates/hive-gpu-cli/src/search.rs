@@ -22,7 +22,12 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
     let context = settings.context()?;
     let storage = match (&args.base, &args.collection) {
         (_, Some(path)) => {
-            let storage = context.open_storage(path)?;
+            // The spinner steps aside while the bar over the file's vectors runs.
+            let storage = if args.json {
+                context.open_storage(path)?
+            } else {
+                spinner.suspend(|| crate::collection::open_with_bar(&context, path))?
+            };
             if storage.dimension() != queries.dim {
                 return Err(HiveGpuError::InvalidArgument(format!(
                     "dimension mismatch: query file {} has {} components per vector, collection {} has {}",

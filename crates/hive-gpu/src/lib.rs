@@ -180,24 +180,58 @@ impl GpuContext {
     /// opens compacted; the order of the rest (and so the order of ties) is kept.
     pub fn open_storage(&self, path: impl AsRef<Path>) -> Result<GpuVectorStorage> {
         let path = path.as_ref();
+        self.open_storage_with_progress(path, &mut |_, _| {})
+    }
+
+    /// [`GpuContext::open_storage`], telling `progress` how many of the file's vectors are in
+    /// the collection so far, and how many there are (for a progress bar).
+    pub fn open_storage_with_progress(
+        &self,
+        path: impl AsRef<Path>,
+        progress: persist::Progress<'_>,
+    ) -> Result<GpuVectorStorage> {
+        let path = path.as_ref();
         let restored = persist::load(path)?;
-        self.storage_from(&restored, path)
+        self.storage_from(&restored, path, progress)
     }
 
     /// A new collection holding what [`persist::load`] read from `path`.
-    fn storage_from(&self, restored: &persist::Restored, path: &Path) -> Result<GpuVectorStorage> {
+    /// The vectors go in steps of [`OPEN_STEP`] (each reported to `progress`); the file's
+    /// ids are checked to be distinct at the end (a step would take a repeated id for a
+    /// replacement).
+    fn storage_from(
+        &self,
+        restored: &persist::Restored,
+        path: &Path,
+        progress: persist::Progress<'_>,
+    ) -> Result<GpuVectorStorage> {
         let storage = self.create_storage_with(restored.config)?;
+        let total = restored.vectors.ids().len();
+        let invalid = |reason: String| HiveGpuError::InvalidFormat {
+            path: path.to_path_buf(),
+            format: persist::FORMAT_NAME,
+            reason,
+        };
         {
             let mut guard = storage.write();
             let collection: &mut Collection = &mut guard;
-            exec::run(|| collection.upsert(&restored.vectors))?.map_err(|e| match e {
-                HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. } => e,
-                other => HiveGpuError::InvalidFormat {
-                    path: path.to_path_buf(),
-                    format: persist::FORMAT_NAME,
-                    reason: format!("its vectors do not load: {other}"),
-                },
-            })?;
+            exec::run(|| collection.reserve(total))??;
+            for start in (0..total).step_by(OPEN_STEP) {
+                let range = start..(start + OPEN_STEP).min(total);
+                let step = persist::VectorsRange { vectors: &restored.vectors, range: range.clone() };
+                exec::run(|| collection.upsert(&step))?.map_err(|e| match e {
+                    HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. } => e,
+                    other => invalid(format!("its vectors do not load: {other}")),
+                })?;
+                progress(range.end as u64, total as u64);
+            }
+            if collection.len() != total {
+                return Err(invalid(format!(
+                    "{} live slots hold only {} distinct ids",
+                    total,
+                    collection.len()
+                )));
+            }
         }
         Ok(storage)
     }
@@ -257,7 +291,7 @@ impl GpuContext {
                     config.precision
                 )));
             }
-            let storage = self.storage_from(&restored, path)?;
+            let storage = self.storage_from(&restored, path, &mut |_, _| {})?;
             let log = persist::durable::Log::open(lock, path, restored.id, &mut storage.write(), options)?;
             (storage, log)
         } else {
@@ -269,6 +303,10 @@ impl GpuContext {
         Ok(storage.0)
     }
 }
+
+/// Vectors added per step when a collection file is opened: a progress bar moves in steps
+/// this size (16 steps for a million vectors).
+const OPEN_STEP: usize = 1 << 16;
 
 /// Whether `a` and `b` name the same file (the same path, or the same file on disk).
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -519,13 +557,19 @@ impl GpuVectorStorage {
     /// On a durable collection, saving to its own snapshot's path is a
     /// [`GpuVectorStorage::checkpoint`] (a plain save there would orphan its log).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.save_with_progress(path, &mut |_, _| {})
+    }
+
+    /// [`GpuVectorStorage::save`], telling `progress` how many vectors are written so far, and
+    /// how many slots there are (for a progress bar).
+    pub fn save_with_progress(&self, path: impl AsRef<Path>, progress: persist::Progress<'_>) -> Result<()> {
         let path = path.as_ref();
         if let Some(log) = &self.log
             && same_file(path, log.snapshot())
         {
             return self.checkpoint();
         }
-        persist::save(&self.read(), path).map(|_| ())
+        persist::save(&self.read(), path, progress).map(|_| ())
     }
 
     /// On a durable collection ([`GpuContext::open_durable`]): writes a new snapshot of the

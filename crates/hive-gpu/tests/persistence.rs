@@ -183,6 +183,27 @@ fn damaged_files_are_refused_by_name_and_offset_never_with_a_panic() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn save_and_open_report_their_progress_to_the_last_vector() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let dir = scratch_dir("progress");
+    let path = dir.join("c.hgc");
+    // More vectors than one step of either (65,536), removed slots included.
+    let storage = populated(&cpu, GpuDistanceMetric::Euclidean, StoragePrecision::F16, 4, 150_000);
+    let mut seen = Vec::new();
+    storage.save_with_progress(&path, &mut |done, total| seen.push((done, total))).unwrap();
+    let slots = storage.slot_count() as u64;
+    assert!(seen.len() >= 3 && seen.windows(2).all(|w| w[0].0 < w[1].0), "{seen:?}");
+    assert_eq!(seen.last(), Some(&(slots, slots)));
+    seen.clear();
+    let opened = cpu.open_storage_with_progress(&path, &mut |done, total| seen.push((done, total))).unwrap();
+    let live = storage.vector_count() as u64;
+    assert!(seen.len() >= 3 && seen.windows(2).all(|w| w[0].0 < w[1].0), "{seen:?}");
+    assert_eq!(seen.last(), Some(&(live, live)));
+    assert_same_collection("opened in steps", &storage, &opened, 150_000, 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 const KILL_ENV: &str = "HIVE_GPU_SAVE_LOOP";
 
 /// The two collections the killed child saves in turn.

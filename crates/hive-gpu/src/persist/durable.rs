@@ -157,6 +157,9 @@ pub(crate) fn log_path(snapshot: &Path) -> PathBuf {
     snapshot.with_file_name(name)
 }
 
+/// How long [`lock`] waits for a held lock before it reports the collection as held.
+const LOCK_PATIENCE: Duration = Duration::from_millis(500);
+
 /// Takes the durable collection at `snapshot` for this storage: `<snapshot>.lock`, created if
 /// need be and locked exclusively (`std::fs::File::try_lock`) until the storage is dropped.
 /// Its own file, never replaced, because the log and snapshot files are replaced by every
@@ -172,14 +175,27 @@ pub(crate) fn lock(snapshot: &Path) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(io_error(&path))?;
-    file.try_lock().map_err(|e| match e {
-        std::fs::TryLockError::WouldBlock => HiveGpuError::InvalidArgument(format!(
-            "{} is held by another open durable collection (in this process or another)",
-            snapshot.display()
-        )),
-        std::fs::TryLockError::Error(source) => HiveGpuError::Io { path: path.clone(), source },
-    })?;
-    Ok(file)
+    // A lock belongs to the open file, which a child process shares from its fork until its
+    // exec closes it: a storage dropped while another thread spawns a process keeps its lock
+    // for that moment. So a held lock is asked for again for a while before it is an error.
+    let started = std::time::Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_PATIENCE => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "{} is held by another open durable collection (in this process or another)",
+                    snapshot.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(HiveGpuError::Io { path: path.clone(), source });
+            }
+        }
+    }
 }
 
 /// Writes a fresh log continuing `base` at `path`: a new file with just the header, synced,
@@ -262,7 +278,7 @@ impl Log {
         collection: &Collection,
         options: DurableOptions,
     ) -> Result<Self> {
-        let base = super::save(collection, snapshot)?;
+        let base = super::save(collection, snapshot, &mut |_, _| {})?;
         let log = create_log(&log_path(snapshot), base)?;
         let stats = LogStats { log_bytes: LOG_HEADER_BYTES as u64, ..LogStats::default() };
         Ok(Self::new(lock, snapshot, log, options, 1, stats))
@@ -455,7 +471,8 @@ impl Log {
     /// may have replaced the old one, the old log no longer continues the snapshot on disk,
     /// and a write appended to it would be dropped as stale at the next open.
     fn checkpoint_locked(&self, collection: &Collection) -> Result<()> {
-        let written = super::save(collection, &self.snapshot).and_then(|base| create_log(&self.path, base));
+        let written = super::save(collection, &self.snapshot, &mut |_, _| {})
+            .and_then(|base| create_log(&self.path, base));
         let (file, salt) = match written {
             Ok(log) => log,
             Err(e) => {

@@ -57,14 +57,18 @@ pub(crate) fn temporary_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// How far a long save or open has come: called with the vectors done so far and their total.
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
 /// Writes `collection` to `path`, replacing any file there only once the new one is complete
 /// and on disk. Returns the new file's identity (what a write-ahead log names as its base).
-pub(crate) fn save(collection: &Collection, path: &Path) -> Result<SnapshotId> {
+/// `progress` hears of the vectors as they are written.
+pub(crate) fn save(collection: &Collection, path: &Path, progress: Progress<'_>) -> Result<SnapshotId> {
     if path.file_name().is_none() {
         return Err(HiveGpuError::InvalidArgument(format!("{} names no file to save to", path.display())));
     }
     let temporary = temporary_path(path);
-    let written = write_file(collection, &temporary).and_then(|id| {
+    let written = write_file(collection, &temporary, progress).and_then(|id| {
         std::fs::rename(&temporary, path).map_err(io_error(path))?;
         sync_directory_of(path)?;
         Ok(id)
@@ -152,7 +156,7 @@ impl Sections {
     }
 }
 
-fn write_file(collection: &Collection, path: &Path) -> Result<SnapshotId> {
+fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> Result<SnapshotId> {
     let io = io_error(path);
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(&io)?;
     let config = *collection.config();
@@ -167,7 +171,7 @@ fn write_file(collection: &Collection, path: &Path) -> Result<SnapshotId> {
     // checksums, so they are written over these bytes once every section is out.
     out.raw(&vec![0u8; format::bodies_start(Kind::ALL.len())]).map_err(&io)?;
     out.section(Kind::Config, 1, |w| w(&format::encode_config(&config, slots)).map_err(sink), path)?;
-    out.section(Kind::Vectors, slots, |w| write_vectors(collection, w), path)?;
+    out.section(Kind::Vectors, slots, |w| write_vectors(collection, w, progress), path)?;
     out.section(
         Kind::Removed,
         slots,
@@ -248,7 +252,11 @@ fn records(
 
 /// Every slot's stored values, read from the row store in large steps (`RowStore::gather`),
 /// as little-endian f32 or f16 bits.
-fn write_vectors(collection: &Collection, write: &mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> Result<()> {
+fn write_vectors(
+    collection: &Collection,
+    write: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    progress: Progress<'_>,
+) -> Result<()> {
     let slots = collection.slots();
     let precision = collection.config().precision;
     for start in (0..slots).step_by(SAVE_ROWS) {
@@ -263,6 +271,7 @@ fn write_vectors(collection: &Collection, write: &mut dyn FnMut(&[u8]) -> std::i
             }
         }
         .map_err(sink)?;
+        progress(chunk.len() as u64 + start as u64, slots as u64);
     }
     Ok(())
 }
@@ -360,6 +369,36 @@ impl Batch for Vectors {
     }
     fn flat_values(&self) -> Option<&[f32]> {
         Some(&self.values)
+    }
+}
+
+/// Vectors `range` of a [`Vectors`], as a batch of their own.
+pub(crate) struct VectorsRange<'a> {
+    pub(crate) vectors: &'a Vectors,
+    pub(crate) range: std::ops::Range<usize>,
+}
+
+impl Batch for VectorsRange<'_> {
+    fn len(&self) -> usize {
+        self.range.len()
+    }
+    fn id(&self, i: usize) -> &str {
+        self.vectors.id(self.range.start + i)
+    }
+    fn values(&self, i: usize, dim: usize) -> &[f32] {
+        self.vectors.values(self.range.start + i, dim)
+    }
+    fn metadata(&self, i: usize) -> &Metadata {
+        self.vectors.metadata(self.range.start + i)
+    }
+    fn payload(&self, i: usize) -> &Payload {
+        self.vectors.payload(self.range.start + i)
+    }
+    fn payload_bytes(&self) -> usize {
+        self.range
+            .clone()
+            .map(|i| crate::collection::payload_bytes(&self.vectors.metadata[i], &self.vectors.payloads[i]))
+            .sum()
     }
 }
 
