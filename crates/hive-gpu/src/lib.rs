@@ -11,9 +11,10 @@
 //! with results, and exact filtered search ([`Filter`]: id lists and predicates over typed
 //! payload fields). The CPU and CUDA backends and the wgpu backend on NVIDIA's Vulkan driver and on
 //! Mesa's software Vulkan are tested; the ROCm backend compiles its kernels for AMD targets but
-//! has never run on an AMD GPU. Not there yet: persistence (a collection lives in process
-//! memory only), approximate indexes (IVF, quantization, graphs) and Python
-//! bindings.
+//! has never run on an AMD GPU. Collections are saved to and opened from one checksummed file
+//! ([`GpuVectorStorage::save`], [`GpuContext::open_storage`]) and kept durable with a
+//! write-ahead log ([`GpuContext::open_durable`]). Not there yet: approximate indexes (IVF,
+//! quantization, graphs), memory-mapped loading and Python bindings.
 //!
 //! ```
 //! use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector};
@@ -381,11 +382,10 @@ impl GpuVectorStorage {
     /// (dimension, finite values, no id twice, non-zero under cosine), and a failure anywhere
     /// (a bad vector, memory, a device error) leaves the collection as it was.
     pub fn add_vectors(&self, vectors: &[GpuVector]) -> Result<()> {
-        let dim = self.dimension();
         self.write_logged(
             vectors.len(),
             || {
-                persist::log::PendingRecord::upsert(vectors.len(), dim, |i| {
+                persist::log::PendingRecord::upsert(vectors.len(), self.dimension(), |i| {
                     let v = &vectors[i];
                     (&v.id, &v.data, &v.metadata, &v.payload)
                 })
@@ -398,11 +398,12 @@ impl GpuVectorStorage {
     /// array: `ids.len() * dimension` values, vector `i` at `values[i * dimension..]`. Nothing
     /// is copied per vector, so loading a large matrix costs no more memory than the matrix.
     pub fn add_vectors_flat<S: AsRef<str> + Sync>(&self, ids: &[S], values: &[f32]) -> Result<()> {
-        let dim = self.dimension();
         let batch = collection::FlatBatch { ids, values };
         self.write_logged(
             ids.len(),
             || {
+                // Looked up only for a durable collection: a plain write takes one lock.
+                let dim = self.dimension();
                 // A batch whose values do not match its ids fails in the upsert; its record
                 // (never logged) holds what there is.
                 let (empty_metadata, empty_payload) = (Metadata::new(), Payload::new());
