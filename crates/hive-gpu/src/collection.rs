@@ -36,6 +36,11 @@ const ENTRY_BYTES: usize =
 /// Vectors appended per call into the row store, bounding the temporary copy.
 const APPEND_CHUNK: usize = 8192;
 
+/// Bytes of stored rows appended per step of [`Collection::restore`]: several of a GPU's
+/// upload chunks (so that filling one overlaps uploading another) and one step of a progress
+/// bar.
+const RESTORE_STEP_BYTES: usize = 128 << 20;
+
 /// Values a small write may carry (`Collection::is_small_write`): no more than the smallest
 /// amount any row store appends in parallel (the CPU rows' `PARALLEL_VALUES`, which wgpu's
 /// host copy shares; the GPU engine stages 65,536 values per task), so a small write makes no
@@ -97,6 +102,55 @@ pub(crate) struct Collection {
     /// prepared filter checks before reusing its slots.
     uid: u64,
     version: u64,
+}
+
+/// A collection file's contents in its slot order, for [`Collection::restore`].
+pub(crate) struct Stored<'a> {
+    /// One per slot; empty for a removed slot.
+    pub(crate) ids: &'a [&'a str],
+    /// One per slot.
+    pub(crate) metadata: &'a [Metadata],
+    /// One per slot.
+    pub(crate) payloads: &'a [Payload],
+    /// The removed slots.
+    pub(crate) removed: &'a SlotSet,
+    /// Every slot's row as the file stores it (little-endian elements of the precision).
+    pub(crate) rows: &'a [u8],
+    /// The same rows in a mapping that may outlive the open, for a row store that searches
+    /// them in place.
+    pub(crate) mapped: Option<crate::persist::MappedRows>,
+}
+
+/// The rows of `kept` (ascending file slots of `stored`) appended to `rows` as stored, in runs
+/// of consecutive slots cut into steps of [`RESTORE_STEP_BYTES`].
+fn append_stored_rows(
+    rows: &mut dyn RowStore,
+    stored: &Stored<'_>,
+    kept: &[usize],
+    dim: usize,
+    precision: StoragePrecision,
+    progress: crate::persist::Progress<'_>,
+) -> Result<()> {
+    let row_bytes = dim * crate::persist::element_bytes(precision);
+    rows.reserve(kept.len())?;
+    let step = (RESTORE_STEP_BYTES / row_bytes).max(1);
+    let (mut at, mut done) = (0, 0);
+    while at < kept.len() {
+        // A run of consecutive slots, at most a step long.
+        let mut end = at + 1;
+        while end < kept.len() && end - at < step && kept[end] == kept[end - 1] + 1 {
+            end += 1;
+        }
+        rows.append_stored(
+            &stored.rows[kept[at] * row_bytes..(kept[end - 1] + 1) * row_bytes],
+            precision,
+            dim,
+        )?;
+        done += end - at;
+        progress(done as u64, kept.len() as u64);
+        at = end;
+    }
+    Ok(())
 }
 
 /// Whose values are being checked, for error messages.
@@ -386,6 +440,134 @@ impl Collection {
             }
             self.rows.append(&flat)?;
         }
+        Ok(())
+    }
+
+    /// Fills this new, empty collection with a collection file's contents in one pass, the
+    /// bulk path of an open: the values and payloads are checked as any add checks them, the
+    /// ids once (a repeated id is an error naming both slots), and the rows go to the row store
+    /// as the file stores them ([`RowStore::append_stored`], in steps reported to `progress`).
+    /// Where `stored.mapped` is given and the row store takes it ([`RowStore::adopt_mapped`]),
+    /// the rows stay in the mapped file and keep the file's slots, removed ones as tombstones;
+    /// otherwise removed slots are left out and the collection opens compacted.
+    ///
+    /// The checks and the id map run on one side while the rows go in on the other: this
+    /// collection is new and is dropped whole on any error, so nothing anyone sees changes
+    /// before every check has passed, and an open costs the longer of the two, not their sum.
+    pub(crate) fn restore(
+        &mut self,
+        stored: Stored<'_>,
+        progress: crate::persist::Progress<'_>,
+    ) -> Result<()> {
+        let config = self.config;
+        let (dim, precision) = (config.dimension, config.precision);
+        let row_bytes = dim * crate::persist::element_bytes(precision);
+        let slots = stored.ids.len();
+        if !self.entries.is_empty()
+            || !self.rows.is_empty()
+            || stored.rows.len() != slots * row_bytes
+            || stored.metadata.len() != slots
+            || stored.payloads.len() != slots
+        {
+            return Err(HiveGpuError::Internal("restore needs an empty collection and whole slots".into()));
+        }
+        let removed = stored.removed;
+        let live_slots = slots - removed.count();
+        // Ids and payload handles live in host memory on every backend (see `upsert`).
+        let payload_bytes: usize = (0..slots)
+            .into_par_iter()
+            .with_min_len(MIN_PARALLEL)
+            .map(|slot| payload_bytes(&stored.metadata[slot], &stored.payloads[slot]))
+            .sum();
+        crate::memory::claim((slots * ENTRY_BYTES + payload_bytes) as u64).map_err(
+            |(requested, available)| HiveGpuError::VramLimitExceeded {
+                backend: crate::types::GpuBackendType::Cpu,
+                requested,
+                available,
+            },
+        )?;
+        let mapped = match &stored.mapped {
+            Some(rows) => self.rows.adopt_mapped(rows, precision, dim)?,
+            None => false,
+        };
+        // The file's slots kept: all of them when the rows stay mapped, the live ones otherwise.
+        let kept: Vec<usize> = if mapped {
+            (0..slots).collect()
+        } else {
+            (0..slots).filter(|&s| !removed.contains(s)).collect()
+        };
+        self.entries.try_reserve_exact(kept.len()).map_err(|_| out_of_memory(kept.len()))?;
+        self.slot_of.try_reserve(live_slots).map_err(|_| out_of_memory(live_slots))?;
+        let entry = |&slot: &usize| {
+            (!removed.contains(slot))
+                .then(|| Entry::new(stored.ids[slot], &stored.metadata[slot], &stored.payloads[slot]))
+        };
+        self.entries.par_extend(kept.par_iter().with_min_len(MIN_PARALLEL).map(entry));
+
+        let (entries, slot_of, rows) = (&self.entries, &mut self.slot_of, &mut self.rows);
+        let checked = || -> Result<()> {
+            let check = |scratch: &mut Vec<f32>, slot: usize| -> Option<HiveGpuError> {
+                if removed.contains(slot) {
+                    return None;
+                }
+                let id = stored.ids[slot];
+                let row = &stored.rows[slot * row_bytes..(slot + 1) * row_bytes];
+                let values: &[f32] = match (precision, bytemuck::try_cast_slice::<u8, f32>(row)) {
+                    (StoragePrecision::F32, Ok(values)) if cfg!(target_endian = "little") => values,
+                    _ => {
+                        crate::persist::widen(row, precision, scratch);
+                        scratch
+                    }
+                };
+                check_values(values, &config, Subject::Vector(id))
+                    .and_then(|()| check_payload(id, &stored.metadata[slot], &stored.payloads[slot]))
+                    .err()
+            };
+            let invalid = (0..slots)
+                .into_par_iter()
+                .with_min_len(MIN_PARALLEL)
+                .map_init(Vec::new, |scratch, slot| check(scratch, slot))
+                .find_map_first(|error| error);
+            if let Some(error) = invalid {
+                return Err(error);
+            }
+            for (slot, entry) in entries.iter().enumerate() {
+                if let Some(entry) = entry
+                    && let Some(first) = slot_of.insert(entry.id.clone(), slot)
+                {
+                    return Err(HiveGpuError::InvalidArgument(format!(
+                        "id {:?} is stored twice, in slots {} and {}",
+                        entry.id.as_str(),
+                        kept[first],
+                        kept[slot]
+                    )));
+                }
+            }
+            Ok(())
+        };
+        let appended = || -> Result<()> {
+            if mapped {
+                let dead: Vec<usize> = (0..slots).filter(|&s| removed.contains(s)).collect();
+                rows.tombstone(&dead);
+                progress(live_slots as u64, live_slots as u64);
+                return Ok(());
+            }
+            append_stored_rows(rows.as_mut(), &stored, &kept, dim, precision, progress)
+        };
+        let (checked, appended) = rayon::join(checked, appended);
+        if let Err(error) = checked.and(appended) {
+            self.clear();
+            return Err(error);
+        }
+        if mapped {
+            self.removed = removed.clone();
+        }
+        for (slot, entry) in self.entries.iter().enumerate() {
+            if let Some(entry) = entry {
+                self.payloads.insert(slot, entry.metadata(), entry.payload());
+            }
+        }
+        self.version += 1;
         Ok(())
     }
 

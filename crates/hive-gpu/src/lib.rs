@@ -192,47 +192,52 @@ impl GpuContext {
         progress: persist::Progress<'_>,
     ) -> Result<GpuVectorStorage> {
         let path = path.as_ref();
-        let restored = persist::load(path)?;
-        self.storage_from(&restored, path, progress)
+        persist::with_checked(path, false, |file| self.storage_from(file, path, false, progress))
     }
 
-    /// A new collection holding what [`persist::load`] read from `path`.
-    /// The vectors go in steps of [`OPEN_STEP`] (each reported to `progress`); the file's
-    /// ids are checked to be distinct at the end (a step would take a repeated id for a
-    /// replacement).
+    /// [`GpuContext::open_storage`], except that on the CPU backend the rows stay in the
+    /// file, memory-mapped, and are searched where they lie: the open copies no vector, and a
+    /// collection larger than this machine's memory opens and searches (the page cache keeps
+    /// what fits). Only each row's norm (4 bytes) and the ids and payloads go to memory. The
+    /// file's removed slots stay removed slots (the collection does not open compacted). The
+    /// first write that adds vectors copies the rows into memory (and needs the memory for
+    /// them); removals do not. On a GPU backend the rows go to the device as with
+    /// [`GpuContext::open_storage`], and the mapping is dropped once they are there.
+    ///
+    /// # Safety
+    ///
+    /// The file must not be written to or truncated by anyone while the storage (or a clone
+    /// of it) lives. hive-gpu itself never writes a collection file in place: a save writes a
+    /// new file and renames it over the old one, which leaves this mapping on the old data, so
+    /// saving the storage to its own path is fine. A change made in place by another program
+    /// would change rows under the searches' feet (memory that Rust assumes immutable), and a
+    /// truncation kills the process with SIGBUS at the next search.
+    pub unsafe fn open_storage_mapped(&self, path: impl AsRef<Path>) -> Result<GpuVectorStorage> {
+        let path = path.as_ref();
+        persist::with_checked(path, true, |file| self.storage_from(file, path, true, &mut |_, _| {}))
+    }
+
+    /// A new collection holding the checked file `file` (at `path`), its vectors reported to
+    /// `progress` as they go in; with `keep_mapped`, rows that a CPU store searches in place.
     fn storage_from(
         &self,
-        restored: &persist::Restored,
+        file: &persist::Checked<'_>,
         path: &Path,
+        keep_mapped: bool,
         progress: persist::Progress<'_>,
     ) -> Result<GpuVectorStorage> {
-        let storage = self.create_storage_with(restored.config)?;
-        let total = restored.vectors.ids().len();
-        let invalid = |reason: String| HiveGpuError::InvalidFormat {
-            path: path.to_path_buf(),
-            format: persist::FORMAT_NAME,
-            reason,
-        };
+        let storage = self.create_storage_with(file.config())?;
         {
             let mut guard = storage.write();
             let collection: &mut Collection = &mut guard;
-            exec::run(|| collection.reserve(total))??;
-            for start in (0..total).step_by(OPEN_STEP) {
-                let range = start..(start + OPEN_STEP).min(total);
-                let step = persist::VectorsRange { vectors: &restored.vectors, range: range.clone() };
-                exec::run(|| collection.upsert(&step))?.map_err(|e| match e {
-                    HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. } => e,
-                    other => invalid(format!("its vectors do not load: {other}")),
-                })?;
-                progress(range.end as u64, total as u64);
-            }
-            if collection.len() != total {
-                return Err(invalid(format!(
-                    "{} live slots hold only {} distinct ids",
-                    total,
-                    collection.len()
-                )));
-            }
+            exec::run(|| collection.restore(file.stored(keep_mapped), progress))?.map_err(|e| match e {
+                HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. } => e,
+                other => HiveGpuError::InvalidFormat {
+                    path: path.to_path_buf(),
+                    format: persist::FORMAT_NAME,
+                    reason: format!("its vectors do not load: {other}"),
+                },
+            })?;
         }
         Ok(storage)
     }
@@ -276,25 +281,26 @@ impl GpuContext {
         let exists =
             path.try_exists().map_err(|source| HiveGpuError::Io { path: path.to_path_buf(), source })?;
         let mut storage = if exists {
-            let restored = persist::load(path)?;
-            let found = restored.config;
-            if (found.dimension, found.metric, found.precision)
-                != (config.dimension, config.metric, config.precision)
-            {
-                return Err(HiveGpuError::InvalidArgument(format!(
-                    "{} holds a collection of dimension {}, {:?}, {:?} storage; asked for dimension {}, {:?}, {:?}",
-                    path.display(),
-                    found.dimension,
-                    found.metric,
-                    found.precision,
-                    config.dimension,
-                    config.metric,
-                    config.precision
-                )));
-            }
-            let storage = self.storage_from(&restored, path, &mut |_, _| {})?;
-            let log = persist::durable::Log::open(lock, path, restored.id, &mut storage.write(), options)?;
-            (storage, log)
+            persist::with_checked(path, false, |file| {
+                let found = file.config();
+                if (found.dimension, found.metric, found.precision)
+                    != (config.dimension, config.metric, config.precision)
+                {
+                    return Err(HiveGpuError::InvalidArgument(format!(
+                        "{} holds a collection of dimension {}, {:?}, {:?} storage; asked for dimension {}, {:?}, {:?}",
+                        path.display(),
+                        found.dimension,
+                        found.metric,
+                        found.precision,
+                        config.dimension,
+                        config.metric,
+                        config.precision
+                    )));
+                }
+                let storage = self.storage_from(file, path, false, &mut |_, _| {})?;
+                let log = persist::durable::Log::open(lock, path, file.id, &mut storage.write(), options)?;
+                Ok((storage, log))
+            })?
         } else {
             let storage = self.create_storage_with(config)?;
             let log = persist::durable::Log::create(lock, path, &storage.read(), options)?;
@@ -304,10 +310,6 @@ impl GpuContext {
         Ok(storage.0)
     }
 }
-
-/// Vectors added per step when a collection file is opened: a progress bar moves in steps
-/// this size (16 steps for a million vectors).
-const OPEN_STEP: usize = 1 << 16;
 
 /// Whether `a` and `b` name the same file (the same path, or the same file on disk).
 fn same_file(a: &Path, b: &Path) -> bool {

@@ -116,9 +116,9 @@ fn reseal_header(image: &mut [u8]) {
     image[60..64].copy_from_slice(&crc.to_le_bytes());
 }
 
-fn open_error(cpu: &GpuContext, path: &Path, image: &[u8]) -> String {
+fn open_error(context: &GpuContext, path: &Path, image: &[u8]) -> String {
     std::fs::write(path, image).unwrap();
-    match cpu.open_storage(path) {
+    match context.open_storage(path) {
         Ok(_) => panic!("a damaged file opened"),
         Err(e @ HiveGpuError::InvalidFormat { .. }) => e.to_string(),
         Err(e) => panic!("a damaged file gave {e:?}, not InvalidFormat"),
@@ -198,9 +198,115 @@ fn save_and_open_report_their_progress_to_the_last_vector() {
     seen.clear();
     let opened = cpu.open_storage_with_progress(&path, &mut |done, total| seen.push((done, total))).unwrap();
     let live = storage.vector_count() as u64;
-    assert!(seen.len() >= 3 && seen.windows(2).all(|w| w[0].0 < w[1].0), "{seen:?}");
+    // An open reports in steps of 128 MiB of rows: this file's few megabytes are one step.
+    assert!(!seen.is_empty() && seen.windows(2).all(|w| w[0].0 < w[1].0), "{seen:?}");
     assert_eq!(seen.last(), Some(&(live, live)));
     assert_same_collection("opened in steps", &storage, &opened, 150_000, 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Rewrites the checksum of the section holding byte `at`, then the table's and the header's:
+/// a file changed on purpose whose every checksum holds.
+fn reseal_section_of(image: &mut [u8], at: usize) {
+    let sections = u32::from_le_bytes(image[16..20].try_into().unwrap()) as usize;
+    for entry in (64..64 + sections * 40).step_by(40) {
+        let offset = u64::from_le_bytes(image[entry + 8..entry + 16].try_into().unwrap()) as usize;
+        let length = u64::from_le_bytes(image[entry + 16..entry + 24].try_into().unwrap()) as usize;
+        if (offset..offset + length).contains(&at) {
+            let crc = crc32c::crc32c(&image[offset..offset + length]);
+            image[entry + 32..entry + 36].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+    let table_crc = crc32c::crc32c(&image[64..64 + sections * 40]);
+    image[56..60].copy_from_slice(&table_crc.to_le_bytes());
+    reseal_header(image);
+}
+
+#[test]
+fn a_file_whose_ids_repeat_far_apart_is_refused_naming_the_id_and_both_slots() {
+    let dir = scratch_dir("repeated-ids");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    // More vectors than any step of an open, so that the two copies land in different steps.
+    let count = 300_000;
+    let ids: Vec<String> = (0..count).map(|i| format!("id-{i:06}")).collect();
+    let values: Vec<f32> = (0..count * 2).map(|i| (i % 1009) as f32).collect();
+    let storage = cpu.create_storage(2, GpuDistanceMetric::Euclidean).unwrap();
+    storage.add_vectors_flat(&ids, &values).unwrap();
+    let good = dir.join("good.hgc");
+    storage.save(&good).unwrap();
+    let mut image = std::fs::read(&good).unwrap();
+    // The last id becomes a copy of an early one, every checksum resealed.
+    let last = format!("id-{:06}", count - 1);
+    let at = image.windows(last.len()).rposition(|w| w == last.as_bytes()).expect("the last id");
+    image[at..at + last.len()].copy_from_slice(b"id-000003");
+    reseal_section_of(&mut image, at);
+    let bad = dir.join("bad.hgc");
+    for context in contexts() {
+        let e = open_error(&context, &bad, &image);
+        assert!(
+            e.contains("id-000003")
+                && e.contains("twice")
+                && e.contains('3')
+                && e.contains(&(count - 1).to_string()),
+            "{}: {e}",
+            describe(&context)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_mapped_collection_searches_in_place_and_copies_its_rows_only_when_vectors_are_added() {
+    let dir = scratch_dir("mapped");
+    for context in contexts() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            let what = format!("{} {precision:?}", describe(&context));
+            let (seed, count) = (21, 900);
+            // Removed and replaced slots: a mapped open keeps them as removed slots.
+            let original = populated(&context, GpuDistanceMetric::Cosine, precision, seed, count);
+            let path = dir.join(format!("{}-{precision:?}.hgc", context.backend_type()));
+            original.save(&path).unwrap();
+            // SAFETY: nothing writes or truncates the file while `mapped` lives (saves below go
+            // to another path or replace this one by rename).
+            let mapped =
+                unsafe { context.open_storage_mapped(&path) }.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_same_collection(&format!("{what}: mapped"), &original, &mapped, count, seed);
+            let row_bytes = original.dimension() * if precision == StoragePrecision::F32 { 4 } else { 2 };
+            let rows_in_memory = |s: &GpuVectorStorage| s.memory_bytes() >= s.slot_count() * row_bytes;
+            if context.backend_type() == GpuBackendType::Cpu {
+                assert_eq!(mapped.slot_count(), original.slot_count(), "{what}: the file's slots are kept");
+                assert!(!rows_in_memory(&mapped), "{what}: {} bytes in memory", mapped.memory_bytes());
+            }
+            // A removal stays a tombstone over the mapping.
+            let gone = ["id-10", "id-12", "id-400"];
+            original.remove_vectors(&gone).unwrap();
+            mapped.remove_vectors(&gone).unwrap();
+            assert_same_collection(&format!("{what}: after removals"), &original, &mapped, count, seed);
+            if context.backend_type() == GpuBackendType::Cpu {
+                assert!(!rows_in_memory(&mapped), "{what}: a removal copied the rows");
+            }
+            // Saving over the mapped file itself replaces it by rename: the mapping keeps the old
+            // data, the new file holds the removals.
+            mapped.save(&path).unwrap();
+            assert_same_collection(&format!("{what}: saved over itself"), &original, &mapped, count, seed);
+            let reopened = context.open_storage(&path).unwrap();
+            assert_same_collection(&format!("{what}: reopened"), &original, &reopened, count, seed);
+            // An add copies the rows into memory first, then appends.
+            let mut rng = Rng::new(seed + 1);
+            let added: Vec<hive_gpu::GpuVector> = (0..40)
+                .map(|i| {
+                    hive_gpu::GpuVector::new(
+                        format!("id-{}", [i, count + i][i % 2]),
+                        rng.normals(original.dimension()),
+                    )
+                })
+                .collect();
+            original.add_vectors(&added).unwrap();
+            mapped.add_vectors(&added).unwrap();
+            assert_same_collection(&format!("{what}: after adds"), &original, &mapped, count + 40, seed);
+            assert!(rows_in_memory(&mapped), "{what}: the rows were not copied on an add");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

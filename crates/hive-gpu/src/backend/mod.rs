@@ -45,6 +45,7 @@ pub(crate) mod wgpu;
 pub use candidates::Candidates;
 
 use crate::error::{HiveGpuError, Result};
+use crate::persist::MappedRows;
 use crate::slots::SlotSet;
 use crate::types::{
     BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, SearchPrecision, StoragePrecision,
@@ -84,6 +85,32 @@ pub(crate) fn profiling() -> bool {
     *ENABLED.get_or_init(|| std::env::var("HIVE_GPU_PROFILE").as_deref() == Ok("1"))
 }
 
+/// Bytes widened to f32 per piece by the default [`RowStore::append_stored`].
+const STORED_PIECE_BYTES: usize = 16 << 20;
+
+/// The default [`RowStore::append_stored`]: the stored elements widened to f32 in bounded
+/// pieces, each appended.
+pub(crate) fn append_widened<S: RowStore + ?Sized>(
+    store: &mut S,
+    bytes: &[u8],
+    precision: StoragePrecision,
+    dim: usize,
+) -> Result<()> {
+    let row_bytes = dim * crate::persist::element_bytes(precision);
+    if row_bytes == 0 || !bytes.len().is_multiple_of(row_bytes) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "{} bytes are not whole stored rows of dimension {dim}",
+            bytes.len()
+        )));
+    }
+    let mut values = Vec::new();
+    for piece in bytes.chunks((STORED_PIECE_BYTES / row_bytes).max(1) * row_bytes) {
+        crate::persist::widen(piece, precision, &mut values);
+        store.append(&values)?;
+    }
+    Ok(())
+}
+
 /// A device a collection can live on: the factory of [`RowStore`]s.
 pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     /// Which backend this is.
@@ -120,6 +147,36 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// written once: a collection replaces a vector by appending its new values and removing
     /// the old slot, which keeps every change but the appends infallible.
     fn append(&mut self, rows: &[f32]) -> Result<()>;
+    /// [`RowStore::append`] of rows given as a collection file stores them: little-endian
+    /// elements of `precision` (f32, or f16 bits), whole rows. A store that keeps those
+    /// elements takes them as they are, with no round trip through f32 (what an open of a
+    /// collection file appends); this default widens them to f32 in bounded pieces.
+    fn append_stored(&mut self, bytes: &[u8], precision: StoragePrecision, dim: usize) -> Result<()> {
+        append_widened(self, bytes, precision, dim)
+    }
+    /// Hands the rows `start..start + count` to `out` as a collection file stores them
+    /// (little-endian elements of `precision`, whole rows of `dim`), in one or more pieces in
+    /// order: what a save writes. A store that keeps those elements hands out its own memory
+    /// (or a device's download) with no conversion; this default gathers and converts them.
+    fn read_stored(
+        &self,
+        start: usize,
+        count: usize,
+        precision: StoragePrecision,
+        out: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let slots: Vec<usize> = (start..start + count).collect();
+        let values = self.gather(&slots)?;
+        out(&crate::persist::narrow(&values, precision))
+    }
+    /// Takes `rows` (a mapped file's little-endian elements of `precision`, whole rows of
+    /// `dim`) as the rows of this empty store, searched where they lie, with no copy: true
+    /// when it did. False, changing nothing, where the rows must live elsewhere (on a device)
+    /// or cannot be read in place; the caller then appends them.
+    fn adopt_mapped(&mut self, rows: &MappedRows, precision: StoragePrecision, dim: usize) -> Result<bool> {
+        let _ = (rows, precision, dim);
+        Ok(false)
+    }
     /// Drops every slot from `len` on: the rollback of appends whose batch could not be
     /// finished. Cannot fail: it only forgets rows (a failed append may have left any number
     /// of them written beyond what the store reported).

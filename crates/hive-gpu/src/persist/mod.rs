@@ -11,22 +11,25 @@
 
 pub(crate) mod durable;
 pub(crate) mod format;
+pub(crate) mod image;
 pub(crate) mod log;
 
 pub use durable::{Durability, DurableOptions, LogStats};
 pub use format::FormatError;
+pub(crate) use format::{element_bytes, narrow, widen};
+pub(crate) use image::Image;
+pub use image::MappedRows;
 
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-
-use half::f16;
+use std::sync::Arc;
 
 use self::format::{ALIGN, Kind, Section};
 use self::log::SnapshotId;
 use crate::collection::{Batch, Collection};
 use crate::error::{HiveGpuError, Result};
 use crate::payload::Payload;
-use crate::types::{Metadata, StorageConfig, StoragePrecision};
+use crate::types::{Metadata, StorageConfig};
 
 /// Rows read from the row store per step of a save: bounds its host copy (64 Ki rows of 128
 /// f32 are 32 MiB) while keeping each device read large.
@@ -34,6 +37,9 @@ const SAVE_ROWS: usize = 1 << 16;
 
 /// Bytes buffered before each write to the file.
 const WRITE_BUFFER: usize = 8 << 20;
+
+/// A piece of a section this large is checksummed in parallel with its write.
+const PARALLEL_CHECKSUM_BYTES: usize = 1 << 20;
 
 /// What a collection file is called in errors.
 pub(crate) const FORMAT_NAME: &str = "hive-gpu collection";
@@ -58,7 +64,7 @@ pub(crate) fn temporary_path(path: &Path) -> PathBuf {
 }
 
 /// How far a long save or open has come: called with the vectors done so far and their total.
-pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+pub type Progress<'a> = &'a mut (dyn FnMut(u64, u64) + Send);
 
 /// Writes `collection` to `path`, replacing any file there only once the new one is complete
 /// and on disk. Returns the new file's identity (what a write-ahead log names as its base).
@@ -68,11 +74,13 @@ pub(crate) fn save(collection: &Collection, path: &Path, progress: Progress<'_>)
         return Err(HiveGpuError::InvalidArgument(format!("{} names no file to save to", path.display())));
     }
     let temporary = temporary_path(path);
-    let written = write_file(collection, &temporary, progress).and_then(|id| {
-        std::fs::rename(&temporary, path).map_err(io_error(path))?;
-        sync_directory_of(path)?;
-        Ok(id)
-    });
+    // On the library's pool: the checksums run in parallel under the collection's lock.
+    let written =
+        crate::exec::run(|| write_file(collection, &temporary, progress)).and_then(|id| id).and_then(|id| {
+            std::fs::rename(&temporary, path).map_err(io_error(path))?;
+            sync_directory_of(path)?;
+            Ok(id)
+        });
     if written.is_err() {
         let _ = std::fs::remove_file(&temporary);
     }
@@ -93,6 +101,25 @@ pub(crate) fn sync_directory_of(path: &Path) -> Result<()> {
         let _ = path;
         Ok(())
     }
+}
+
+/// Starts the disk's writeback of bytes `offset..offset + len` of `file` without waiting for
+/// it (Linux `sync_file_range`), so that the disk writes a save's first pieces while the next
+/// ones are prepared, and the fsync that ends the save waits for the last ones only. A hint:
+/// its failure changes nothing (that fsync still reports any write error).
+fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };
+        // SAFETY: sync_file_range reads and writes no memory of this process; the descriptor
+        // is borrowed from `file`, open for the whole call.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
 }
 
 /// Appends sections to a file, each at a 64-byte boundary, with its checksum.
@@ -123,9 +150,18 @@ impl Sections {
         let offset = self.at;
         let mut crc = 0u32;
         let mut failed = None;
+        let file = &mut self.file;
         let mut write = |bytes: &[u8]| -> std::io::Result<()> {
-            crc = crc32c::crc32c_append(crc, bytes);
-            let result = self.file.write_all(bytes);
+            // A large piece is checksummed on the other cores while this one writes it.
+            let (piece, result) = if bytes.len() >= PARALLEL_CHECKSUM_BYTES {
+                rayon::join(|| format::checksum(bytes), || file.write_all(bytes))
+            } else {
+                (crc32c::crc32c(bytes), file.write_all(bytes))
+            };
+            crc = crc32c::crc32c_combine(crc, piece, bytes.len());
+            if result.is_ok() && bytes.len() >= PARALLEL_CHECKSUM_BYTES {
+                start_writeback(file.get_ref(), self.at, bytes.len() as u64);
+            }
             self.at += bytes.len() as u64;
             if let Err(e) = &result {
                 failed = Some(e.kind());
@@ -250,8 +286,8 @@ fn records(
     write(&buffer).map_err(sink)
 }
 
-/// Every slot's stored values, read from the row store in large steps (`RowStore::gather`),
-/// as little-endian f32 or f16 bits.
+/// Every slot's stored values as the file stores them, read from the row store in large steps
+/// ([`crate::backend::RowStore::read_stored`]: a CPU store's own memory, a GPU's downloads).
 fn write_vectors(
     collection: &Collection,
     write: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
@@ -260,48 +296,11 @@ fn write_vectors(
     let slots = collection.slots();
     let precision = collection.config().precision;
     for start in (0..slots).step_by(SAVE_ROWS) {
-        let chunk: Vec<usize> = (start..(start + SAVE_ROWS).min(slots)).collect();
-        let values = collection.rows().gather(&chunk)?;
-        match precision {
-            StoragePrecision::F32 => write(&little_endian(&values)),
-            // The stored values are f16 already: the round trip through f32 is exact.
-            StoragePrecision::F16 => {
-                let halves: Vec<u16> = values.iter().map(|&x| f16::from_f32(x).to_bits()).collect();
-                write(&little_endian(&halves))
-            }
-        }
-        .map_err(sink)?;
-        progress(chunk.len() as u64 + start as u64, slots as u64);
+        let count = SAVE_ROWS.min(slots - start);
+        collection.rows().read_stored(start, count, precision, &mut |bytes| write(bytes).map_err(sink))?;
+        progress((start + count) as u64, slots as u64);
     }
     Ok(())
-}
-
-/// The little-endian bytes of `values`: their own memory on a little-endian machine (no
-/// copy: converting value by value was half of a save's time), a converted copy elsewhere.
-fn little_endian<T: bytemuck::Pod + ToLittleEndian>(values: &[T]) -> std::borrow::Cow<'_, [u8]> {
-    if cfg!(target_endian = "little") {
-        std::borrow::Cow::Borrowed(bytemuck::cast_slice(values))
-    } else {
-        std::borrow::Cow::Owned(values.iter().flat_map(|v| v.to_le()).collect())
-    }
-}
-
-/// Values the file stores little-endian.
-trait ToLittleEndian {
-    /// The value's little-endian bytes.
-    fn to_le(&self) -> Vec<u8>;
-}
-
-impl ToLittleEndian for f32 {
-    fn to_le(&self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-}
-
-impl ToLittleEndian for u16 {
-    fn to_le(&self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
 }
 
 /// Vectors with their ids and payloads, as one batch for [`Collection::upsert`]: a parsed
@@ -372,80 +371,70 @@ impl Batch for Vectors {
     }
 }
 
-/// Vectors `range` of a [`Vectors`], as a batch of their own.
-pub(crate) struct VectorsRange<'a> {
-    pub(crate) vectors: &'a Vectors,
-    pub(crate) range: std::ops::Range<usize>,
-}
-
-impl Batch for VectorsRange<'_> {
-    fn len(&self) -> usize {
-        self.range.len()
-    }
-    fn id(&self, i: usize) -> &str {
-        self.vectors.id(self.range.start + i)
-    }
-    fn values(&self, i: usize, dim: usize) -> &[f32] {
-        self.vectors.values(self.range.start + i, dim)
-    }
-    fn metadata(&self, i: usize) -> &Metadata {
-        self.vectors.metadata(self.range.start + i)
-    }
-    fn payload(&self, i: usize) -> &Payload {
-        self.vectors.payload(self.range.start + i)
-    }
-    fn payload_bytes(&self) -> usize {
-        self.range
-            .clone()
-            .map(|i| crate::collection::payload_bytes(&self.vectors.metadata[i], &self.vectors.payloads[i]))
-            .sum()
-    }
-}
-
-/// A parsed file: its configuration, its live vectors in slot order, and its identity.
-pub(crate) struct Restored {
-    pub(crate) config: StorageConfig,
-    pub(crate) vectors: Vectors,
+/// A collection file mapped and checked from end to end: what an open restores a collection
+/// from.
+pub(crate) struct Checked<'a> {
+    snapshot: format::Snapshot<'a>,
+    image: &'a Arc<Image>,
+    /// The file's identity (what a write-ahead log names as its base).
     pub(crate) id: SnapshotId,
 }
 
-/// Reads and checks the collection file at `path`: its configuration and live vectors.
-pub(crate) fn load(path: &Path) -> Result<Restored> {
+impl Checked<'_> {
+    /// The collection's configuration.
+    pub(crate) fn config(&self) -> StorageConfig {
+        self.snapshot.config
+    }
+
+    /// The file's contents for [`Collection::restore`]; with `keep_mapped`, its rows also as
+    /// a mapping that may outlive the open (for a row store that searches them in place).
+    pub(crate) fn stored(&self, keep_mapped: bool) -> crate::collection::Stored<'_> {
+        let snapshot = &self.snapshot;
+        let mapped = keep_mapped
+            .then(|| snapshot.sections.iter().find(|s| s.kind == Kind::Vectors))
+            .flatten()
+            .and_then(|s| {
+                MappedRows::new(self.image.clone(), s.offset as usize..(s.offset + s.length) as usize)
+            });
+        crate::collection::Stored {
+            ids: &snapshot.ids,
+            metadata: &snapshot.metadata,
+            payloads: &snapshot.payloads,
+            removed: &snapshot.removed,
+            rows: snapshot.vectors,
+            mapped,
+        }
+    }
+}
+
+/// Maps the collection file at `path`, checks all of it ([`format::parse`], in parallel on the
+/// library's pool) and hands it to `restore`. `keep_mapped` says that the mapping may outlive
+/// this call (rows searched in place): then its pages are not all faulted in up front, so a
+/// file larger than memory maps.
+pub(crate) fn with_checked<R>(
+    path: &Path,
+    keep_mapped: bool,
+    restore: impl FnOnce(&Checked<'_>) -> Result<R>,
+) -> Result<R> {
     let started = std::time::Instant::now();
     let phase = |what: &str| {
         if crate::backend::profiling() {
             eprintln!("hive-gpu profile (open): {what} at {:.3} s", started.elapsed().as_secs_f64());
         }
     };
-    let image = read_image(path)?;
-    phase("read");
-    let invalid = |reason: String| HiveGpuError::InvalidFormat {
+    let image = Arc::new(Image::open(path, !keep_mapped)?);
+    phase("mapped");
+    let bytes = image.bytes();
+    let snapshot = crate::exec::run(|| format::parse(bytes))?.map_err(|e| HiveGpuError::InvalidFormat {
         path: path.to_path_buf(),
         format: FORMAT_NAME,
-        reason,
-    };
-    let snapshot = format::parse(&image).map_err(|e| invalid(e.to_string()))?;
-    phase("parsed");
-    let live: Vec<usize> = (0..snapshot.slots).filter(|&s| !snapshot.removed.contains(s)).collect();
-    let dim = snapshot.config.dimension;
-    crate::memory::check(
-        || format!("loading {} vectors from {}", live.len(), path.display()),
-        (live.len() * dim * 4) as u64,
-    )?;
-    let mut values = Vec::with_capacity(live.len() * dim);
-    let mut row = Vec::with_capacity(dim);
-    for &slot in &live {
-        snapshot.row(slot, &mut row);
-        values.extend_from_slice(&row);
-    }
-    let ids = live.iter().map(|&s| snapshot.ids[s].to_string()).collect();
-    let config = snapshot.config;
-    let id = SnapshotId::of_header(&image, image.len() as u64);
-    let (mut metadata, mut payloads) = (snapshot.metadata, snapshot.payloads);
-    let metadata = live.iter().map(|&s| std::mem::take(&mut metadata[s])).collect();
-    let payloads = live.iter().map(|&s| std::mem::take(&mut payloads[s])).collect();
+        reason: e.to_string(),
+    })?;
+    phase("checked");
+    let id = SnapshotId::of_header(bytes, bytes.len() as u64);
+    let restored = restore(&Checked { snapshot, image: &image, id });
     phase("restored");
-    Ok(Restored { config, vectors: Vectors { ids, values, metadata, payloads }, id })
+    restored
 }
 
 /// A collection file's live vectors, in slot order (the order ties go by), with their ids.
@@ -463,13 +452,25 @@ pub struct StoredVectors {
 /// [`crate::GpuContext::open_storage`] checks it, without putting them in a collection: to
 /// export a collection, or to measure a search of it against a brute force over its rows.
 pub fn read_vectors(path: impl AsRef<Path>) -> Result<StoredVectors> {
-    let restored = load(path.as_ref())?;
-    let dim = restored.config.dimension;
-    let rows = restored.vectors.ids.len();
-    Ok(StoredVectors {
-        config: restored.config,
-        ids: restored.vectors.ids,
-        vectors: crate::io::Matrix { rows, dim, data: restored.vectors.values },
+    with_checked(path.as_ref(), false, |file| {
+        let snapshot = &file.snapshot;
+        let dim = snapshot.config.dimension;
+        let live: Vec<usize> = (0..snapshot.slots).filter(|&s| !snapshot.removed.contains(s)).collect();
+        crate::memory::check(
+            || format!("reading {} vectors of {}", live.len(), path.as_ref().display()),
+            (live.len() * dim * 4) as u64,
+        )?;
+        let mut data = Vec::with_capacity(live.len() * dim);
+        let mut row = Vec::with_capacity(dim);
+        for &slot in &live {
+            snapshot.row(slot, &mut row);
+            data.extend_from_slice(&row);
+        }
+        Ok(StoredVectors {
+            config: snapshot.config,
+            ids: live.iter().map(|&s| snapshot.ids[s].to_string()).collect(),
+            vectors: crate::io::Matrix { rows: live.len(), dim, data },
+        })
     })
 }
 
@@ -535,8 +536,8 @@ pub fn inspect(image: &[u8]) -> std::result::Result<FileInfo, FormatError> {
 /// [`inspect`] of the file at `path`.
 pub fn inspect_file(path: impl AsRef<Path>) -> Result<FileInfo> {
     let path = path.as_ref();
-    let image = read_image(path)?;
-    inspect(&image).map_err(|e| HiveGpuError::InvalidFormat {
+    let image = Image::open(path, true)?;
+    crate::exec::run(|| inspect(image.bytes()))?.map_err(|e| HiveGpuError::InvalidFormat {
         path: path.to_path_buf(),
         format: FORMAT_NAME,
         reason: e.to_string(),

@@ -80,11 +80,37 @@ pub(super) struct Arrays<D: Driver> {
     pub(super) capacity: usize,
 }
 
-/// What mutations use: a stream and two staging buffers (one fills while the other uploads).
+/// What mutations use: two streams and two staging buffers. An append fills one buffer while
+/// the other uploads, each buffer's uploads on its own stream, so that refilling a buffer
+/// waits for that buffer's last upload only.
 #[derive(Debug)]
 struct Maintenance<D: Driver> {
     stream: D::Stream,
+    upload_stream: D::Stream,
     staging: [Staging<D>; 2],
+}
+
+/// Rows to upload: f32 values, or a collection file's stored elements of the rows' own
+/// precision (little-endian, which is the device's order), copied as they are.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Values(&'a [f32]),
+    Stored(&'a [u8]),
+}
+
+/// Bytes copied per task when staging stored elements in parallel.
+const COPY_GRAIN: usize = 1 << 20;
+
+/// Copies stored elements into `staging`, in parallel for more than a task's worth.
+fn copy_staging(staging: &mut [u8], stored: &[u8]) {
+    if stored.len() <= COPY_GRAIN {
+        staging.copy_from_slice(stored);
+    } else {
+        staging
+            .par_chunks_mut(COPY_GRAIN)
+            .zip(stored.par_chunks(COPY_GRAIN))
+            .for_each(|(dst, src)| dst.copy_from_slice(src));
+    }
 }
 
 /// A collection's rows on a GPU.
@@ -118,6 +144,7 @@ impl<D: Driver> GpuRows<D> {
         tuning: Tuning,
     ) -> Result<Self> {
         let stream = device.driver.stream(false)?;
+        let upload_stream = device.driver.stream(false)?;
         Ok(Self {
             device,
             dim,
@@ -129,7 +156,11 @@ impl<D: Driver> GpuRows<D> {
             dead: SlotSet::default(),
             dead_stale: Mutex::new(false),
             max_sq_norm: 0.0,
-            maintenance: Mutex::new(Maintenance { stream, staging: [Staging::new(), Staging::new()] }),
+            maintenance: Mutex::new(Maintenance {
+                stream,
+                upload_stream,
+                staging: [Staging::new(), Staging::new()],
+            }),
             pool: Mutex::new(Vec::new()),
         })
     }
@@ -211,28 +242,45 @@ impl<D: Driver> GpuRows<D> {
 
     /// Uploads `rows` (whole rows, already validated) into slots starting at `first`, then
     /// computes their norms on the device and folds them into `max_sq_norm`.
-    fn upload_rows(&mut self, first: usize, rows: &[f32]) -> Result<()> {
-        let count = rows.len() / self.dim;
+    fn upload_rows(&mut self, first: usize, rows: Source<'_>) -> Result<()> {
+        let row_bytes = self.row_bytes();
+        let count = match rows {
+            Source::Values(values) => values.len() / self.dim,
+            Source::Stored(bytes) => bytes.len() / row_bytes,
+        };
         let driver = self.driver().clone();
-        let (row_bytes, dim, precision) = (self.row_bytes(), self.dim, self.precision);
+        let (dim, precision) = (self.dim, self.precision);
         let Some(arrays) = &self.arrays else {
             return Err(HiveGpuError::Internal("rows uploaded before allocation".into()));
         };
         let (rows_ptr, norms_ptr) = (arrays.rows.ptr(), arrays.norms.ptr());
         let mut guard = self.maintenance()?;
-        let Maintenance { stream, staging } = &mut *guard;
+        let Maintenance { stream, upload_stream, staging } = &mut *guard;
+        let streams = [&*stream, &*upload_stream];
         let rows_per_chunk = (UPLOAD_CHUNK_BYTES / row_bytes).max(1);
-        for (i, chunk) in rows.chunks(rows_per_chunk * dim).enumerate() {
-            let bytes = chunk.len() / dim * row_bytes;
-            let buffer = staging[i % 2].get(&driver, bytes)?;
-            fill_staging(&mut buffer[..bytes], chunk, precision);
-            let offset = (first + i * rows_per_chunk) * row_bytes;
-            driver.upload(stream, rows_ptr + offset as u64, buffer, bytes)?;
-            // The other buffer is refilled next: wait for its previous upload.
-            if i % 2 == 1 {
-                driver.synchronize(stream)?;
+        for (i, start) in (0..count).step_by(rows_per_chunk).enumerate() {
+            let end = (start + rows_per_chunk).min(count);
+            let bytes = (end - start) * row_bytes;
+            let side = i % 2;
+            // This buffer's previous upload (two chunks ago) must be done before it is refilled;
+            // the other buffer's, on the other stream, goes on meanwhile.
+            if i >= 2 {
+                driver.synchronize(streams[side])?;
             }
+            let buffer = staging[side].get(&driver, bytes)?;
+            match rows {
+                Source::Values(values) => {
+                    fill_staging(&mut buffer[..bytes], &values[start * dim..end * dim], precision)
+                }
+                Source::Stored(stored) => {
+                    copy_staging(&mut buffer[..bytes], &stored[start * row_bytes..end * row_bytes])
+                }
+            }
+            let offset = (first + start) * row_bytes;
+            driver.upload(streams[side], rows_ptr + offset as u64, buffer, bytes)?;
         }
+        // The norms read every uploaded row: both streams' uploads finish first.
+        driver.synchronize(streams[1])?;
         let kernel = match precision {
             StoragePrecision::F32 => self.device.kernels.norms_f32,
             StoragePrecision::F16 => self.device.kernels.norms_f16,
@@ -274,7 +322,7 @@ impl<D: Driver> GpuRows<D> {
         }
         let driver = self.driver().clone();
         let mut guard = self.maintenance()?;
-        let Maintenance { stream, staging } = &mut *guard;
+        let Maintenance { stream, staging, .. } = &mut *guard;
         let bytes = (to - from) * 4;
         let buffer = staging[0].get(&driver, bytes)?;
         for (dst, word) in buffer[..bytes].chunks_exact_mut(4).zip(&self.dead.words()[from..to]) {
@@ -325,7 +373,7 @@ impl<D: Driver> GpuRows<D> {
             }
         };
         let mut guard = self.maintenance()?;
-        let Maintenance { stream, staging } = &mut *guard;
+        let Maintenance { stream, staging, .. } = &mut *guard;
         let buffer = staging[0].get(&driver, count.max(1) * 4)?;
         for (dst, &slot) in buffer.chunks_exact_mut(4).zip(keep) {
             dst.copy_from_slice(&(slot as u32).to_ne_bytes());
@@ -426,7 +474,29 @@ impl<D: Driver> RowStore for GpuRows<D> {
         }
         self.reserve(count)?;
         let first = self.len;
-        self.upload_rows(first, rows)?;
+        self.upload_rows(first, Source::Values(rows))?;
+        self.len += count;
+        Ok(())
+    }
+
+    fn append_stored(&mut self, bytes: &[u8], precision: StoragePrecision, dim: usize) -> Result<()> {
+        if precision != self.precision || dim != self.dim || cfg!(target_endian = "big") {
+            return crate::backend::append_widened(self, bytes, precision, dim);
+        }
+        let row_bytes = self.row_bytes();
+        if !bytes.len().is_multiple_of(row_bytes) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "{} bytes are not whole stored rows of dimension {dim}",
+                bytes.len()
+            )));
+        }
+        let count = bytes.len() / row_bytes;
+        if count == 0 {
+            return Ok(());
+        }
+        self.reserve(count)?;
+        let first = self.len;
+        self.upload_rows(first, Source::Stored(bytes))?;
         self.len += count;
         Ok(())
     }
@@ -495,7 +565,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         let driver = self.driver().clone();
         let row_bytes = self.row_bytes();
         let mut guard = self.maintenance()?;
-        let Maintenance { stream, staging } = &mut *guard;
+        let Maintenance { stream, staging, .. } = &mut *guard;
         let buffer = staging[1].get(&driver, row_bytes)?;
         driver.download(stream, buffer, arrays.rows.ptr() + (slot * row_bytes) as u64, row_bytes)?;
         driver.synchronize(stream)?;
@@ -509,6 +579,64 @@ impl<D: Driver> RowStore for GpuRows<D> {
                 .map(|b| f16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f32())
                 .collect(),
         })
+    }
+
+    fn read_stored(
+        &self,
+        start: usize,
+        count: usize,
+        precision: StoragePrecision,
+        out: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if start.checked_add(count).is_none_or(|end| end > self.len) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "rows {start}..{} of {}",
+                start.saturating_add(count),
+                self.len
+            )));
+        }
+        let Some(arrays) = self.arrays.as_ref().filter(|_| count > 0) else { return Ok(()) };
+        if precision != self.precision || cfg!(target_endian = "big") {
+            let slots: Vec<usize> = (start..start + count).collect();
+            return out(&crate::persist::narrow(&self.gather(&slots)?, precision));
+        }
+        // The device holds the stored elements: downloaded as they are, a chunk at a time into
+        // pinned memory, the next chunk's download running while `out` takes this one.
+        let driver = self.driver().clone();
+        let row_bytes = self.row_bytes();
+        let rows_per_chunk = (UPLOAD_CHUNK_BYTES / row_bytes).max(1);
+        let mut guard = self.maintenance()?;
+        let Maintenance { stream, upload_stream, staging } = &mut *guard;
+        let streams = [&*stream, &*upload_stream];
+        let chunks: Vec<(usize, usize)> = (start..start + count)
+            .step_by(rows_per_chunk)
+            .map(|first| (first, (first + rows_per_chunk).min(start + count)))
+            .collect();
+        let download = |i: usize, staging: &mut [Staging<D>; 2]| -> Result<()> {
+            let (first, end) = chunks[i];
+            let bytes = (end - first) * row_bytes;
+            let buffer = staging[i % 2].get(&driver, bytes)?;
+            driver.download(streams[i % 2], buffer, arrays.rows.ptr() + (first * row_bytes) as u64, bytes)
+        };
+        let mut pass = || -> Result<()> {
+            download(0, staging)?;
+            for i in 0..chunks.len() {
+                if i + 1 < chunks.len() {
+                    download(i + 1, staging)?;
+                }
+                driver.synchronize(streams[i % 2])?;
+                let (first, end) = chunks[i];
+                let bytes = (end - first) * row_bytes;
+                let buffer = staging[i % 2].get(&driver, bytes)?;
+                out(&buffer[..bytes])?;
+            }
+            Ok(())
+        };
+        let passed = pass();
+        // A pass that stopped early may leave a download in flight into a staging buffer:
+        // it lands before the buffer is used (or freed) again.
+        let drained = driver.synchronize(streams[0]).and(driver.synchronize(streams[1]));
+        passed.and(drained)
     }
 
     fn memory_bytes(&self) -> usize {

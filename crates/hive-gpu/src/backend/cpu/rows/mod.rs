@@ -3,18 +3,21 @@
 
 mod bounds;
 mod paths;
+mod values;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use self::paths::{BF16_MIN_QUERIES, GEMM_MIN_QUERIES, TileKernel};
+use self::values::Values;
 use super::simd::{self, SimdLevel};
 use super::topk::{self, ErrorBound};
 use super::{bf16, int8};
 use crate::backend::candidates::{Candidates, check_refine, check_select, live_candidates};
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
+use crate::persist::MappedRows;
 use crate::slots::{SearchMask, SlotSet};
 use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
 
@@ -42,8 +45,8 @@ struct RowStats {
 
 #[derive(Debug, Clone)]
 enum Elements {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(Values<f32>),
+    F16(Values<f16>),
 }
 
 /// Rows in host memory, a squared norm per row and a tombstone bitmap.
@@ -68,8 +71,8 @@ pub struct CpuRows {
 impl CpuRows {
     pub(crate) fn new(dim: usize, precision: StoragePrecision, simd: SimdLevel) -> Self {
         let elements = match precision {
-            StoragePrecision::F32 => Elements::F32(Vec::new()),
-            StoragePrecision::F16 => Elements::F16(Vec::new()),
+            StoragePrecision::F32 => Elements::F32(Values::Owned(Vec::new())),
+            StoragePrecision::F16 => Elements::F16(Values::Owned(Vec::new())),
         };
         Self {
             dim,
@@ -142,8 +145,8 @@ impl CpuRows {
             out
         }
         let elements = match &self.elements {
-            Elements::F32(v) => Elements::F32(copy(v, slots, dim)),
-            Elements::F16(v) => Elements::F16(copy(v, slots, dim)),
+            Elements::F32(v) => Elements::F32(Values::Owned(copy(v, slots, dim))),
+            Elements::F16(v) => Elements::F16(Values::Owned(copy(v, slots, dim))),
         };
         let mut dead = SlotSet::default();
         dead.cover(slots.len());
@@ -442,9 +445,20 @@ impl RowStore for CpuRows {
         crate::memory::claim(requested).map_err(|(_, available)| too_much(available))?;
         // Amortised growth may ask for up to twice the rows held; under an address-space limit
         // that can fail where the rows asked for still fit, so exactly those are tried next.
+        // Rows still in a mapped file move into memory first: appends go after them.
         let reserved = match &mut self.elements {
-            Elements::F32(v) => v.try_reserve(values).or_else(|_| v.try_reserve_exact(values)),
-            Elements::F16(v) => v.try_reserve(values).or_else(|_| v.try_reserve_exact(values)),
+            Elements::F32(v) => {
+                let v = v.owned()?;
+                let reserved = v.try_reserve(values).or_else(|_| v.try_reserve_exact(values));
+                values::advise_huge_pages(v);
+                reserved
+            }
+            Elements::F16(v) => {
+                let v = v.owned()?;
+                let reserved = v.try_reserve(values).or_else(|_| v.try_reserve_exact(values));
+                values::advise_huge_pages(v);
+                reserved
+            }
         };
         reserved
             .and_then(|_| self.sq_norms.try_reserve(additional))
@@ -469,19 +483,122 @@ impl RowStore for CpuRows {
         let first = self.len_slots();
         if rows.len() <= PARALLEL_VALUES {
             match &mut self.elements {
-                Elements::F32(v) => v.extend_from_slice(rows),
-                Elements::F16(v) => v.extend(rows.iter().map(|&x| f16::from_f32(x))),
+                Elements::F32(v) => v.owned()?.extend_from_slice(rows),
+                Elements::F16(v) => v.owned()?.extend(rows.iter().map(|&x| f16::from_f32(x))),
             }
         } else {
             let values = rows.par_iter().with_min_len(PARALLEL_VALUES);
             match &mut self.elements {
-                Elements::F32(v) => v.par_extend(values.copied()),
-                Elements::F16(v) => v.par_extend(values.map(|&x| f16::from_f32(x))),
+                Elements::F32(v) => v.owned()?.par_extend(values.copied()),
+                Elements::F16(v) => v.owned()?.par_extend(values.map(|&x| f16::from_f32(x))),
             }
         }
         self.note_rows_from(first);
         self.dead.cover(self.len_slots());
         Ok(())
+    }
+
+    fn append_stored(&mut self, bytes: &[u8], precision: StoragePrecision, dim: usize) -> Result<()> {
+        let stored = match self.elements {
+            Elements::F32(_) => StoragePrecision::F32,
+            Elements::F16(_) => StoragePrecision::F16,
+        };
+        let row_bytes = self.dim * crate::persist::element_bytes(precision);
+        if precision != stored || dim != self.dim || cfg!(target_endian = "big") {
+            return crate::backend::append_widened(self, bytes, precision, dim);
+        }
+        if !bytes.len().is_multiple_of(row_bytes)
+            || self.len_slots().saturating_add(bytes.len() / row_bytes) > u32::MAX as usize
+        {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "{} bytes are not whole stored rows of dimension {dim}, or too many for a CPU collection",
+                bytes.len()
+            )));
+        }
+        let first = self.len_slots();
+        // The file's elements are the stored ones: copied as they are (in parallel; the cast
+        // fails only on a misaligned buffer, which widens instead).
+        fn extend<T: bytemuck::Pod + Send + Sync>(values: &mut Values<T>, bytes: &[u8]) -> Result<bool> {
+            let Ok(elements) = bytemuck::try_cast_slice::<u8, T>(bytes) else { return Ok(false) };
+            let owned = values.owned()?;
+            if elements.len() <= PARALLEL_VALUES {
+                owned.extend_from_slice(elements);
+            } else {
+                owned.par_extend(elements.par_iter().with_min_len(PARALLEL_VALUES).copied());
+            }
+            Ok(true)
+        }
+        let copied = match &mut self.elements {
+            Elements::F32(v) => extend(v, bytes)?,
+            Elements::F16(v) => extend(v, bytes)?,
+        };
+        if !copied {
+            return crate::backend::append_widened(self, bytes, precision, dim);
+        }
+        self.note_rows_from(first);
+        self.dead.cover(self.len_slots());
+        Ok(())
+    }
+
+    fn read_stored(
+        &self,
+        start: usize,
+        count: usize,
+        precision: StoragePrecision,
+        out: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if start.checked_add(count).is_none_or(|end| end > self.len_slots()) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "rows {start}..{} of {}",
+                start.saturating_add(count),
+                self.len_slots()
+            )));
+        }
+        let range = start * self.dim..(start + count) * self.dim;
+        // The stored elements are the file's: their own memory goes out as it is.
+        match (&self.elements, precision) {
+            (Elements::F32(v), StoragePrecision::F32) if cfg!(target_endian = "little") => {
+                out(bytemuck::cast_slice(&v[range]))
+            }
+            (Elements::F16(v), StoragePrecision::F16) if cfg!(target_endian = "little") => {
+                out(bytemuck::cast_slice(&v[range]))
+            }
+            _ => {
+                let mut scratch = Vec::new();
+                out(&crate::persist::narrow(self.rows_f32(start, count, &mut scratch), precision))
+            }
+        }
+    }
+
+    fn adopt_mapped(&mut self, rows: &MappedRows, precision: StoragePrecision, dim: usize) -> Result<bool> {
+        let row_bytes = dim * crate::persist::element_bytes(precision);
+        if self.len_slots() != 0
+            || dim != self.dim
+            || !rows.bytes().len().is_multiple_of(row_bytes)
+            || rows.bytes().len() / row_bytes > u32::MAX as usize
+        {
+            return Ok(false);
+        }
+        let elements = match (&self.elements, precision) {
+            (Elements::F32(_), StoragePrecision::F32) => Values::mapped(rows).map(Elements::F32),
+            (Elements::F16(_), StoragePrecision::F16) => Values::mapped(rows).map(Elements::F16),
+            _ => None,
+        };
+        let Some(elements) = elements else { return Ok(false) };
+        // Norms, 4 bytes a row, stay in memory: claimed like an append's.
+        let count = rows.bytes().len() / row_bytes;
+        crate::memory::claim((count * 4) as u64).map_err(|(requested, available)| {
+            HiveGpuError::VramLimitExceeded { backend: GpuBackendType::Cpu, requested, available }
+        })?;
+        self.sq_norms.try_reserve_exact(count).map_err(|_| HiveGpuError::VramLimitExceeded {
+            backend: GpuBackendType::Cpu,
+            requested: (count * 4) as u64,
+            available: crate::memory::available_bytes().unwrap_or(0),
+        })?;
+        self.elements = elements;
+        self.note_rows_from(0);
+        self.dead.cover(self.len_slots());
+        Ok(true)
     }
 
     fn truncate(&mut self, len: usize) {
@@ -535,8 +652,8 @@ impl RowStore for CpuRows {
             return Err(too_much());
         }
         let gathered = match &self.elements {
-            Elements::F32(v) => gather(v, keep, dim).map(Elements::F32),
-            Elements::F16(v) => gather(v, keep, dim).map(Elements::F16),
+            Elements::F32(v) => gather(v, keep, dim).map(|v| Elements::F32(Values::Owned(v))),
+            Elements::F16(v) => gather(v, keep, dim).map(|v| Elements::F16(Values::Owned(v))),
         };
         self.elements = gathered.ok_or_else(too_much)?;
         self.dead.reset(keep.len());
@@ -549,8 +666,8 @@ impl RowStore for CpuRows {
 
     fn clear(&mut self) {
         match &mut self.elements {
-            Elements::F32(v) => *v = Vec::new(),
-            Elements::F16(v) => *v = Vec::new(),
+            Elements::F32(v) => *v = Values::Owned(Vec::new()),
+            Elements::F16(v) => *v = Values::Owned(Vec::new()),
         }
         self.sq_norms = Vec::new();
         self.dead = SlotSet::default();
@@ -571,8 +688,8 @@ impl RowStore for CpuRows {
 
     fn memory_bytes(&self) -> usize {
         let values = match &self.elements {
-            Elements::F32(v) => v.capacity() * 4,
-            Elements::F16(v) => v.capacity() * 2,
+            Elements::F32(v) => v.heap_bytes(),
+            Elements::F16(v) => v.heap_bytes(),
         };
         values + self.sq_norms.capacity() * 4 + self.dead.capacity_bytes()
     }
