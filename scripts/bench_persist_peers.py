@@ -45,6 +45,8 @@ def main():
     p.add_argument("--work", default="/tmp/hive-persist-bench")
     p.add_argument("--backend", default="cpu")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--faiss-gpu", action="store_true",
+                   help="also time faiss read_index + index_cpu_to_gpu (FAISS GPU, on the GPU machine)")
     args = p.parse_args()
     import faiss
 
@@ -78,9 +80,10 @@ def main():
     save_s = median(hive_save, args.repeat)
     file_bytes = coll.stat().st_size
 
-    def hive_open():
+    def hive_open(mapped=False):
         out = subprocess.run(
-            [binary, "info", "--collection", coll, "--open", "--backend", args.backend],
+            [binary, "info", "--collection", coll, "--open", "--backend", args.backend]
+            + (["--mapped"] if mapped else []),
             capture_output=True, text=True, check=True,
         ).stdout
         m = re.search(r"in ([0-9.]+) s; reading the file's bytes took ([0-9.]+) s", out)
@@ -89,6 +92,7 @@ def main():
     opens = [hive_open() for _ in range(args.repeat)]
     open_s = statistics.median(o[0] for o in opens)
     read_s = statistics.median(o[1] for o in opens)
+    mapped_s = statistics.median(hive_open(True)[0] for _ in range(args.repeat)) if args.backend == "cpu" else None
 
     index = faiss.IndexFlatL2(int(dim))
     index.add(base)
@@ -106,6 +110,17 @@ def main():
     fw_sync = median(lambda: faiss_write(True), args.repeat)
     fw = median(lambda: faiss_write(False), args.repeat)
     fr = median(lambda: timed(lambda: faiss.read_index(path)), args.repeat)
+    fgpu = None
+    if args.faiss_gpu:
+        resources = faiss.StandardGpuResources()
+        faiss.index_cpu_to_gpu(resources, 0, faiss.read_index(path))  # warm: CUDA context, pools
+
+        def to_gpu():
+            gpu_index = faiss.index_cpu_to_gpu(resources, 0, faiss.read_index(path))
+            gpu_index.search(base[:1], 1)  # the copy is done once a search returns
+            return gpu_index
+
+        fgpu = median(lambda: timed(to_gpu), args.repeat)
 
     result = {
         "vectors": n, "dim": int(dim), "backend": args.backend, "file_bytes": file_bytes,
@@ -115,11 +130,15 @@ def main():
         "hive_open_s": open_s, "hive_read_file_s": read_s, "hive_open_vs_read": open_s / read_s,
         "faiss_write_fsync_s": fw_sync, "faiss_write_s": fw, "faiss_read_s": fr,
         "save_vs_faiss_write_fsync": fw_sync / save_s, "open_vs_faiss_read": fr / open_s,
+        "hive_open_mapped_s": mapped_s,
+        "faiss_read_to_gpu_s": fgpu, "open_vs_faiss_read_to_gpu": fgpu / open_s if fgpu else None,
     }
     print(json.dumps(result))
     print(f"| {n} x {dim} | dd {dd_gbs:.2f} GB/s | hive save {save_s:.2f} s ({result['hive_save_vs_dd']:.0%} of dd) "
           f"| faiss write_index+fsync {fw_sync:.2f} s (without fsync {fw:.2f} s) | hive open ({args.backend}) {open_s:.2f} s "
-          f"({open_s / read_s:.1f}x reading the file, {read_s:.3f} s) | faiss read_index {fr:.2f} s |")
+          f"({open_s / read_s:.1f}x reading the file, {read_s:.3f} s) | faiss read_index {fr:.2f} s |"
+          + (f" hive open --mapped {mapped_s:.3f} s |" if mapped_s is not None else "")
+          + (f" faiss read_index + index_cpu_to_gpu {fgpu:.3f} s ({fgpu / open_s:.2f}x ours) |" if fgpu else ""))
 
 
 if __name__ == "__main__":

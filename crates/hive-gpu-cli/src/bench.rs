@@ -86,11 +86,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
     let (storage, build, loaded) = match &args.data.collection {
         Some(path) => {
             let began = Instant::now();
-            let storage = if args.json {
-                context.open_storage(path)?
-            } else {
-                crate::collection::open_with_bar(&context, path)?
-            };
+            let storage = crate::collection::open(&context, path, args.data.mapped, args.json)?;
             (storage, began.elapsed(), "open")
         }
         None => {

@@ -43,7 +43,7 @@ pub fn build(args: &BuildArgs) -> Result<(), HiveGpuError> {
     Ok(())
 }
 
-pub fn info(path: &Path, open: bool, backend: BackendArg) -> Result<(), HiveGpuError> {
+pub fn info(path: &Path, open: bool, mapped: bool, backend: BackendArg) -> Result<(), HiveGpuError> {
     let info = persist::inspect_file(path)?;
     let c = &info.config;
     out!("file            {}", path.display());
@@ -82,7 +82,7 @@ pub fn info(path: &Path, open: bool, backend: BackendArg) -> Result<(), HiveGpuE
         let read = started.elapsed().as_secs_f64();
         drop(bytes);
         let started = Instant::now();
-        let storage = open_with_bar(&context, path)?;
+        let storage = self::open(&context, path, mapped, false)?;
         let opened = started.elapsed().as_secs_f64();
         out!();
         out!(
@@ -101,6 +101,22 @@ fn vector_bar(what: &str, total: u64) -> ProgressBar {
         ProgressStyle::with_template(&format!("{what} {{bar:40}} {{pos}}/{{len}} vectors ({{eta}} left)"))
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     )
+}
+
+/// Opens the collection file at `path` on `context`, with a bar over its vectors unless
+/// `quiet`; with `mapped`, its rows stay in the file (`GpuContext::open_storage_mapped`).
+pub fn open(
+    context: &hive_gpu::GpuContext,
+    path: &Path,
+    mapped: bool,
+    quiet: bool,
+) -> Result<hive_gpu::GpuVectorStorage, HiveGpuError> {
+    if mapped {
+        // SAFETY: this command only reads the file, and `--mapped`'s help tells the user that
+        // nothing may change the file while the command runs (the contract of the mapping).
+        return unsafe { context.open_storage_mapped(path) };
+    }
+    if quiet { context.open_storage(path) } else { open_with_bar(context, path) }
 }
 
 /// Opens the collection file at `path` on `context` with a bar over its vectors.

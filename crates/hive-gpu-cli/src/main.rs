@@ -103,6 +103,11 @@ struct InfoArgs {
     /// to read the file's bytes.
     #[arg(long, requires = "collection")]
     open: bool,
+    /// Keep the collection's rows in the file, memory-mapped: the CPU backend searches them
+    /// there without loading them (a collection larger than memory opens); GPU backends load
+    /// them as usual. The file must not be changed by anyone while this command runs.
+    #[arg(long, requires = "collection")]
+    mapped: bool,
     /// Backend to open the collection on.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
@@ -134,6 +139,11 @@ struct DataArgs {
     /// time reported is the open's.
     #[arg(long, requires = "query")]
     collection: Option<PathBuf>,
+    /// Keep the collection's rows in the file, memory-mapped: the CPU backend searches them
+    /// there without loading them (a collection larger than memory opens); GPU backends load
+    /// them as usual. The file must not be changed by anyone while this command runs.
+    #[arg(long, requires = "collection")]
+    mapped: bool,
     /// Query vectors (same formats as --base).
     #[arg(long)]
     query: Option<PathBuf>,
@@ -201,6 +211,11 @@ struct SearchArgs {
     /// A collection file to search instead of --base (its metric and precision apply).
     #[arg(long)]
     collection: Option<PathBuf>,
+    /// Keep the collection's rows in the file, memory-mapped: the CPU backend searches them
+    /// there without loading them (a collection larger than memory opens); GPU backends load
+    /// them as usual. The file must not be changed by anyone while this command runs.
+    #[arg(long, requires = "collection")]
+    mapped: bool,
     /// Query vectors (same formats as --base).
     #[arg(long)]
     query: PathBuf,
@@ -304,8 +319,8 @@ fn main() -> ExitCode {
     quiet_vulkan_layers();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Info(InfoArgs { collection: Some(path), open, backend }) => {
-            collection::info(&path, open, backend)
+        Command::Info(InfoArgs { collection: Some(path), open, mapped, backend }) => {
+            collection::info(&path, open, mapped, backend)
         }
         Command::Info(InfoArgs { collection: None, .. }) => info::run(),
         Command::Build(args) => collection::build(&args),

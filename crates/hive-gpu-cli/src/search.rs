@@ -23,11 +23,8 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
     let storage = match (&args.base, &args.collection) {
         (_, Some(path)) => {
             // The spinner steps aside while the bar over the file's vectors runs.
-            let storage = if args.json {
-                context.open_storage(path)?
-            } else {
-                spinner.suspend(|| crate::collection::open_with_bar(&context, path))?
-            };
+            let storage =
+                spinner.suspend(|| crate::collection::open(&context, path, args.mapped, args.json))?;
             if storage.dimension() != queries.dim {
                 return Err(HiveGpuError::InvalidArgument(format!(
                     "dimension mismatch: query file {} has {} components per vector, collection {} has {}",
