@@ -45,6 +45,8 @@ def main():
     p.add_argument("--work", default="/tmp/hive-persist-bench")
     p.add_argument("--backend", default="cpu")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--binary", default=str(ROOT / "target/release/hive-gpu"),
+                   help="the hive-gpu binary (a GPU bundle's on the GPU machine)")
     p.add_argument("--faiss-gpu", action="store_true",
                    help="also time faiss read_index + index_cpu_to_gpu (FAISS GPU, on the GPU machine)")
     args = p.parse_args()
@@ -52,7 +54,7 @@ def main():
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    binary = ROOT / "target/release/hive-gpu"
+    binary = args.binary
     base = read_fvecs(args.base)
     n, dim = base.shape
     rows = []

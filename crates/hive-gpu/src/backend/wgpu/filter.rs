@@ -37,7 +37,7 @@ const NVIDIA: u32 = 0x10de;
 /// Lanes per subgroup the kernel is written for.
 pub(super) const SUBGROUP: u32 = 32;
 /// The largest dimension whose query fragments the subgroups keep in registers.
-const MAX_DIM: usize = 256;
+pub(super) const MAX_DIM: usize = 256;
 /// The largest k the filter serves; larger k take the plain path.
 const MAX_K: usize = 256;
 /// Batches of at least this many queries take the filter.

@@ -17,6 +17,8 @@
 mod filter;
 mod params;
 mod rows;
+#[cfg(test)]
+mod translate;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -125,6 +127,63 @@ fn adapter_info(adapter: &wgpu::Adapter, ordinal: usize, note: Option<&str>) -> 
         warp_size: info.subgroup_min_size.max(1),
         software: info.device_type == wgpu::DeviceType::Cpu,
     }
+}
+
+/// The WGSL modules the backend compiles, assembled from `kernels/*.wgsl`: what device creation
+/// builds its pipelines from, and what `translate.rs` checks that naga turns into MSL and HLSL.
+pub(super) struct Modules {
+    /// The scans and distances, rows bound as f32 (`[0]`) or f16 (`[1]`) vectors.
+    pub(super) search: [String; 2],
+    /// The same with the subgroup scan of single queries added.
+    pub(super) wide: [String; 2],
+    /// Radix select, lists and thresholds.
+    pub(super) select: String,
+}
+
+impl Modules {
+    pub(super) fn new() -> Self {
+        let search = format!("{KEYS_WGSL}\n{COMMON_WGSL}\n{SEARCH_WGSL}");
+        // Naga takes the subgroup built-ins without `enable subgroups;` (which it rejects).
+        let wide = format!("{search}\n{SCAN_WIDE_WGSL}");
+        Self {
+            search: [f32_rows(&search), f16_rows(&search)],
+            wide: [f32_rows(&wide), f16_rows(&wide)],
+            select: format!("{KEYS_WGSL}\n{COMMON_WGSL}\n{SELECT_WGSL}"),
+        }
+    }
+
+    /// Every module with a name, for checks over all of them.
+    #[cfg(test)]
+    pub(super) fn all(self) -> Vec<(&'static str, String)> {
+        let [search_f32, search_f16] = self.search;
+        let [wide_f32, wide_f16] = self.wide;
+        vec![
+            ("search (f32 rows)", search_f32),
+            ("search (f16 rows)", search_f16),
+            ("subgroup scan (f32 rows)", wide_f32),
+            ("subgroup scan (f16 rows)", wide_f16),
+            ("select", self.select),
+        ]
+    }
+}
+
+// Rows are bound as 16-byte (f32) or 8-byte (f16) vectors of 4 components, so that a row of a
+// length divisible by 4 loads in wide pieces; buffers are sized to whole vectors.
+fn f32_rows(source: &str) -> String {
+    source
+        .replace("ROW_TYPE", "vec4<f32>")
+        .replace("ROW(i)", "rows[i >> 2u][i & 3u]")
+        .replace("ROW4(base + w)", "rows[base + w]")
+}
+
+fn f16_rows(source: &str) -> String {
+    source
+        .replace("ROW_TYPE", "vec2<u32>")
+        .replace("ROW(i)", "unpack2x16float(rows[i >> 2u][(i >> 1u) & 1u])[i & 1u]")
+        .replace(
+            "ROW4(base + w)",
+            "vec4<f32>(unpack2x16float(rows[base + w].x), unpack2x16float(rows[base + w].y))",
+        )
 }
 
 /// Pipelines and layouts, created once per device.
@@ -344,36 +403,16 @@ impl WgpuBackend {
                 cache: None,
             })
         };
-        let search = format!("{KEYS_WGSL}\n{COMMON_WGSL}\n{SEARCH_WGSL}");
-        let select = format!("{KEYS_WGSL}\n{COMMON_WGSL}\n{SELECT_WGSL}");
-        // Rows are bound as 16-byte (f32) or 8-byte (f16) vectors of 4 components, so that a
-        // row of a length divisible by 4 loads in wide pieces; buffers are sized to whole vectors.
-        let f32_rows = |source: &str| {
-            source
-                .replace("ROW_TYPE", "vec4<f32>")
-                .replace("ROW(i)", "rows[i >> 2u][i & 3u]")
-                .replace("ROW4(base + w)", "rows[base + w]")
-        };
-        let f16_rows = |source: &str| {
-            source
-                .replace("ROW_TYPE", "vec2<u32>")
-                .replace("ROW(i)", "unpack2x16float(rows[i >> 2u][(i >> 1u) & 1u])[i & 1u]")
-                .replace(
-                    "ROW4(base + w)",
-                    "vec4<f32>(unpack2x16float(rows[base + w].x), unpack2x16float(rows[base + w].y))",
-                )
-        };
-        let f32_source = f32_rows(&search);
-        let f16_source = f16_rows(&search);
+        let modules = Modules::new();
+        let [f32_source, f16_source] = &modules.search;
+        let select = &modules.select;
         // A driver that fails the subgroup kernels leaves single queries on `scan_select`.
         let scan_select_wide = subgroups
             .then(|| {
                 let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-                // Naga takes the subgroup built-ins without `enable subgroups;` (which it rejects).
-                let wide = format!("{search}\n{SCAN_WIDE_WGSL}");
                 let pipelines = [
-                    pipeline(&search_layout, &f32_rows(&wide), "scan_select_wide"),
-                    pipeline(&search_layout, &f16_rows(&wide), "scan_select_wide"),
+                    pipeline(&search_layout, &modules.wide[0], "scan_select_wide"),
+                    pipeline(&search_layout, &modules.wide[1], "scan_select_wide"),
                 ];
                 pollster::block_on(scope.pop()).is_none().then_some(pipelines)
             })
@@ -381,23 +420,23 @@ impl WgpuBackend {
         Kernels {
             scan_select_wide,
             distances: [
-                pipeline(&search_layout, &f32_source, "distances"),
-                pipeline(&search_layout, &f16_source, "distances"),
+                pipeline(&search_layout, f32_source, "distances"),
+                pipeline(&search_layout, f16_source, "distances"),
             ],
             scan: [
-                pipeline(&search_layout, &f32_source, "scan"),
-                pipeline(&search_layout, &f16_source, "scan"),
+                pipeline(&search_layout, f32_source, "scan"),
+                pipeline(&search_layout, f16_source, "scan"),
             ],
             scan_select: [
-                pipeline(&search_layout, &f32_source, "scan_select"),
-                pipeline(&search_layout, &f16_source, "scan_select"),
+                pipeline(&search_layout, f32_source, "scan_select"),
+                pipeline(&search_layout, f16_source, "scan_select"),
             ],
-            merge_lists: pipeline(&select_layout, &select, "merge_lists"),
-            radix_hist: pipeline(&select_layout, &select, "radix_hist"),
-            radix_pick: pipeline(&select_layout, &select, "radix_pick"),
-            collect: pipeline(&select_layout, &select, "collect"),
-            thresholds: pipeline(&select_layout, &select, "thresholds"),
-            select_lists: pipeline(&select_layout, &select, "select_lists"),
+            merge_lists: pipeline(&select_layout, select, "merge_lists"),
+            radix_hist: pipeline(&select_layout, select, "radix_hist"),
+            radix_pick: pipeline(&select_layout, select, "radix_pick"),
+            collect: pipeline(&select_layout, select, "collect"),
+            thresholds: pipeline(&select_layout, select, "thresholds"),
+            select_lists: pipeline(&select_layout, select, "select_lists"),
             search_layout,
             select_layout,
         }
