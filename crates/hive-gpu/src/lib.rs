@@ -73,6 +73,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, select_best_backend};
 pub use error::{HiveGpuError, Result};
 pub use filter::{Filter, MAX_FILTER_DEPTH, PreparedFilter};
+pub use index::kmeans::{KMeans, KMeansParams};
 pub use payload::{Payload, PayloadValue};
 pub use persist::{Durability, DurableOptions, LogStats};
 pub use results::{ResultRow, SearchResults};
@@ -169,6 +170,18 @@ impl GpuContext {
             inner: RwLock::new(Collection::new(config, rows)),
             log: None,
         })
+    }
+}
+
+impl GpuContext {
+    /// Trains k-means on `vectors` (row-major, `dim` components each) with this context's
+    /// device doing the assignments (the exact 1-NN of every training vector over the
+    /// centroids): Lloyd's iterations from centroids sampled among the vectors, at most
+    /// `params.max_training_vectors` of them used (sampled), empty clusters repaired by splitting
+    /// the largest. Deterministic: the same input and seed give the same centroids on every
+    /// backend. Vectors must be finite; clusters between 1 and the number of vectors.
+    pub fn kmeans(&self, vectors: &[f32], dim: usize, params: &KMeansParams) -> Result<KMeans> {
+        exec::run(|| index::kmeans::train(self.backend.as_ref(), &self.tuning, vectors, dim, params))?
     }
 }
 

@@ -1,4 +1,5 @@
-//! Search structures, written once over the backend op set. Only exact (flat) search exists
-//! today; IVF, PQ and graph indexes will sit beside it.
+//! Search structures, written once over the backend op set. Exact (flat) search exists today,
+//! and k-means, which the IVF and PQ indexes will train with; graph indexes will sit beside them.
 
 pub(crate) mod flat;
+pub(crate) mod kmeans;
