@@ -23,6 +23,7 @@ mod collection;
 mod dataset;
 mod info;
 mod json;
+mod kmeans;
 mod reference;
 mod search;
 
@@ -57,6 +58,33 @@ enum Command {
     /// Measure acknowledged single-vector upserts per second from many writer threads on a
     /// durable collection (write-ahead log with group commit), beside the disk's flush rate.
     BenchWrites(BenchWritesArgs),
+    /// Train k-means on a vector file (assignments on --backend) and report time and inertia.
+    Kmeans(KMeansArgs),
+}
+
+#[derive(Args)]
+struct KMeansArgs {
+    /// Vectors to cluster (.fvecs, .bvecs, .npy, IDX).
+    #[arg(long)]
+    base: PathBuf,
+    /// Clusters to find.
+    #[arg(long)]
+    clusters: usize,
+    /// Lloyd iterations at most.
+    #[arg(long, default_value_t = 20)]
+    iterations: usize,
+    /// Training vectors used at most (sampled); default 256 per cluster.
+    #[arg(long)]
+    max_training_vectors: Option<usize>,
+    /// Seed of the sampling and the initial centroids.
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+    /// Backend doing the assignments.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// One JSON object instead of a sentence.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -327,6 +355,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Search(args) => search::run(&args),
         Command::BenchWrites(args) => bench_writes::run(&args),
+        Command::Kmeans(args) => kmeans::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -449,15 +449,11 @@ impl RowStore for CpuRows {
         let reserved = match &mut self.elements {
             Elements::F32(v) => {
                 let v = v.owned()?;
-                let reserved = v.try_reserve(values).or_else(|_| v.try_reserve_exact(values));
-                values::advise_huge_pages(v);
-                reserved
+                v.try_reserve(values).or_else(|_| v.try_reserve_exact(values))
             }
             Elements::F16(v) => {
                 let v = v.owned()?;
-                let reserved = v.try_reserve(values).or_else(|_| v.try_reserve_exact(values));
-                values::advise_huge_pages(v);
-                reserved
+                v.try_reserve(values).or_else(|_| v.try_reserve_exact(values))
             }
         };
         reserved

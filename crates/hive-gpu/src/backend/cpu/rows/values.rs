@@ -85,30 +85,3 @@ impl<T: bytemuck::Pod> std::ops::Deref for Values<T> {
         self.as_slice()
     }
 }
-
-/// Asks the kernel to back the spare capacity of `values` with transparent huge pages, where
-/// the system leaves that to each program (`/sys/kernel/mm/transparent_hugepage/enabled` set to
-/// `madvise`, a common default): writing a fresh buffer of hundreds of megabytes then faults
-/// once per 2 MiB instead of once per 4 KiB, which was most of the time of copying a collection
-/// file's rows into memory (docs/PERFORMANCE.md, opening collections). A hint: a kernel that
-/// refuses it changes nothing.
-pub(super) fn advise_huge_pages<T>(values: &Vec<T>) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let size = std::mem::size_of::<T>();
-        let start = values.as_ptr() as usize + values.len() * size;
-        let end = values.as_ptr() as usize + values.capacity() * size;
-        let (first, last) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
-        if last > first {
-            // SAFETY: the range lies inside this vector's own allocation (its spare capacity,
-            // rounded inward to whole huge pages); MADV_HUGEPAGE changes only the page size the
-            // kernel backs it with and reads or writes no memory.
-            unsafe {
-                libc::madvise(first as *mut libc::c_void, last - first, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = values;
-}

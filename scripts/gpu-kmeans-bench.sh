@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine, with the bundle unpacked (.gpu/, scripts/gpu-bundle) and /tmp/faiss/env.sh in
+# place (../shared/tools/faiss-gpu-prep.sh): k-means of 1M x 128 f32 (synthetic Gaussian, seed 7)
+# into 1,024 and 4,096 clusters, hive-gpu on CUDA against faiss.Kmeans on the GPU, and 1,024
+# clusters on the CPU backend against faiss.Kmeans on the CPU (scripts/bench_kmeans_peers.py,
+# medians of 3). Writes its logs under $OUT/kmeans.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${OUT:-/tmp/out}/kmeans"
+work=/tmp/hive-kmeans-bench
+mkdir -p "$out" "$work"
+. scripts/cuda-libs.sh
+. .gpu/env
+if [ -f /tmp/faiss/env.sh ]; then . /tmp/faiss/env.sh; fi
+python3 - "$work/base.fvecs" <<'PY'
+import sys
+import numpy as np
+rows = np.random.default_rng(7).standard_normal((1_000_000, 128), dtype=np.float32)
+out = np.empty((rows.shape[0], 129), dtype=np.float32)
+out[:, 0] = np.array([128], dtype=np.int32).view(np.float32)[0]
+out[:, 1:] = rows
+out.tofile(sys.argv[1])
+PY
+bench() { python3 scripts/bench_kmeans_peers.py --binary "$(command -v hive-gpu)" --base "$work/base.fvecs" --repeat 3 "$@"; }
+for clusters in 1024 4096; do
+  bench --backend cuda --faiss-gpu --clusters "$clusters" 2>&1 | tee "$out/cuda-$clusters.out"
+done
+bench --backend cpu --clusters 1024 2>&1 | tee "$out/cpu-1024.out"
