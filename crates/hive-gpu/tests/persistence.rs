@@ -241,6 +241,12 @@ fn a_file_whose_ids_repeat_far_apart_is_refused_naming_the_id_and_both_slots() {
     image[at..at + last.len()].copy_from_slice(b"id-000003");
     reseal_section_of(&mut image, at);
     let bad = dir.join("bad.hgc");
+    // A description refuses it too (`hive-gpu info`).
+    let described = hive_gpu::persist::inspect(&image).expect_err("inspect accepted a repeated id");
+    assert!(
+        described.to_string().contains("id-000003") && described.to_string().contains("twice"),
+        "{described}"
+    );
     for context in contexts() {
         let e = open_error(&context, &bad, &image);
         assert!(

@@ -512,6 +512,23 @@ pub struct FileInfo {
 /// does) and describes it. This is what the fuzz target exercises.
 pub fn inspect(image: &[u8]) -> std::result::Result<FileInfo, FormatError> {
     let snapshot = format::parse(image)?;
+    // What an open refuses, a description refuses too: an id on two live slots. (An open finds
+    // it while building its id map, so the parse itself does not hash every id twice.)
+    let mut first_slot: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(snapshot.slots - snapshot.removed.count());
+    for (slot, id) in snapshot.ids.iter().enumerate() {
+        if snapshot.removed.contains(slot) {
+            continue;
+        }
+        if let Some(first) = first_slot.insert(id, slot) {
+            let at = snapshot.sections.iter().find(|s| s.kind == Kind::Ids).map_or(0, |s| s.offset);
+            return format::fail(
+                "ids",
+                at,
+                format!("id {id:?} is stored twice, in slots {first} and {slot}"),
+            );
+        }
+    }
     Ok(FileInfo {
         format_version: format::FORMAT_VERSION,
         file_bytes: image.len() as u64,
