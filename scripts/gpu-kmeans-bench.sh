@@ -13,15 +13,7 @@ mkdir -p "$out" "$work"
 . scripts/cuda-libs.sh
 . .gpu/env
 if [ -f /tmp/faiss/env.sh ]; then . /tmp/faiss/env.sh; fi
-python3 - "$work/base.fvecs" <<'PY'
-import sys
-import numpy as np
-rows = np.random.default_rng(7).standard_normal((1_000_000, 128), dtype=np.float32)
-out = np.empty((rows.shape[0], 129), dtype=np.float32)
-out[:, 0] = np.array([128], dtype=np.int32).view(np.float32)[0]
-out[:, 1:] = rows
-out.tofile(sys.argv[1])
-PY
+python3 scripts/make_gaussian_fvecs.py "$work/base.fvecs"
 bench() { python3 scripts/bench_kmeans_peers.py --binary "$(command -v hive-gpu)" --base "$work/base.fvecs" --repeat 3 "$@"; }
 for clusters in 1024 4096; do
   bench --backend cuda --faiss-gpu --clusters "$clusters" 2>&1 | tee "$out/cuda-$clusters.out"

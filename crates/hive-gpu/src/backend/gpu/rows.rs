@@ -600,43 +600,30 @@ impl<D: Driver> RowStore for GpuRows<D> {
             let slots: Vec<usize> = (start..start + count).collect();
             return out(&crate::persist::narrow(&self.gather(&slots)?, precision));
         }
-        // The device holds the stored elements: downloaded as they are, a chunk at a time into
-        // pinned memory, the next chunk's download running while `out` takes this one.
+        // The device holds the stored elements: downloaded as they are, a chunk at a time through
+        // pinned memory into a host buffer. `out` runs with the maintenance lock released: a
+        // save checksums in parallel there, and no backend mutex may be held across parallel
+        // work (a pool worker waiting in it could pick up another save of this collection,
+        // which would wait on the lock its own stack holds: `crate::exec`).
         let driver = self.driver().clone();
         let row_bytes = self.row_bytes();
         let rows_per_chunk = (UPLOAD_CHUNK_BYTES / row_bytes).max(1);
-        let mut guard = self.maintenance()?;
-        let Maintenance { stream, upload_stream, staging } = &mut *guard;
-        let streams = [&*stream, &*upload_stream];
-        let chunks: Vec<(usize, usize)> = (start..start + count)
-            .step_by(rows_per_chunk)
-            .map(|first| (first, (first + rows_per_chunk).min(start + count)))
-            .collect();
-        let download = |i: usize, staging: &mut [Staging<D>; 2]| -> Result<()> {
-            let (first, end) = chunks[i];
+        let mut host = Vec::new();
+        for first in (start..start + count).step_by(rows_per_chunk) {
+            let end = (first + rows_per_chunk).min(start + count);
             let bytes = (end - first) * row_bytes;
-            let buffer = staging[i % 2].get(&driver, bytes)?;
-            driver.download(streams[i % 2], buffer, arrays.rows.ptr() + (first * row_bytes) as u64, bytes)
-        };
-        let mut pass = || -> Result<()> {
-            download(0, staging)?;
-            for i in 0..chunks.len() {
-                if i + 1 < chunks.len() {
-                    download(i + 1, staging)?;
-                }
-                driver.synchronize(streams[i % 2])?;
-                let (first, end) = chunks[i];
-                let bytes = (end - first) * row_bytes;
-                let buffer = staging[i % 2].get(&driver, bytes)?;
-                out(&buffer[..bytes])?;
+            {
+                let mut guard = self.maintenance()?;
+                let Maintenance { stream, staging, .. } = &mut *guard;
+                let buffer = staging[0].get(&driver, bytes)?;
+                driver.download(stream, buffer, arrays.rows.ptr() + (first * row_bytes) as u64, bytes)?;
+                driver.synchronize(stream)?;
+                host.clear();
+                host.extend_from_slice(&buffer[..bytes]);
             }
-            Ok(())
-        };
-        let passed = pass();
-        // A pass that stopped early may leave a download in flight into a staging buffer:
-        // it lands before the buffer is used (or freed) again.
-        let drained = driver.synchronize(streams[0]).and(driver.synchronize(streams[1]));
-        passed.and(drained)
+            out(&host)?;
+        }
+        Ok(())
     }
 
     fn memory_bytes(&self) -> usize {
