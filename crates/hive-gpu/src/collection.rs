@@ -11,6 +11,8 @@ use smol_str::SmolStr;
 use crate::backend::RowStore;
 use crate::error::{HiveGpuError, Result};
 use crate::filter::{Filter, PreparedFilter, Target};
+use crate::index::ivf::IvfFlat;
+use crate::index::spec::IndexSpec;
 
 /// Collection ids, unique in the process (see [`Collection::uid`]).
 static NEXT_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -102,6 +104,8 @@ pub(crate) struct Collection {
     /// prepared filter checks before reusing its slots.
     uid: u64,
     version: u64,
+    /// The approximate index searches go through unless they ask for exact results.
+    index: Option<IvfFlat>,
 }
 
 /// A collection file's contents in its slot order, for [`Collection::restore`].
@@ -253,6 +257,7 @@ impl Collection {
             payloads: PayloadIndex::default(),
             uid: NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             version: 0,
+            index: None,
         }
     }
 
@@ -392,6 +397,14 @@ impl Collection {
         };
 
         let first_slot = self.rows.len();
+        // The index's lists for the new rows, found before anything changes.
+        let assigned = match &self.index {
+            Some(index) => {
+                IvfFlat::check_slots(first_slot + count)?;
+                Some(self.assign_rows(index, batch)?)
+            }
+            None => None,
+        };
         if let Err(error) = self.append_rows(batch) {
             self.rows.truncate(first_slot);
             return Err(error);
@@ -410,8 +423,69 @@ impl Collection {
             self.slot_of.insert(entry.id.clone(), slot);
             self.entries.push(Some(entry));
         }
+        if let (Some(index), Some(assigned)) = (&mut self.index, assigned) {
+            index.push(first_slot, &assigned);
+        }
         self.compact_if_worth_it();
         Ok(())
+    }
+
+    /// The index list of every vector of `batch`, in bounded pieces.
+    fn assign_rows<B: Batch + ?Sized>(&self, index: &IvfFlat, batch: &B) -> Result<Vec<u32>> {
+        let dim = self.config.dimension;
+        if let Some(values) = batch.flat_values() {
+            return index.assign(values);
+        }
+        let count = batch.len();
+        let mut assigned = Vec::with_capacity(count);
+        let mut flat = Vec::new();
+        for start in (0..count).step_by(APPEND_CHUNK) {
+            let end = (start + APPEND_CHUNK).min(count);
+            flat.clear();
+            for i in start..end {
+                flat.extend_from_slice(batch.values(i, dim));
+            }
+            assigned.extend(index.assign(&flat)?);
+        }
+        Ok(assigned)
+    }
+
+    /// Trains `spec`'s index on the live vectors and makes searches go through it (`Flat`
+    /// drops the index). The collection is unchanged if training fails.
+    pub(crate) fn build_index(
+        &mut self,
+        backend: &dyn crate::backend::GpuBackend,
+        tuning: &crate::tuning::Tuning,
+        spec: IndexSpec,
+    ) -> Result<()> {
+        // Removed slots would sit in the lists until the next compaction: drop them first.
+        self.compact()?;
+        self.index = match spec {
+            IndexSpec::Flat => None,
+            IndexSpec::IvfFlat { nlist } => Some(IvfFlat::build(backend, tuning, self, nlist)?),
+        };
+        self.version += 1;
+        Ok(())
+    }
+
+    /// The index searches go through, if any.
+    pub(crate) fn index(&self) -> Option<&IvfFlat> {
+        self.index.as_ref()
+    }
+
+    /// The `k` nearest of each query among the live rows (in `allowed` where given): exactly,
+    /// or through the index scanning `nprobe` lists per query.
+    pub(crate) fn neighbours(
+        &self,
+        queries: &[f32],
+        k: usize,
+        allowed: Option<&SlotSet>,
+        nprobe: Option<usize>,
+    ) -> Result<Vec<Vec<crate::backend::Neighbor>>> {
+        match (&self.index, nprobe) {
+            (Some(index), Some(nprobe)) => index.search(self.rows.as_ref(), queries, k, nprobe, allowed),
+            _ => self.rows.knn(queries, k, self.config.metric, allowed),
+        }
     }
 
     /// Appends the batch's values as rows, in order; a flat batch goes as it is, in pieces,
@@ -631,6 +705,9 @@ impl Collection {
         }
         let keep: Vec<usize> = (0..self.entries.len()).filter(|&s| self.entries[s].is_some()).collect();
         self.rows.compact(&keep)?;
+        if let Some(index) = &mut self.index {
+            index.remap(&keep, self.entries.len());
+        }
         let entries: Vec<Option<Entry>> =
             std::mem::take(&mut self.entries).into_iter().flatten().map(Some).collect();
         for (slot, entry) in entries.iter().enumerate() {
@@ -672,6 +749,9 @@ impl Collection {
 
     pub(crate) fn clear(&mut self) {
         self.rows.clear();
+        if let Some(index) = &mut self.index {
+            index.clear();
+        }
         self.entries = Vec::new();
         self.slot_of = IdMap::default();
         self.removed = SlotSet::default();

@@ -74,13 +74,15 @@ pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, sel
 pub use error::{HiveGpuError, Result};
 pub use filter::{Filter, MAX_FILTER_DEPTH, PreparedFilter};
 pub use index::kmeans::{KMeans, KMeansParams};
+pub use index::spec::IndexSpec;
 pub use payload::{Payload, PayloadValue};
 pub use persist::{Durability, DurableOptions, LogStats};
 pub use results::{ResultRow, SearchResults};
 pub use tuning::Tuning;
 pub use types::{
-    BackendStatus, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector, Metadata,
-    SearchOptions, SearchPrecision, SmolStr, StorageConfig, StoragePrecision,
+    BackendStatus, DEFAULT_NPROBE, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult,
+    GpuVector, IndexStats, Metadata, SearchOptions, SearchPrecision, SmolStr, StorageConfig,
+    StoragePrecision,
 };
 
 use collection::Collection;
@@ -167,6 +169,7 @@ impl GpuContext {
         let rows = self.backend.new_rows(config.dimension, config.precision, config.search, &self.tuning)?;
         Ok(GpuVectorStorage {
             backend: self.backend.clone(),
+            tuning: self.tuning.clone(),
             inner: RwLock::new(Collection::new(config, rows)),
             log: None,
         })
@@ -341,6 +344,8 @@ fn same_file(a: &Path, b: &Path) -> bool {
 #[derive(Debug)]
 pub struct GpuVectorStorage {
     backend: Arc<dyn GpuBackend>,
+    /// The context's knobs, for the stores an index creates.
+    tuning: Tuning,
     inner: RwLock<Collection>,
     /// The write-ahead log of a durable collection ([`GpuContext::open_durable`]).
     log: Option<persist::durable::Log>,
@@ -508,6 +513,42 @@ impl GpuVectorStorage {
         index::flat::search_results(&self.read(), queries, k, options)
     }
 
+    /// Builds `spec`'s index over the vectors stored now and sends later searches through it
+    /// ([`IndexSpec::Flat`] drops the index). An IVF index trains `nlist` k-means centroids
+    /// on a sample of the vectors (256 per list at most) on this storage's device and files
+    /// every vector under its nearest; vectors added afterwards are filed as they come and
+    /// removed ones skipped, with no retraining. Searches then scan the lists of the
+    /// `nprobe` centroids nearest each query ([`SearchOptions::with_nprobe`], default
+    /// [`DEFAULT_NPROBE`]): approximate, but exact among the vectors of those lists, and
+    /// equal to the exact search when `nprobe` covers every list; [`SearchOptions::with_exact`]
+    /// bypasses the index. Fails, changing nothing a search sees, with fewer vectors than
+    /// lists. The index lives in memory only: [`GpuVectorStorage::save`] and a durable
+    /// collection's log keep the vectors, and an opened collection needs `build_index` again.
+    pub fn build_index(&self, spec: IndexSpec) -> Result<()> {
+        let mut guard = self.write();
+        let collection: &mut Collection = &mut guard;
+        exec::run(|| collection.build_index(self.backend.as_ref(), &self.tuning, spec))?
+    }
+
+    /// The index searches go through ([`IndexSpec::Flat`] when none).
+    pub fn index_spec(&self) -> IndexSpec {
+        self.read().index().map_or(IndexSpec::Flat, |i| i.spec())
+    }
+
+    /// The index's shape: vectors per list (removed ones included until a compaction) and how
+    /// it trained; None without an index.
+    pub fn index_stats(&self) -> Option<IndexStats> {
+        let collection = self.read();
+        let index = collection.index()?;
+        Some(IndexStats {
+            spec: index.spec(),
+            list_lengths: index.list_lengths(),
+            training_vectors: index.trained.training_vectors,
+            iterations: index.trained.iterations,
+            memory_bytes: index.memory_bytes(),
+        })
+    }
+
     /// Removes vectors by id. Every id must be present and listed once; otherwise nothing is
     /// removed. Space is reclaimed automatically once removed slots reach a quarter of the
     /// storage.
@@ -610,9 +651,10 @@ impl GpuVectorStorage {
         self.read().slots()
     }
 
-    /// Bytes the vectors occupy on the device.
+    /// Bytes the vectors occupy on the device, with their index's lists and centroids.
     pub fn memory_bytes(&self) -> usize {
-        self.read().rows().memory_bytes()
+        let collection = self.read();
+        collection.rows().memory_bytes() + collection.index().map_or(0, |i| i.memory_bytes())
     }
 
     /// The backend the collection lives on.

@@ -219,6 +219,31 @@ pub struct SearchOptions {
     pub with_metadata: bool,
     /// Return only vectors that pass this filter (exactly the k nearest of them).
     pub filter: Option<Filter>,
+    /// Lists an IVF index scans per query (its `nprobe` nearest centroids); None for the
+    /// default, [`DEFAULT_NPROBE`] or every list when there are fewer. Ignored without an
+    /// index.
+    pub nprobe: Option<usize>,
+    /// Search every vector exactly even where the collection has an approximate index.
+    pub exact: bool,
+}
+
+/// Lists an IVF search scans per query when the call names no `nprobe` (cuVS's default).
+pub const DEFAULT_NPROBE: usize = 20;
+
+/// The shape of a collection's index ([`crate::GpuVectorStorage::index_stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IndexStats {
+    /// What was built.
+    pub spec: crate::IndexSpec,
+    /// Vectors per list, removed ones included until a compaction.
+    pub list_lengths: Vec<usize>,
+    /// Vectors the centroids trained on (a sample of at most 256 per list).
+    pub training_vectors: usize,
+    /// Lloyd iterations the training ran.
+    pub iterations: usize,
+    /// Bytes the index adds to the collection (its lists and centroids).
+    pub memory_bytes: usize,
 }
 
 impl SearchOptions {
@@ -232,6 +257,48 @@ impl SearchOptions {
     pub fn with_filter(mut self, filter: Filter) -> Self {
         self.filter = Some(filter);
         self
+    }
+
+    /// These options, scanning `nprobe` lists per query on an IVF index.
+    pub fn with_nprobe(mut self, nprobe: usize) -> Self {
+        self.nprobe = Some(nprobe);
+        self
+    }
+
+    /// These options, searching exactly (over every vector) or through the collection's index.
+    pub fn with_exact(mut self, exact: bool) -> Self {
+        self.exact = exact;
+        self
+    }
+
+    /// These options with search parameters given as text, comma-separated: `nprobe=N`,
+    /// `exact` (what `hive-gpu bench --search` takes). An unknown name or a bad value is an
+    /// error naming it.
+    ///
+    /// ```
+    /// let options = hive_gpu::SearchOptions::default().with_params("nprobe=32")?;
+    /// assert_eq!(options.nprobe, Some(32));
+    /// assert!(hive_gpu::SearchOptions::default().with_params("nprobe=0").is_err());
+    /// # Ok::<(), hive_gpu::HiveGpuError>(())
+    /// ```
+    pub fn with_params(mut self, text: &str) -> crate::Result<Self> {
+        let mut params = crate::index::spec::Params::parse(text, text)?;
+        if let Some(value) = params.take("nprobe") {
+            self.nprobe = Some(crate::index::spec::parse_count(text, "nprobe", value)?);
+        }
+        if let Some(value) = params.take("exact") {
+            self.exact = match value {
+                "" | "true" | "1" | "yes" => true,
+                "false" | "0" | "no" => false,
+                other => {
+                    return Err(crate::HiveGpuError::InvalidArgument(format!(
+                        "{text:?}: exact takes true or false, got {other:?}"
+                    )));
+                }
+            };
+        }
+        params.finish()?;
+        Ok(self)
     }
 }
 

@@ -1,5 +1,5 @@
-//! The backend primitives on their own, below any planner or collection: `refine`, `select_k`,
-//! `gather` and `knn` restricted to a slot set, on every backend and every forced engine path,
+//! The backend primitives on their own, below any planner or collection: `refine`,
+//! `scan_lists`, `select_k`, `gather` and `knn` restricted to a slot set, on every backend and every forced engine path,
 //! f32 and f16 storage, every metric, against an f64 brute force over the stored values.
 //! The data has exact duplicates (ties must go to the lower slot), removed rows (never
 //! returned by refine or knn) and candidate lists with repeats, removed slots, fewer than k
@@ -8,7 +8,7 @@
 mod common;
 
 use common::{Rng, contexts_with_forced_paths, describe, distance};
-use hive_gpu::backend::Candidates;
+use hive_gpu::backend::{Candidates, ListProbes};
 use hive_gpu::slots::SlotSet;
 use hive_gpu::{GpuContext, GpuDistanceMetric, Neighbor, RowStore, SearchPrecision, StoragePrecision};
 
@@ -118,6 +118,92 @@ fn refine_equals_an_f64_brute_force_over_each_querys_live_candidates() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn scan_lists_equals_an_f64_brute_force_over_each_querys_live_allowed_list_members() {
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            let mut rng = Rng::new(0x5ca7);
+            let rows = store(&context, precision, &mut rng);
+            let values = stored(&*rows);
+            // Seven lists partition the slots unevenly (list 6 is empty; list 0 holds the
+            // duplicates 0..20 and the removed slots 15 and 16).
+            let mut lists: Vec<Vec<u32>> = vec![
+                (0..20).collect(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+            ];
+            for slot in 20..ROWS as u32 {
+                lists[1 + rng.below(5)].push(slot);
+            }
+            let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 3 != 1));
+            // Batches below and above the CPU's grouped path; the last query probes the empty list.
+            for nq in [1, 2, 9] {
+                let nprobe = 2;
+                let mut queries = rng.normals(nq * DIM);
+                queries[..DIM].copy_from_slice(&values[5]);
+                let mut probes: Vec<u32> = Vec::new();
+                for q in 0..nq {
+                    let first = if q == 0 { 0 } else { rng.below(7) as u32 };
+                    let second = (first + 1 + rng.below(6) as u32) % 7;
+                    probes.extend([first, second]);
+                }
+                if nq == 9 {
+                    probes[16..18].copy_from_slice(&[6, 6 - 1]);
+                }
+                let scan = ListProbes { lists: &lists, probes: &probes, nprobe };
+                for metric in METRICS {
+                    for k in [1, 10, 80] {
+                        for filter in [None, Some(&allowed)] {
+                            let what = format!(
+                                "{} {precision:?} {metric:?} nq={nq} k={k} filtered={}",
+                                describe(&context),
+                                filter.is_some()
+                            );
+                            let got = rows
+                                .scan_lists(&queries, &scan, k, metric, filter)
+                                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                            assert_eq!(got.len(), nq, "{what}");
+                            for q in 0..nq {
+                                let query = &queries[q * DIM..(q + 1) * DIM];
+                                let members: Vec<usize> = scan
+                                    .of(q)
+                                    .iter()
+                                    .flat_map(|&l| lists[l as usize].iter().map(|&s| s as usize))
+                                    .filter(|&s| live(s) && filter.is_none_or(|a| a.contains(s)))
+                                    .collect();
+                                let want = best(metric, &values, query, &members, k);
+                                assert_same(
+                                    &format!("{what} query {q}"),
+                                    metric,
+                                    &values,
+                                    query,
+                                    &got[q],
+                                    &want,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            let query = rng.normals(DIM);
+            let metric = GpuDistanceMetric::Euclidean;
+            let bad_list = ListProbes { lists: &lists, probes: &[7], nprobe: 1 };
+            let e = rows.scan_lists(&query, &bad_list, 3, metric, None).unwrap_err().to_string();
+            assert!(e.contains("list 7"), "{}: {e}", describe(&context));
+            let past = vec![vec![1, ROWS as u32]];
+            let bad_slot = ListProbes { lists: &past, probes: &[0], nprobe: 1 };
+            let e = rows.scan_lists(&query, &bad_slot, 3, metric, None).unwrap_err().to_string();
+            assert!(e.contains(&format!("{ROWS}")), "{}: {e}", describe(&context));
+            let short = ListProbes { lists: &lists, probes: &[0], nprobe: 2 };
+            assert!(rows.scan_lists(&query, &short, 3, metric, None).is_err(), "{}", describe(&context));
         }
     }
 }

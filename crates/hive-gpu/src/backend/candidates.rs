@@ -70,6 +70,112 @@ impl Candidates {
     }
 }
 
+/// Inverted lists and the ones each query of a batch scans: the input of
+/// [`RowStore::scan_lists`](super::RowStore::scan_lists), what an IVF search hands on after
+/// probing its centroids.
+#[derive(Debug, Clone, Copy)]
+pub struct ListProbes<'a> {
+    /// List `l` holds the slots `lists[l]` (any order; a list's slots are distinct and no slot
+    /// is in two lists).
+    pub lists: &'a [Vec<u32>],
+    /// Query `q` scans the lists `probes[q * nprobe..(q + 1) * nprobe]`, each once.
+    pub probes: &'a [u32],
+    /// Lists per query (at least 1).
+    pub nprobe: usize,
+}
+
+impl ListProbes<'_> {
+    /// The lists query `q` scans.
+    pub fn of(&self, q: usize) -> &[u32] {
+        self.probes.get(q * self.nprobe..(q + 1) * self.nprobe).unwrap_or(&[])
+    }
+}
+
+/// The check [`RowStore::scan_lists`](super::RowStore::scan_lists) starts with on every
+/// backend: whole queries, `nprobe` lists each that exist, and k of at least 1. Returns the
+/// number of queries.
+pub(crate) fn check_scan(dim: usize, queries: &[f32], probes: &ListProbes<'_>, k: usize) -> Result<usize> {
+    if k == 0 || probes.nprobe == 0 || !queries.len().is_multiple_of(dim) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "scan_lists needs k and nprobe of at least 1 (k = {k}, nprobe = {}) and whole \
+             {dim}-dimensional queries ({} values)",
+            probes.nprobe,
+            queries.len()
+        )));
+    }
+    let nq = queries.len() / dim;
+    if probes.probes.len() != nq * probes.nprobe {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "scan_lists: {nq} queries of {} probes need {} list numbers, got {}",
+            probes.nprobe,
+            nq * probes.nprobe,
+            probes.probes.len()
+        )));
+    }
+    if let Some(at) = probes.probes.iter().position(|&l| l as usize >= probes.lists.len()) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "scan_lists: query {} probes list {}, past the {} lists",
+            at / probes.nprobe,
+            probes.probes[at],
+            probes.lists.len()
+        )));
+    }
+    Ok(nq)
+}
+
+/// Candidate slots per refine call of the default [`RowStore::scan_lists`]
+/// (`super::scan_by_refine`): 128 MiB of them at most.
+const SCAN_CANDIDATES: usize = 1 << 24;
+
+/// The default [`RowStore::scan_lists`](super::RowStore::scan_lists): each query's list
+/// members that `allowed` admits, handed to the store's `refine`, queries in groups whose
+/// candidates stay bounded.
+pub(crate) fn scan_by_refine<S: super::RowStore + ?Sized>(
+    store: &S,
+    queries: &[f32],
+    probes: &ListProbes<'_>,
+    k: usize,
+    metric: crate::types::GpuDistanceMetric,
+    allowed: Option<&SlotSet>,
+) -> Result<Vec<Vec<super::Neighbor>>> {
+    // The store's refine checks the queries' dimension; the batch's size comes from the probes.
+    let nq = probes.probes.len().checked_div(probes.nprobe).unwrap_or(0);
+    if nq == 0 && queries.is_empty() {
+        return Ok(Vec::new());
+    }
+    if nq == 0 || queries.is_empty() || !queries.len().is_multiple_of(nq) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "scan_lists: {} values are not {nq} whole queries (probes {} lists each)",
+            queries.len(),
+            probes.nprobe
+        )));
+    }
+    let dim = queries.len() / nq;
+    let nq = check_scan(dim, queries, probes, k)?;
+    let mut found = Vec::with_capacity(nq);
+    let mut q = 0;
+    while q < nq {
+        let mut candidates = Candidates::new();
+        let first = q;
+        while q < nq && (q == first || candidates.total() < SCAN_CANDIDATES) {
+            let mut members = Vec::new();
+            for &list in probes.of(q) {
+                let list = &probes.lists[list as usize];
+                match allowed {
+                    Some(allowed) => {
+                        members.extend(list.iter().map(|&s| s as usize).filter(|&s| allowed.contains(s)))
+                    }
+                    None => members.extend(list.iter().map(|&s| s as usize)),
+                }
+            }
+            candidates.push(&members);
+            q += 1;
+        }
+        found.extend(store.refine(&queries[first * dim..q * dim], &candidates, k, metric)?);
+    }
+    Ok(found)
+}
+
 /// The check [`RowStore::refine`](super::RowStore::refine) starts with on every backend:
 /// whole `dim`-dimensional queries, one candidate list each, and k of at least 1. Returns the
 /// number of queries.

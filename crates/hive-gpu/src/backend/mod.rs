@@ -42,7 +42,7 @@ pub(crate) mod gpu;
 #[cfg(feature = "vulkan")]
 pub(crate) mod wgpu;
 
-pub use candidates::Candidates;
+pub use candidates::{Candidates, ListProbes};
 
 use crate::error::{HiveGpuError, Result};
 use crate::persist::MappedRows;
@@ -219,6 +219,22 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
         k: usize,
         metric: GpuDistanceMetric,
     ) -> Result<Vec<Vec<Neighbor>>>;
+    /// The exact `k` best rows of each query's inverted lists: query `q` of a row-major batch
+    /// scans the lists `probes.of(q)`, skipping removed rows and, with `allowed`, rows it does
+    /// not hold. Best first, ties by slot, distances in f64 as [`RowStore::knn`] reports them;
+    /// a query whose lists hold fewer than `k` such rows gets them all. What an IVF-Flat
+    /// search runs after probing its centroids. This default hands each query's list members
+    /// to [`RowStore::refine`]; a backend overrides it to read each list once per batch.
+    fn scan_lists(
+        &self,
+        queries: &[f32],
+        probes: &ListProbes<'_>,
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        candidates::scan_by_refine(self, queries, probes, k, metric, allowed)
+    }
     /// The `k` smallest of each row of `scores` (row-major, `width` per row; lower is better),
     /// ascending, ties by column: a [`Neighbor`] per pick with the column as `slot` and the
     /// score as `distance`. Rows with fewer than `k` columns give them all. NaN scores are

@@ -70,6 +70,8 @@ pub(crate) fn search_results(
 struct Plan<'f> {
     nq: usize,
     k: usize,
+    /// Lists per query through the collection's index; None searches every row exactly.
+    nprobe: Option<usize>,
     allowed: Option<std::borrow::Cow<'f, SlotSet>>,
     pieces: Pieces,
 }
@@ -92,7 +94,7 @@ impl<'f> Plan<'f> {
         }
         let nq = queries.len() / dim;
         if nq == 0 {
-            return Ok(Self { nq, k: 0, allowed: None, pieces: Pieces::of(0) });
+            return Ok(Self { nq, k: 0, nprobe: None, allowed: None, pieces: Pieces::of(0) });
         }
         if collection.len() == 0 {
             return Err(HiveGpuError::EmptyCollection);
@@ -100,7 +102,15 @@ impl<'f> Plan<'f> {
         // A filter becomes the live slots that pass it, read by every kernel of the search.
         let allowed = options.filter.as_ref().map(|f| collection.allowed(f)).transpose()?;
         let searched = allowed.as_ref().map_or(collection.len(), |a| a.count());
-        Ok(Self { nq, k: k.min(searched), allowed, pieces: Pieces::of(nq) })
+        let nprobe = match (collection.index(), &options.nprobe) {
+            (Some(_), _) if options.exact => None,
+            (Some(_), Some(0)) => {
+                return Err(HiveGpuError::InvalidArgument("nprobe must be at least 1".into()));
+            }
+            (Some(_), nprobe) => Some(nprobe.unwrap_or(crate::types::DEFAULT_NPROBE)),
+            (None, _) => None,
+        };
+        Ok(Self { nq, k: k.min(searched), nprobe, allowed, pieces: Pieces::of(nq) })
     }
 }
 
@@ -117,7 +127,7 @@ fn search_pieces<T: Send + Sync>(
     let (nq, k, pieces) = (plan.nq, plan.k, &plan.pieces);
     let allowed = plan.allowed.as_deref();
     if pieces.count == 1 {
-        let neighbours = collection.rows().knn(queries, k, config.metric, allowed)?;
+        let neighbours = collection.neighbours(queries, k, allowed, plan.nprobe)?;
         return Ok(vec![assemble(0, neighbours)?]);
     }
     // Pieces are searched by `WORKERS` threads in turn, and each piece's results are built on
@@ -139,7 +149,7 @@ fn search_pieces<T: Send + Sync>(
                         }
                         let range = pieces.range(i, nq);
                         let piece = &queries[range.start * dim..range.end * dim];
-                        match collection.rows().knn(piece, k, config.metric, allowed) {
+                        match collection.neighbours(piece, k, allowed, plan.nprobe) {
                             Ok(neighbours) => {
                                 let slot = &done[i];
                                 scope.spawn(move |_| {
@@ -167,7 +177,7 @@ fn search_pieces<T: Send + Sync>(
                 collection.rows().release_scratch();
                 let range = pieces.range(i, nq);
                 let piece = &queries[range.start * dim..range.end * dim];
-                assemble(i, collection.rows().knn(piece, k, config.metric, allowed)?)?
+                assemble(i, collection.neighbours(piece, k, allowed, plan.nprobe)?)?
             }
             Some(Err(e)) => return Err(e),
         };

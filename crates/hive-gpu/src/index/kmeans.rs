@@ -299,7 +299,7 @@ fn plus_plus_trials(k: usize) -> usize {
 }
 
 /// `count` distinct indices below `n`, in random order (a partial Fisher-Yates shuffle).
-fn sample(rng: &mut SplitMix, n: usize, count: usize) -> Vec<usize> {
+pub(crate) fn sample(rng: &mut SplitMix, n: usize, count: usize) -> Vec<usize> {
     let mut indices: Vec<usize> = (0..n).collect();
     for i in 0..count.min(n) {
         let j = i + (rng.next() % (n - i) as u64) as usize;
@@ -310,7 +310,7 @@ fn sample(rng: &mut SplitMix, n: usize, count: usize) -> Vec<usize> {
 }
 
 /// SplitMix64: a small, seedable generator (the sampling needs no more).
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
     fn next(&mut self) -> u64 {

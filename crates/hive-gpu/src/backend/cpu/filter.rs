@@ -10,7 +10,13 @@ use super::topk::Collector;
 const CHUNK: usize = 16;
 
 #[inline(always)]
-fn collect_generic(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32], base_slot: usize) {
+fn collect_generic(
+    c: &mut Collector,
+    raw: &[f32],
+    scale: &[f32],
+    offset: &[f32],
+    slot_of: impl Fn(usize) -> u32,
+) {
     let mut gate = c.gate();
     let whole = raw.len() / CHUNK * CHUNK;
     for start in (0..whole).step_by(CHUNK) {
@@ -26,7 +32,7 @@ fn collect_generic(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32]
         if passes {
             for (i, &dist) in d.iter().enumerate() {
                 if dist <= gate {
-                    c.push(dist, (base_slot + start + i) as u32);
+                    c.push(dist, slot_of(start + i));
                     gate = c.gate();
                 }
             }
@@ -35,7 +41,7 @@ fn collect_generic(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32]
     for i in whole..raw.len() {
         let dist = raw[i] * scale[i] + offset[i];
         if dist <= gate {
-            c.push(dist, (base_slot + i) as u32);
+            c.push(dist, slot_of(i));
             gate = c.gate();
         }
     }
@@ -43,14 +49,26 @@ fn collect_generic(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32]
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,fma")]
-fn collect_avx512(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32], base_slot: usize) {
-    collect_generic(c, raw, scale, offset, base_slot)
+fn collect_avx512(
+    c: &mut Collector,
+    raw: &[f32],
+    scale: &[f32],
+    offset: &[f32],
+    slot_of: impl Fn(usize) -> u32,
+) {
+    collect_generic(c, raw, scale, offset, slot_of)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn collect_avx2(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32], base_slot: usize) {
-    collect_generic(c, raw, scale, offset, base_slot)
+fn collect_avx2(
+    c: &mut Collector,
+    raw: &[f32],
+    scale: &[f32],
+    offset: &[f32],
+    slot_of: impl Fn(usize) -> u32,
+) {
+    collect_generic(c, raw, scale, offset, slot_of)
 }
 
 /// Offers `raw[j] * scale[j] + offset[j]` as the distance of slot `base_slot + j`.
@@ -62,13 +80,38 @@ pub fn collect(
     offset: &[f32],
     base_slot: usize,
 ) {
+    collect_with(level, c, raw, scale, offset, |j| (base_slot + j) as u32)
+}
+
+/// Offers `raw[j] * scale[j] + offset[j]` as the distance of slot `slots[j]`: rows gathered
+/// from scattered slots (an inverted list's).
+pub fn collect_at(
+    level: SimdLevel,
+    c: &mut Collector,
+    raw: &[f32],
+    scale: &[f32],
+    offset: &[f32],
+    slots: &[u32],
+) {
+    let n = raw.len().min(slots.len());
+    collect_with(level, c, &raw[..n], &scale[..n], &offset[..n], |j| slots[j])
+}
+
+fn collect_with(
+    level: SimdLevel,
+    c: &mut Collector,
+    raw: &[f32],
+    scale: &[f32],
+    offset: &[f32],
+    slot_of: impl Fn(usize) -> u32,
+) {
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `SimdLevel::Avx512` is only produced after avx512f, avx512vl and fma were detected.
-        SimdLevel::Avx512 => unsafe { collect_avx512(c, raw, scale, offset, base_slot) },
+        SimdLevel::Avx512 => unsafe { collect_avx512(c, raw, scale, offset, slot_of) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.
-        SimdLevel::Avx2 => unsafe { collect_avx2(c, raw, scale, offset, base_slot) },
-        _ => collect_generic(c, raw, scale, offset, base_slot),
+        SimdLevel::Avx2 => unsafe { collect_avx2(c, raw, scale, offset, slot_of) },
+        _ => collect_generic(c, raw, scale, offset, slot_of),
     }
 }

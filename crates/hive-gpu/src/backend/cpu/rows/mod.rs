@@ -2,6 +2,7 @@
 //! ([`paths`]), bounded by [`bounds`], then an exact f64 re-rank here.
 
 mod bounds;
+mod lists;
 mod paths;
 mod values;
 
@@ -724,6 +725,17 @@ impl RowStore for CpuRows {
         } else {
             (0..nq).map(one).collect()
         }
+    }
+
+    fn scan_lists(
+        &self,
+        queries: &[f32],
+        probes: &crate::backend::ListProbes<'_>,
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        crate::exec::run(|| self.scan_lists_on_pool(queries, probes, k, metric, allowed))?
     }
 
     fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>> {

@@ -77,9 +77,9 @@ impl TileKernel {
     }
 }
 /// Queries per GEMM tile.
-const QUERY_BLOCK: usize = 192;
+pub(super) const QUERY_BLOCK: usize = 192;
 /// Rows per GEMM tile: a `QUERY_BLOCK x ROW_TILE` f32 tile stays in a core's L2.
-const ROW_TILE: usize = 512;
+pub(super) const ROW_TILE: usize = 512;
 /// Target f32 values per scan block, so a block of rows stays in L1/L2.
 const SCAN_BLOCK_VALUES: usize = 8192;
 /// Rows per parallel scan task (at least).
@@ -348,7 +348,14 @@ fn merge_ranges(
 }
 
 /// `products[i][j] = queries[i] . rows[j]` for `nq` queries and `count` rows (row-major).
-fn inner_products(queries: &[f32], rows: &[f32], dim: usize, nq: usize, count: usize, products: &mut [f32]) {
+pub(super) fn inner_products(
+    queries: &[f32],
+    rows: &[f32],
+    dim: usize,
+    nq: usize,
+    count: usize,
+    products: &mut [f32],
+) {
     assert!(queries.len() >= nq * dim && rows.len() >= count * dim && products.len() >= nq * count);
     // SAFETY: the assert above bounds every access: lhs is nq x dim row-major (row stride dim),
     // rhs is the transpose of `rows` (dim x count, column stride dim), dst is nq x count

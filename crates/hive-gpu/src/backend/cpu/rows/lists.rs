@@ -1,0 +1,197 @@
+//! The CPU backend's inverted-list scan ([`RowStore::scan_lists`]): a batch's queries grouped
+//! by the lists they probe, so that each list is read once per batch and meets all of its
+//! queries in GEMM tiles fused with selection, where a scan per query (FAISS's IVF-Flat on
+//! the CPU) reads each list once per query that probes it. Few queries scan their lists'
+//! rows in place instead.
+//!
+//! Exactness is the flat search's: the tiles' f32 distances only nominate candidates within
+//! the error bound of the k-th (`topk::Collector`), and the candidates are re-ranked in f64.
+//!
+//! [`RowStore::scan_lists`]: crate::backend::RowStore::scan_lists
+
+use rayon::prelude::*;
+
+use super::CpuRows;
+use super::paths::{GEMM_MIN_QUERIES, QUERY_BLOCK, ROW_TILE, inner_products};
+use crate::backend::Neighbor;
+use crate::backend::candidates::{ListProbes, check_scan};
+use crate::backend::cpu::filter;
+use crate::backend::cpu::simd;
+use crate::backend::cpu::topk::{self, Collector, ErrorBound};
+use crate::error::{HiveGpuError, Result};
+use crate::slots::SlotSet;
+use crate::types::GpuDistanceMetric;
+
+impl CpuRows {
+    /// [`RowStore::scan_lists`](crate::backend::RowStore::scan_lists), on the library's pool.
+    pub(super) fn scan_lists_on_pool(
+        &self,
+        queries: &[f32],
+        probes: &ListProbes<'_>,
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let dim = self.dim;
+        let nq = check_scan(dim, queries, probes, k)?;
+        if nq < GEMM_MIN_QUERIES {
+            // Few queries: each reads its lists' rows where they lie, split over the threads.
+            return queries
+                .chunks_exact(dim)
+                .enumerate()
+                .map(|(q, query)| {
+                    let mut members = Vec::new();
+                    for &list in probes.of(q) {
+                        members.extend(self.live_members(&probes.lists[list as usize], allowed)?);
+                    }
+                    members.sort_unstable();
+                    Ok(self.knn_among(query, k, metric, &members))
+                })
+                .collect();
+        }
+        // Cosine ignores the query's scale: the tiles get unit queries, as in the flat search.
+        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
+        let unit: Vec<f32>;
+        let kernel_queries = if metric == GpuDistanceMetric::Cosine {
+            unit = queries
+                .chunks_exact(dim)
+                .zip(&q_norms)
+                .flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32))
+                .collect();
+            &unit[..]
+        } else {
+            queries
+        };
+        let bounds = self.f32_bounds(kernel_queries, metric);
+        // The queries of each list (a counting sort keeps them ascending).
+        let lists = probes.lists.len();
+        let mut starts = vec![0usize; lists + 1];
+        for &list in probes.probes {
+            starts[list as usize + 1] += 1;
+        }
+        for l in 0..lists {
+            starts[l + 1] += starts[l];
+        }
+        let mut fill = starts.clone();
+        let mut probing = vec![0u32; probes.probes.len()];
+        for (at, &list) in probes.probes.iter().enumerate() {
+            probing[fill[list as usize]] = (at / probes.nprobe) as u32;
+            fill[list as usize] += 1;
+        }
+        // The largest lists first, so the last tasks to finish are short ones.
+        let mut order: Vec<usize> = (0..lists).filter(|&l| starts[l + 1] > starts[l]).collect();
+        order.sort_by_key(|&l| std::cmp::Reverse(probes.lists[l].len() * (starts[l + 1] - starts[l])));
+        let scanned: Vec<Vec<Collector>> = order
+            .par_iter()
+            .map(|&l| {
+                let members = self.live_members(&probes.lists[l], allowed)?;
+                let asking = &probing[starts[l]..starts[l + 1]];
+                Ok(self.scan_list(&members, asking, kernel_queries, &bounds, metric, k))
+            })
+            .collect::<Result<_>>()?;
+        // Each query's collectors, one per list it probed, merged and re-ranked exactly.
+        let mut per_query: Vec<Vec<Collector>> = (0..nq).map(|_| Vec::new()).collect();
+        for (&l, collectors) in order.iter().zip(scanned) {
+            for (&q, collector) in probing[starts[l]..starts[l + 1]].iter().zip(collectors) {
+                per_query[q as usize].push(collector);
+            }
+        }
+        Ok(per_query
+            .into_par_iter()
+            .zip(queries.par_chunks_exact(dim))
+            .zip(q_norms.par_iter())
+            .map(|((collectors, q), &q_norm)| {
+                let mut merged = Collector::new(k, ErrorBound { absolute: 0.0, relative: 0.0 });
+                let mut parts = collectors.into_iter();
+                if let Some(first) = parts.next() {
+                    merged = first;
+                    for part in parts {
+                        merged.merge(part);
+                        self.thin(&mut merged, q, metric);
+                    }
+                }
+                let mut scratch = Vec::new();
+                let scored = merged
+                    .into_slots()
+                    .into_iter()
+                    .map(|slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
+                    .collect();
+                topk::best_k(scored, k)
+                    .into_iter()
+                    .map(|(slot, distance)| Neighbor { slot, distance })
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// The slots of `list` a search reads: stored, not removed, and in `allowed` where given.
+    /// A slot past the stored rows is an error naming it.
+    fn live_members(&self, list: &[u32], allowed: Option<&SlotSet>) -> Result<Vec<usize>> {
+        let n = self.len_slots();
+        let mut members = Vec::with_capacity(list.len());
+        for &slot in list {
+            let slot = slot as usize;
+            if slot >= n {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "scan_lists: list slot {slot} is past the {n} stored rows"
+                )));
+            }
+            if !self.dead.contains(slot) && allowed.is_none_or(|a| a.contains(slot)) {
+                members.push(slot);
+            }
+        }
+        Ok(members)
+    }
+
+    /// One list's candidates for each query in `asking` (indices into the batch): its rows
+    /// gathered a tile at a time, each tile multiplied with every asking query.
+    fn scan_list(
+        &self,
+        members: &[usize],
+        asking: &[u32],
+        kernel_queries: &[f32],
+        bounds: &[ErrorBound],
+        metric: GpuDistanceMetric,
+        k: usize,
+    ) -> Vec<Collector> {
+        let dim = self.dim;
+        let mut collectors: Vec<Collector> =
+            asking.iter().map(|&q| Collector::new(k, bounds[q as usize])).collect();
+        if members.is_empty() {
+            return collectors;
+        }
+        let block = asking.len().min(QUERY_BLOCK);
+        let mut block_queries = Vec::with_capacity(block * dim);
+        let tile = members.len().min(ROW_TILE);
+        let mut rows = Vec::with_capacity(tile * dim);
+        let mut products = vec![0f32; block * tile];
+        let (mut scale, mut offset, mut slots) = (vec![0f32; tile], vec![0f32; tile], vec![0u32; tile]);
+        let mut scratch = Vec::new();
+        for chunk in members.chunks(tile) {
+            let count = chunk.len();
+            rows.clear();
+            for (j, &slot) in chunk.iter().enumerate() {
+                rows.extend_from_slice(self.rows_f32(slot, 1, &mut scratch));
+                (scale[j], offset[j]) = self.row_transform(metric, false, slot);
+                slots[j] = slot as u32;
+            }
+            for (b, group) in asking.chunks(block).enumerate() {
+                block_queries.clear();
+                for &q in group {
+                    let q = q as usize;
+                    block_queries.extend_from_slice(&kernel_queries[q * dim..(q + 1) * dim]);
+                }
+                let products = &mut products[..group.len() * count];
+                inner_products(&block_queries, &rows, dim, group.len(), count, products);
+                let first = b * block;
+                for (i, p) in products.chunks_exact(count).enumerate() {
+                    let c = &mut collectors[first + i];
+                    filter::collect_at(self.simd, c, p, &scale[..count], &offset[..count], &slots[..count]);
+                    let q = group[i] as usize;
+                    self.thin(c, &kernel_queries[q * dim..(q + 1) * dim], metric);
+                }
+            }
+        }
+        collectors
+    }
+}

@@ -1,0 +1,159 @@
+//! Index specifications as values and as strings: what `hive-gpu bench --index`, a config file
+//! or a Python caller names (`"flat"`, `"ivf-flat:nlist=1024"`).
+
+use crate::error::{HiveGpuError, Result};
+
+/// Which index a collection's searches go through, with its build parameters.
+///
+/// As a string: the kind, then `:` and comma-separated `name=value` parameters.
+///
+/// ```
+/// use hive_gpu::IndexSpec;
+/// let spec: IndexSpec = "ivf-flat:nlist=1024".parse()?;
+/// assert_eq!(spec, IndexSpec::IvfFlat { nlist: 1024 });
+/// assert_eq!(spec.to_string(), "ivf-flat:nlist=1024");
+/// assert!("ivf-flat:nlist=0".parse::<IndexSpec>().is_err());
+/// # Ok::<(), hive_gpu::HiveGpuError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum IndexSpec {
+    /// Exact search over every stored vector (no index).
+    #[default]
+    Flat,
+    /// An inverted file: vectors grouped by their nearest of `nlist` k-means centroids; a
+    /// search scans the lists of the `nprobe` centroids nearest the query, exactly.
+    IvfFlat {
+        /// Lists (k-means centroids); at least 1, at most the vectors trained on.
+        nlist: usize,
+    },
+}
+
+impl IndexSpec {
+    /// The spec's kind as its string starts: `flat`, `ivf-flat`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            IndexSpec::Flat => "flat",
+            IndexSpec::IvfFlat { .. } => "ivf-flat",
+        }
+    }
+}
+
+impl std::fmt::Display for IndexSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IndexSpec::Flat => write!(f, "flat"),
+            IndexSpec::IvfFlat { nlist } => write!(f, "ivf-flat:nlist={nlist}"),
+        }
+    }
+}
+
+impl std::str::FromStr for IndexSpec {
+    type Err = HiveGpuError;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let (kind, rest) = text.trim().split_once(':').unwrap_or((text.trim(), ""));
+        let mut params = Params::parse(text, rest)?;
+        let spec = match kind.to_ascii_lowercase().as_str() {
+            "flat" => IndexSpec::Flat,
+            "ivf-flat" | "ivfflat" => IndexSpec::IvfFlat { nlist: params.take_count("nlist")? },
+            other => {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "index spec {text:?}: unknown index kind {other:?} (known: flat, ivf-flat:nlist=N)"
+                )));
+            }
+        };
+        params.finish()?;
+        Ok(spec)
+    }
+}
+
+/// `name=value` parameters of a spec, taken one by one; what is left over is an error.
+pub(crate) struct Params<'a> {
+    text: &'a str,
+    pairs: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Params<'a> {
+    /// The comma-separated `name=value` pairs of `rest`, part of `text` (named in errors). A
+    /// name given twice is an error.
+    pub(crate) fn parse(text: &'a str, rest: &'a str) -> Result<Self> {
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        for part in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, value) = part.split_once('=').map(|(n, v)| (n.trim(), v.trim())).unwrap_or((part, ""));
+            if pairs.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "{text:?}: parameter {name:?} given twice"
+                )));
+            }
+            pairs.push((name, value));
+        }
+        Ok(Self { text, pairs })
+    }
+
+    /// The value of `name`, if given.
+    pub(crate) fn take(&mut self, name: &str) -> Option<&'a str> {
+        let at = self.pairs.iter().position(|(n, _)| n.eq_ignore_ascii_case(name))?;
+        Some(self.pairs.remove(at).1)
+    }
+
+    /// The required whole number of at least 1 named `name`.
+    pub(crate) fn take_count(&mut self, name: &str) -> Result<usize> {
+        let text = self.text;
+        match self.take(name) {
+            Some(value) => parse_count(text, name, value),
+            None => Err(HiveGpuError::InvalidArgument(format!("{text:?}: parameter {name}=N is required"))),
+        }
+    }
+
+    /// Fails naming the first parameter nobody took.
+    pub(crate) fn finish(self) -> Result<()> {
+        match self.pairs.first() {
+            Some((name, _)) => {
+                Err(HiveGpuError::InvalidArgument(format!("{:?}: unknown parameter {name:?}", self.text)))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// `value` as a whole number of at least 1, or an error naming `name` in `text`.
+pub(crate) fn parse_count(text: &str, name: &str, value: &str) -> Result<usize> {
+    match value.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(HiveGpuError::InvalidArgument(format!(
+            "{text:?}: {name} must be a whole number of at least 1, got {value:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_round_trip_through_their_strings() {
+        for spec in [IndexSpec::Flat, IndexSpec::IvfFlat { nlist: 1 }, IndexSpec::IvfFlat { nlist: 65536 }] {
+            assert_eq!(spec.to_string().parse::<IndexSpec>().unwrap(), spec);
+        }
+        assert_eq!(" IVF-Flat : NLIST = 8 ".parse::<IndexSpec>().unwrap(), IndexSpec::IvfFlat { nlist: 8 });
+    }
+
+    #[test]
+    fn a_bad_spec_is_refused_naming_what_is_wrong() {
+        for (text, needle) in [
+            ("ivf-flat", "nlist=N is required"),
+            ("ivf-flat:nlist=0", "at least 1"),
+            ("ivf-flat:nlist=-3", "at least 1"),
+            ("ivf-flat:nlist=12x", "\"12x\""),
+            ("ivf-flat:nlist=8,nlist=9", "given twice"),
+            ("ivf-flat:nlist=8,m=4", "unknown parameter \"m\""),
+            ("flat:nlist=8", "unknown parameter \"nlist\""),
+            ("hnsw:m=16", "unknown index kind"),
+            ("", "unknown index kind"),
+        ] {
+            let e = text.parse::<IndexSpec>().unwrap_err().to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+    }
+}

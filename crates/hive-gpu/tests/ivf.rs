@@ -1,0 +1,325 @@
+//! IVF-Flat (`GpuVectorStorage::build_index`, issue 21 item 2) on every backend: recall floors
+//! on real data against their ground truth, exactness when every list is probed (for every
+//! metric and storage precision, batches and single queries), adds, upserts, removals,
+//! compactions and filters after training against a model, and refusals of bad requests.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{Rng, assert_exact, contexts, data_dir, describe, reference};
+use hive_gpu::{
+    Filter, GpuDistanceMetric, GpuSearchResult, GpuVector, GpuVectorStorage, IndexSpec, SearchOptions,
+    StorageConfig, StoragePrecision, io,
+};
+
+/// Vectors around `centers` random centers (sd 0.3 around centers of sd 1), ids `v0..`.
+fn clustered(n: usize, dim: usize, centers: usize, seed: u64) -> Vec<(String, Vec<f32>)> {
+    let mut rng = Rng::new(seed);
+    let middles: Vec<Vec<f32>> = (0..centers).map(|_| rng.normals(dim)).collect();
+    (0..n)
+        .map(|i| {
+            let c = &middles[rng.below(centers)];
+            let noise = rng.normals(dim);
+            (format!("v{i}"), c.iter().zip(noise).map(|(&m, e)| m + 0.3 * e).collect())
+        })
+        .collect()
+}
+
+fn add_all(storage: &GpuVectorStorage, vectors: &[(String, Vec<f32>)]) {
+    let batch: Vec<GpuVector> = vectors.iter().map(|(id, v)| GpuVector::new(id.clone(), v.clone())).collect();
+    storage.add_vectors(&batch).expect("valid vectors are accepted");
+}
+
+/// Every result of `got` is exact against the model (`vectors`, what the collection holds).
+fn check_exact(
+    what: &str,
+    metric: GpuDistanceMetric,
+    vectors: &[(String, Vec<f32>)],
+    queries: &[Vec<f32>],
+    got: &[Vec<GpuSearchResult>],
+    k: usize,
+) {
+    let by_id: HashMap<&str, &[f32]> = vectors.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+    for (i, (q, list)) in queries.iter().zip(got).enumerate() {
+        let want = reference(metric, vectors, q, k);
+        assert_exact(&format!("{what}: query {i}"), metric, list, &want, &by_id, q);
+    }
+}
+
+/// Recall@10 of `storage` through its index with `nprobe`, against the file's ground truth.
+fn recall(storage: &GpuVectorStorage, queries: &io::Matrix, truth: &io::IdMatrix, nprobe: usize) -> f64 {
+    let options = SearchOptions::default().with_nprobe(nprobe);
+    let found = storage.search_batch_with(&queries.data, 10, &options).expect("search");
+    let mut hits = 0;
+    for (i, list) in found.iter().enumerate() {
+        let want: Vec<String> = truth.row(i)[..10].iter().map(|id| format!("v{id}")).collect();
+        hits += list.iter().filter(|r| want.contains(&r.id.to_string())).count();
+    }
+    hits as f64 / (10 * queries.rows) as f64
+}
+
+#[test]
+fn ivf_flat_recall_on_real_data_meets_its_floor_and_is_one_with_every_list_probed() {
+    for (name, nlist, floor_at_8) in [("siftsmall", 64, 0.97), ("fmnistsmall", 64, 0.98)] {
+        let dir = data_dir().join(name);
+        let base = io::read_fvecs(&dir.join(format!("{name}_base.fvecs"))).expect("base");
+        let queries = io::read_fvecs(&dir.join(format!("{name}_query.fvecs"))).expect("queries");
+        let truth = io::read_ivecs(&dir.join(format!("{name}_groundtruth.ivecs"))).expect("ground truth");
+        for context in contexts() {
+            let what = format!("{} {name}", describe(&context));
+            let storage = context.create_storage(base.dim, GpuDistanceMetric::Euclidean).expect("storage");
+            let ids: Vec<String> = (0..base.rows).map(|i| format!("v{i}")).collect();
+            storage.add_vectors_flat(&ids, &base.data).expect("add");
+            storage.build_index(IndexSpec::IvfFlat { nlist }).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let stats = storage.index_stats().expect("an index");
+            assert_eq!(
+                stats.list_lengths.iter().sum::<usize>(),
+                base.rows,
+                "{what}: every vector filed once"
+            );
+            let (one, few, all) = (
+                recall(&storage, &queries, &truth, 1),
+                recall(&storage, &queries, &truth, 8),
+                recall(&storage, &queries, &truth, nlist),
+            );
+            eprintln!("{what}: recall@10 at nprobe 1 / 8 / {nlist}: {one:.4} / {few:.4} / {all:.4}");
+            assert!(few >= floor_at_8, "{what}: recall@10 at nprobe 8 is {few}, below {floor_at_8}");
+            assert!(one < few, "{what}: probing more lists must find more ({one} vs {few})");
+            assert_eq!(all, 1.0, "{what}: with every list probed the search is exact");
+        }
+    }
+}
+
+#[test]
+fn with_every_list_probed_ivf_search_equals_the_exact_search_for_every_metric_and_precision() {
+    let (dim, n, nlist, k) = (24, 1500, 12, 10);
+    let vectors = clustered(n, dim, 20, 7);
+    let mut rng = Rng::new(8);
+    let queries: Vec<Vec<f32>> = (0..40).map(|_| rng.normals(dim)).collect();
+    let flat: Vec<f32> = queries.iter().flatten().copied().collect();
+    for context in contexts() {
+        for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine]
+        {
+            for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+                let what = format!("{} {metric:?} {precision:?}", describe(&context));
+                let config = StorageConfig::new(dim, metric).with_precision(precision);
+                let storage = context.create_storage_with(config).expect("storage");
+                add_all(&storage, &vectors);
+                storage.build_index(IndexSpec::IvfFlat { nlist }).unwrap_or_else(|e| panic!("{what}: {e}"));
+                // The model holds what the collection stores (f16 rounds the values).
+                let stored: Vec<(String, Vec<f32>)> = vectors
+                    .iter()
+                    .map(|(id, _)| (id.clone(), storage.get_vector(id).unwrap().unwrap().data))
+                    .collect();
+                let all = SearchOptions::default().with_nprobe(nlist);
+                let batch = storage.search_batch_with(&flat, k, &all).expect("batch");
+                check_exact(&format!("{what} batch"), metric, &stored, &queries, &batch, k);
+                // One query at a time takes the in-place path: the same exact results.
+                let singles: Vec<Vec<GpuSearchResult>> = queries
+                    .iter()
+                    .take(5)
+                    .map(|q| storage.search_with(q, k, &all).expect("search"))
+                    .collect();
+                check_exact(&format!("{what} single"), metric, &stored, &queries[..5], &singles, k);
+                // With fewer lists, each result is still scored exactly and in order.
+                let some =
+                    storage.search_batch_with(&flat, k, &SearchOptions::default().with_nprobe(2)).unwrap();
+                for list in &some {
+                    assert!(list.len() <= k, "{what}");
+                    let by_id: HashMap<&str, &[f32]> =
+                        stored.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+                    for pair in list.windows(2) {
+                        let ordered = match metric {
+                            GpuDistanceMetric::Euclidean => pair[0].score <= pair[1].score,
+                            _ => pair[0].score >= pair[1].score,
+                        };
+                        assert!(ordered, "{what}: results out of order");
+                    }
+                    assert!(list.iter().all(|r| by_id.contains_key(r.id.as_str())), "{what}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn adds_upserts_removals_and_compactions_after_training_keep_the_index_exact_without_retraining() {
+    let (dim, nlist, k) = (16, 10, 8);
+    let model = clustered(1200, dim, 12, 21);
+    let mut rng = Rng::new(22);
+    let queries: Vec<Vec<f32>> = (0..12).map(|_| rng.normals(dim)).collect();
+    let flat: Vec<f32> = queries.iter().flatten().copied().collect();
+    let all = SearchOptions::default().with_nprobe(nlist);
+    for context in contexts() {
+        let what = describe(&context);
+        let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+        add_all(&storage, &model[..1000]);
+        storage.build_index(IndexSpec::IvfFlat { nlist }).expect("build");
+        // New ids, and new values for 50 old ones (upserts), after training.
+        let mut added = model[1000..].to_vec();
+        for (i, (id, _)) in model.iter().take(50).enumerate() {
+            added.push((id.clone(), rng.normals(dim).iter().map(|x| x + i as f32 * 0.01).collect()));
+        }
+        add_all(&storage, &added);
+        let mut current: HashMap<String, Vec<f32>> = model[..1000].iter().cloned().collect();
+        current.extend(added.iter().cloned());
+        // Removals: a few, then enough that the collection compacts (a quarter of its slots).
+        let removed: Vec<String> = (100..140).map(|i| format!("v{i}")).collect();
+        storage.remove_vectors(&removed).expect("remove");
+        removed.iter().for_each(|id| {
+            current.remove(id);
+        });
+        let live: Vec<(String, Vec<f32>)> = {
+            let mut v: Vec<_> = current.iter().map(|(a, b)| (a.clone(), b.clone())).collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        let got = storage.search_batch_with(&flat, k, &all).expect("search");
+        check_exact(
+            &format!("{what} after adds and removals"),
+            GpuDistanceMetric::Euclidean,
+            &live,
+            &queries,
+            &got,
+            k,
+        );
+        let slots_before = storage.slot_count();
+        let many: Vec<String> = (300..700).map(|i| format!("v{i}")).collect();
+        storage.remove_vectors(&many).expect("remove");
+        many.iter().for_each(|id| {
+            current.remove(id);
+        });
+        assert!(storage.slot_count() < slots_before, "{what}: removing a third compacts");
+        assert_eq!(
+            storage.index_stats().unwrap().list_lengths.iter().sum::<usize>(),
+            current.len(),
+            "{what}"
+        );
+        let mut live: Vec<_> = current.iter().map(|(a, b)| (a.clone(), b.clone())).collect();
+        live.sort_by(|a, b| a.0.cmp(&b.0));
+        let got = storage.search_batch_with(&flat, k, &all).expect("search");
+        check_exact(
+            &format!("{what} after compaction"),
+            GpuDistanceMetric::Euclidean,
+            &live,
+            &queries,
+            &got,
+            k,
+        );
+        // Clear keeps the trained centroids: vectors added afterwards are filed and found.
+        storage.clear().expect("clear");
+        assert_eq!(storage.index_spec(), IndexSpec::IvfFlat { nlist }, "{what}");
+        let refilled = &model[..300];
+        add_all(&storage, refilled);
+        let got = storage.search_batch_with(&flat, k, &all).expect("search");
+        check_exact(
+            &format!("{what} after clear"),
+            GpuDistanceMetric::Euclidean,
+            refilled,
+            &queries,
+            &got,
+            k,
+        );
+    }
+}
+
+#[test]
+fn filtered_ivf_search_returns_only_passing_vectors_and_with_every_list_equals_the_filtered_exact_search() {
+    let (dim, nlist, k) = (12, 8, 6);
+    let vectors = clustered(900, dim, 10, 31);
+    let mut rng = Rng::new(32);
+    let queries: Vec<Vec<f32>> = (0..9).map(|_| rng.normals(dim)).collect();
+    let flat: Vec<f32> = queries.iter().flatten().copied().collect();
+    let passing: Vec<String> = vectors.iter().step_by(7).map(|(id, _)| id.clone()).collect();
+    let model: Vec<(String, Vec<f32>)> = vectors.iter().step_by(7).cloned().collect();
+    for context in contexts() {
+        let what = describe(&context);
+        let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+        add_all(&storage, &vectors);
+        storage.build_index(IndexSpec::IvfFlat { nlist }).expect("build");
+        let filter = Filter::ids(&passing);
+        let all = SearchOptions::default().with_nprobe(nlist).with_filter(filter.clone());
+        let got = storage.search_batch_with(&flat, k, &all).expect("search");
+        check_exact(&format!("{what} filtered"), GpuDistanceMetric::Euclidean, &model, &queries, &got, k);
+        let single: Vec<_> =
+            queries.iter().map(|q| storage.search_with(q, k, &all).expect("search")).collect();
+        check_exact(
+            &format!("{what} filtered single"),
+            GpuDistanceMetric::Euclidean,
+            &model,
+            &queries,
+            &single,
+            k,
+        );
+        let few = SearchOptions::default().with_nprobe(1).with_filter(filter);
+        for list in storage.search_batch_with(&flat, k, &few).expect("search") {
+            assert!(
+                list.iter().all(|r| passing.contains(&r.id.to_string())),
+                "{what}: a filtered-out vector returned"
+            );
+        }
+    }
+}
+
+#[test]
+fn exact_searches_bypass_the_index_and_bad_index_requests_are_refused_leaving_search_as_it_was() {
+    let dim = 8;
+    let vectors = clustered(50, dim, 4, 41);
+    let query = vectors[3].1.clone();
+    for context in contexts() {
+        let what = describe(&context);
+        let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+        add_all(&storage, &vectors);
+        let e = storage.build_index(IndexSpec::IvfFlat { nlist: 51 }).unwrap_err().to_string();
+        assert!(e.contains("51") && e.contains("holds 50"), "{what}: {e}");
+        assert_eq!(storage.index_spec(), IndexSpec::Flat, "{what}");
+        assert_eq!(storage.search(&query, 1).unwrap()[0].id, "v3", "{what}");
+        storage.build_index("ivf-flat:nlist=5".parse().unwrap()).expect("build");
+        let e = storage.search_with(&query, 3, &SearchOptions::default().with_nprobe(0)).unwrap_err();
+        assert!(e.to_string().contains("nprobe"), "{what}: {e}");
+        let exact = storage.search_with(&query, 50, &SearchOptions::default().with_exact(true)).unwrap();
+        assert_eq!(exact.len(), 50, "{what}: an exact search sees every vector");
+        let probed = storage.search_with(&query, 50, &SearchOptions::default().with_nprobe(1)).unwrap();
+        assert!(probed.len() < 50 && probed[0].id == "v3", "{what}: one list holds fewer than all");
+        storage.build_index(IndexSpec::Flat).expect("drop the index");
+        assert_eq!(
+            storage.search_with(&query, 50, &SearchOptions::default().with_nprobe(1)).unwrap().len(),
+            50
+        );
+    }
+}
+
+#[test]
+fn every_backend_builds_the_same_index_and_returns_the_same_approximate_results() {
+    let (dim, nlist, k) = (20, 16, 10);
+    let vectors = clustered(2000, dim, 25, 61);
+    let mut rng = Rng::new(62);
+    let flat: Vec<f32> = (0..30).flat_map(|_| rng.normals(dim)).collect();
+    let options = SearchOptions::default().with_nprobe(3);
+    let mut first: Option<(String, Vec<usize>, Vec<Vec<GpuSearchResult>>)> = None;
+    for context in contexts() {
+        let what = describe(&context);
+        let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+        add_all(&storage, &vectors);
+        storage.build_index(IndexSpec::IvfFlat { nlist }).expect("build");
+        let lengths = storage.index_stats().unwrap().list_lengths;
+        let found = storage.search_batch_with(&flat, k, &options).expect("search");
+        match &first {
+            None => first = Some((what, lengths, found)),
+            Some((other, want_lengths, want)) => {
+                assert_eq!(&lengths, want_lengths, "{what} and {other} file the vectors differently");
+                for (q, (a, b)) in found.iter().zip(want).enumerate() {
+                    let ids = |l: &[GpuSearchResult]| l.iter().map(|r| r.id.to_string()).collect::<Vec<_>>();
+                    assert_eq!(ids(a), ids(b), "{what} vs {other}: query {q}");
+                    for (x, y) in a.iter().zip(b) {
+                        assert!(
+                            (x.score - y.score).abs() <= 1e-4 * y.score.abs().max(1e-6),
+                            "{what} vs {other}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
