@@ -96,115 +96,226 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
         }
     };
     let config = storage.config();
+    let index_build = build_index(&storage, args.index, args.json)?;
+    let settings_list = search_settings(&storage, args)?;
+    let bytes_per_vector = storage.memory_bytes() as f64 / storage.vector_count().max(1) as f64;
+    let mut reached: Vec<(String, f64, f64)> = Vec::new();
     // The unfiltered search first, then each filter: ratios come from one run.
     let selectivities: Vec<Option<f64>> =
         std::iter::once(None).chain(args.filter_selectivity.iter().map(|&s| Some(s))).collect();
 
     for &selectivity in &selectivities {
         let filter = selectivity.map(|s| FilterCase::new(&storage, data.base.rows, s)).transpose()?;
-        let options = match &filter {
+        let filtered = match &filter {
             Some(case) => SearchOptions::default().with_filter(Filter::Prepared(case.prepared.clone())),
             None => SearchOptions::default(),
         };
-        for &batch in &batches {
-            for &requested_k in &ks {
-                // k beyond the collection returns every vector: reported as the effective k.
-                let k = requested_k.min(data.base.rows);
-                let timings = time_search(&storage, &data, k, batch, &options, args.columnar, args.json)?;
-                let (recall, recall_source) = match &filter {
-                    Some(case) => filtered_recall(&data, &timings.ids, k, metric, &case.passing),
-                    None => recall(&data, &timings.ids, k, metric, use_groundtruth),
-                };
-                let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
-                let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
-                let p99 = p99_ms(&timings.calls);
-                let threads = rayon::current_num_threads();
-                if args.json {
-                    out!(
-                        "{}",
-                        json::object(&[
-                            ("dataset", Value::Str(data.name.clone())),
-                            ("backend", Value::Str(context.backend_type().name().into())),
-                            ("device", Value::Str(device.name.clone())),
-                            ("simd_or_cc", Value::Str(device.compute_capability.clone())),
-                            ("threads", Value::Int(threads as u64)),
-                            ("n", Value::Int(data.base.rows as u64)),
-                            ("dim", Value::Int(data.base.dim as u64)),
-                            ("nq", Value::Int(nq as u64)),
-                            ("k", Value::Int(k as u64)),
-                            ("k_requested", Value::Int(requested_k as u64)),
-                            ("metric", Value::Str(metric.to_string())),
-                            ("precision", Value::Str(config.precision.to_string())),
-                            ("search_precision", Value::Str(format!("{:?}", config.search).to_lowercase())),
-                            ("batch", Value::Int(batch as u64)),
-                            ("results", Value::Str(if args.columnar { "columns" } else { "lists" }.into())),
-                            ("selectivity", selectivity.map_or(Value::Null, Value::Num)),
-                            (
-                                "passing",
-                                Value::Int(filter.as_ref().map_or(data.base.rows, |c| c.passing.len()) as u64),
-                            ),
-                            ("recall", Value::Num(recall)),
-                            ("recall_source", Value::Str(recall_source)),
-                            ("qps", Value::Num(qps)),
-                            ("p50_ms", Value::Num(p50)),
-                            ("p99_ms", p99.map_or(Value::Null, Value::Num)),
-                            ("build_s", Value::Num(build.as_secs_f64())),
-                            ("build", Value::Str(loaded.into())),
-                            ("rounds", Value::Int(timings.rounds.len() as u64)),
-                            ("calls", Value::Int(timings.calls.len() as u64)),
-                        ])
-                    );
-                    continue;
-                }
-                out!("hive-gpu bench");
-                out!(
-                    "  data      {}: {} x {} base, {} queries",
-                    data.name,
-                    data.base.rows,
-                    data.base.dim,
-                    nq
-                );
-                out!(
-                    "  backend   {} on {} ({}, {} threads), {} storage, {:?} search",
-                    context.backend_type(),
-                    device.name,
-                    device.compute_capability,
-                    threads,
-                    config.precision,
-                    config.search
-                );
-                let clamped = if k < requested_k {
-                    format!(" (k = {requested_k} asked; the collection holds {k})")
-                } else {
-                    String::new()
-                };
-                out!("  search    metric {metric}, k = {k}{clamped}, {batch} queries per call");
-                if let (Some(s), Some(case)) = (selectivity, &filter) {
-                    out!(
-                        "  filter    an allow-list of {} ids (selectivity {s}), prepared once",
-                        case.passing.len()
-                    );
-                }
-                out!();
-                out!("  {:<18} {:>14}", format!("build ({loaded})"), format!("{:.3} s", build.as_secs_f64()));
-                out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
-                out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
-                match p99 {
-                    Some(p99) => out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms")),
-                    None => {
-                        out!("  {:<18} {:>14}", "latency p99", format!("n/a ({} calls)", timings.calls.len()))
+        for (setting, params) in &settings_list {
+            let options = filtered.clone().with_params(params)?;
+            for &batch in &batches {
+                for &requested_k in &ks {
+                    // k beyond the collection returns every vector: reported as the effective k.
+                    let k = requested_k.min(data.base.rows);
+                    let timings = time_search(&storage, &data, k, batch, &options, args.columnar, args.json)?;
+                    let (recall, recall_source) = match &filter {
+                        Some(case) => filtered_recall(&data, &timings.ids, k, metric, &case.passing),
+                        None => recall(&data, &timings.ids, k, metric, use_groundtruth),
+                    };
+                    let qps = nq as f64 / median(&timings.rounds).as_secs_f64();
+                    let p50 = percentile(&timings.calls, 0.50).as_secs_f64() * 1e3;
+                    let p99 = p99_ms(&timings.calls);
+                    let threads = rayon::current_num_threads();
+                    reached.push((setting.clone(), recall, qps));
+                    if args.json {
+                        out!(
+                            "{}",
+                            json::object(&[
+                                ("dataset", Value::Str(data.name.clone())),
+                                ("backend", Value::Str(context.backend_type().name().into())),
+                                ("device", Value::Str(device.name.clone())),
+                                ("simd_or_cc", Value::Str(device.compute_capability.clone())),
+                                ("threads", Value::Int(threads as u64)),
+                                ("n", Value::Int(data.base.rows as u64)),
+                                ("dim", Value::Int(data.base.dim as u64)),
+                                ("nq", Value::Int(nq as u64)),
+                                ("k", Value::Int(k as u64)),
+                                ("k_requested", Value::Int(requested_k as u64)),
+                                ("metric", Value::Str(metric.to_string())),
+                                ("precision", Value::Str(config.precision.to_string())),
+                                (
+                                    "search_precision",
+                                    Value::Str(format!("{:?}", config.search).to_lowercase())
+                                ),
+                                ("batch", Value::Int(batch as u64)),
+                                (
+                                    "results",
+                                    Value::Str(if args.columnar { "columns" } else { "lists" }.into())
+                                ),
+                                ("selectivity", selectivity.map_or(Value::Null, Value::Num)),
+                                (
+                                    "passing",
+                                    Value::Int(
+                                        filter.as_ref().map_or(data.base.rows, |c| c.passing.len()) as u64
+                                    ),
+                                ),
+                                ("recall", Value::Num(recall)),
+                                ("recall_source", Value::Str(recall_source)),
+                                ("qps", Value::Num(qps)),
+                                ("p50_ms", Value::Num(p50)),
+                                ("p99_ms", p99.map_or(Value::Null, Value::Num)),
+                                ("build_s", Value::Num(build.as_secs_f64())),
+                                ("build", Value::Str(loaded.into())),
+                                ("index", Value::Str(args.index.to_string())),
+                                ("index_build_s", Value::Num(index_build.as_secs_f64())),
+                                ("search_params", Value::Str(setting.clone())),
+                                ("bytes_per_vector", Value::Num(bytes_per_vector)),
+                                ("rounds", Value::Int(timings.rounds.len() as u64)),
+                                ("calls", Value::Int(timings.calls.len() as u64)),
+                            ])
+                        );
+                        continue;
                     }
+                    out!("hive-gpu bench");
+                    out!(
+                        "  data      {}: {} x {} base, {} queries",
+                        data.name,
+                        data.base.rows,
+                        data.base.dim,
+                        nq
+                    );
+                    out!(
+                        "  backend   {} on {} ({}, {} threads), {} storage, {:?} search",
+                        context.backend_type(),
+                        device.name,
+                        device.compute_capability,
+                        threads,
+                        config.precision,
+                        config.search
+                    );
+                    let clamped = if k < requested_k {
+                        format!(" (k = {requested_k} asked; the collection holds {k})")
+                    } else {
+                        String::new()
+                    };
+                    out!("  search    metric {metric}, k = {k}{clamped}, {batch} queries per call");
+                    out!("  index     {} ({setting}), {bytes_per_vector:.1} bytes per vector", args.index);
+                    if let (Some(s), Some(case)) = (selectivity, &filter) {
+                        out!(
+                            "  filter    an allow-list of {} ids (selectivity {s}), prepared once",
+                            case.passing.len()
+                        );
+                    }
+                    out!();
+                    out!(
+                        "  {:<18} {:>14}",
+                        format!("build ({loaded})"),
+                        format!("{:.3} s", build.as_secs_f64())
+                    );
+                    if args.index != hive_gpu::IndexSpec::Flat {
+                        out!(
+                            "  {:<18} {:>14}",
+                            "build (index)",
+                            format!("{:.3} s", index_build.as_secs_f64())
+                        );
+                    }
+                    out!("  {:<18} {:>14}", "throughput", format!("{qps:.0} QPS"));
+                    out!("  {:<18} {:>14}", "latency p50", format!("{p50:.3} ms"));
+                    match p99 {
+                        Some(p99) => out!("  {:<18} {:>14}", "latency p99", format!("{p99:.3} ms")),
+                        None => {
+                            out!(
+                                "  {:<18} {:>14}",
+                                "latency p99",
+                                format!("n/a ({} calls)", timings.calls.len())
+                            )
+                        }
+                    }
+                    out!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
+                    out!();
+                    out!(
+                        "  QPS is queries per second over a whole pass (median of {} passes, timed for at least\n  {} s and {MIN_PASSES} passes); latency is per call of {batch} queries ({} calls timed; p99\n  needs {MIN_CALLS_FOR_P99}); recall is measured against {recall_source}.",
+                        timings.rounds.len(),
+                        MIN_TIMED.as_secs(),
+                        timings.calls.len()
+                    );
                 }
-                out!("  {:<18} {:>14}", format!("recall@{k}"), format!("{recall:.4}"));
-                out!();
-                out!(
-                    "  QPS is queries per second over a whole pass (median of {} passes, timed for at least\n  {} s and {MIN_PASSES} passes); latency is per call of {batch} queries ({} calls timed; p99\n  needs {MIN_CALLS_FOR_P99}); recall is measured against {recall_source}.",
-                    timings.rounds.len(),
-                    MIN_TIMED.as_secs(),
-                    timings.calls.len()
-                );
             }
         }
+    }
+    if let Some(target) = args.target_recall {
+        report_target(target, &reached, args.json)?;
+    }
+    Ok(())
+}
+
+/// Builds `spec`'s index over the stored vectors, timed (zero for `flat`).
+fn build_index(
+    storage: &GpuVectorStorage,
+    spec: hive_gpu::IndexSpec,
+    quiet: bool,
+) -> Result<Duration, HiveGpuError> {
+    if spec == hive_gpu::IndexSpec::Flat {
+        return Ok(Duration::ZERO);
+    }
+    let spinner = if quiet { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+    spinner.set_message(format!("building {spec}"));
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let began = Instant::now();
+    let built = storage.build_index(spec);
+    spinner.finish_and_clear();
+    built.map(|()| began.elapsed())
+}
+
+/// The search settings to measure, each as its label and its parameter text: `--search` as
+/// given; else, for `--target-recall` on an IVF index, nprobe 1, 2, 4, ... up to every list;
+/// else the defaults.
+fn search_settings(
+    storage: &GpuVectorStorage,
+    args: &BenchArgs,
+) -> Result<Vec<(String, String)>, HiveGpuError> {
+    if !args.search_params.is_empty() {
+        for params in &args.search_params {
+            SearchOptions::default().with_params(params)?;
+        }
+        return Ok(args.search_params.iter().map(|p| (p.clone(), p.clone())).collect());
+    }
+    match (storage.index_spec(), args.target_recall) {
+        (hive_gpu::IndexSpec::IvfFlat { nlist }, Some(_)) => {
+            let mut probes: Vec<usize> =
+                std::iter::successors(Some(1usize), |&p| (p < nlist).then(|| (2 * p).min(nlist))).collect();
+            probes.dedup();
+            Ok(probes.into_iter().map(|p| (format!("nprobe={p}"), format!("nprobe={p}"))).collect())
+        }
+        (hive_gpu::IndexSpec::IvfFlat { .. }, None) => {
+            Ok(vec![(format!("nprobe={} (default)", hive_gpu::DEFAULT_NPROBE), String::new())])
+        }
+        _ => Ok(vec![("exact".into(), String::new())]),
+    }
+}
+
+/// Prints the measured setting with the highest QPS whose recall reaches `target`, or says
+/// none did.
+fn report_target(target: f64, reached: &[(String, f64, f64)], json: bool) -> Result<(), HiveGpuError> {
+    let best = reached.iter().filter(|(_, recall, _)| *recall >= target).max_by(|a, b| a.2.total_cmp(&b.2));
+    if json {
+        out!(
+            "{}",
+            json::object(&[
+                ("target_recall", Value::Num(target)),
+                ("search_params", best.map_or(Value::Null, |b| Value::Str(b.0.clone()))),
+                ("recall", best.map_or(Value::Null, |b| Value::Num(b.1))),
+                ("qps", best.map_or(Value::Null, |b| Value::Num(b.2))),
+            ])
+        );
+        return Ok(());
+    }
+    match best {
+        Some((setting, recall, qps)) => {
+            out!(
+                "target recall {target}: {setting} reaches {recall:.4} at {qps:.0} QPS (the fastest that does)"
+            )
+        }
+        None => out!("target recall {target}: no measured setting reaches it"),
     }
     Ok(())
 }

@@ -226,6 +226,18 @@ struct BenchArgs {
     /// structures per query (`search_batch`), to measure what building them costs.
     #[arg(long)]
     columnar: bool,
+    /// Build this index over the vectors before searching: `flat` (exact search, the
+    /// default) or `ivf-flat:nlist=N`. Its build time is reported beside the adds'.
+    #[arg(long, default_value = "flat")]
+    index: hive_gpu::IndexSpec,
+    /// Search parameters measured in turn on the one built index, e.g. `--search nprobe=8
+    /// --search nprobe=32` (also `exact`); each setting gets its own report or JSON object.
+    #[arg(long = "search")]
+    search_params: Vec<String>,
+    /// Report the cheapest measured setting (highest QPS) whose recall reaches R. Without
+    /// --search, an IVF index is measured at nprobe 1, 2, 4, ... up to its number of lists.
+    #[arg(long)]
+    target_recall: Option<f64>,
     /// Print one JSON object per batch size and k instead of the report.
     #[arg(long)]
     json: bool,

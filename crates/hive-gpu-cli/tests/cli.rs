@@ -79,6 +79,61 @@ fn bench_on_embedded_sift_reports_exact_recall() {
 }
 
 #[test]
+fn bench_measures_each_search_setting_of_one_ivf_index_and_finds_the_cheapest_reaching_a_target() {
+    let args = [
+        "bench",
+        "--backend",
+        "cpu",
+        "--index",
+        "ivf-flat:nlist=32",
+        "--search",
+        "nprobe=1",
+        "--search",
+        "nprobe=32",
+        "--target-recall",
+        "0.999",
+        "--json",
+    ];
+    let out = run(&args, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "one object per setting and the target's: {text}");
+    for line in &lines[..2] {
+        assert!(line.contains("\"index\":\"ivf-flat:nlist=32\""), "{line}");
+        assert!(field(line, "index_build_s") > 0.0 && field(line, "bytes_per_vector") >= 512.0, "{line}");
+    }
+    assert!(
+        lines[0].contains("\"search_params\":\"nprobe=1\"") && field(lines[0], "recall") < 1.0,
+        "{}",
+        lines[0]
+    );
+    // Every list probed: the exact search's recall.
+    assert_eq!(field(lines[1], "recall"), 1.0, "{}", lines[1]);
+    assert!(
+        lines[2].contains("\"target_recall\":0.999") && lines[2].contains("\"search_params\":\"nprobe=32\""),
+        "{}",
+        lines[2]
+    );
+
+    let human = run(&["bench", "--backend", "cpu", "--index", "ivf-flat:nlist=16"], &[]);
+    assert!(human.status.success(), "{}", stderr(&human));
+    assert!(stdout(&human).contains("ivf-flat:nlist=16 (nprobe=20 (default))"), "{}", stdout(&human));
+    for (bad, needle) in [
+        (["--index", "ivf-flat:nlist=0"], "nlist must be a whole number"),
+        (["--index", "ivf-pq:m=8"], "unknown index kind"),
+        (["--search", "nprobe=x"], "nprobe must be a whole number"),
+        (["--search", "probes=3"], "unknown parameter"),
+    ] {
+        let mut all = vec!["bench", "--backend", "cpu"];
+        all.extend(bad);
+        let out = run(&all, &[]);
+        assert!(!out.status.success(), "{bad:?} must fail");
+        assert!(stderr(&out).contains(needle), "{bad:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
 fn bench_human_report_one_by_one() {
     let out = run(&["bench", "--batch", "1", "-k", "5"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -81,12 +81,15 @@ impl CpuRows {
         // The largest lists first, so the last tasks to finish are short ones.
         let mut order: Vec<usize> = (0..lists).filter(|&l| starts[l + 1] > starts[l]).collect();
         order.sort_by_key(|&l| std::cmp::Reverse(probes.lists[l].len() * (starts[l + 1] - starts[l])));
+        // Each thread reuses its buffers: a list asked by one or two queries costs little more
+        // than fresh pages for its tile would.
         let scanned: Vec<Vec<Collector>> = order
             .par_iter()
-            .map(|&l| {
+            .map_init(Scratch::default, |scratch, &l| {
                 let members = self.live_members(&probes.lists[l], allowed)?;
                 let asking = &probing[starts[l]..starts[l + 1]];
-                Ok(self.scan_list(&members, asking, kernel_queries, &bounds, metric, k))
+                let batch = Batch { kernel_queries, bounds: &bounds, metric, k };
+                Ok(self.scan_list(&members, asking, &batch, scratch))
             })
             .collect::<Result<_>>()?;
         // Each query's collectors, one per list it probed, merged and re-ranked exactly.
@@ -149,11 +152,10 @@ impl CpuRows {
         &self,
         members: &[usize],
         asking: &[u32],
-        kernel_queries: &[f32],
-        bounds: &[ErrorBound],
-        metric: GpuDistanceMetric,
-        k: usize,
+        batch: &Batch<'_>,
+        scratch: &mut Scratch,
     ) -> Vec<Collector> {
+        let Batch { kernel_queries, bounds, metric, k } = *batch;
         let dim = self.dim;
         let mut collectors: Vec<Collector> =
             asking.iter().map(|&q| Collector::new(k, bounds[q as usize])).collect();
@@ -161,17 +163,17 @@ impl CpuRows {
             return collectors;
         }
         let block = asking.len().min(QUERY_BLOCK);
-        let mut block_queries = Vec::with_capacity(block * dim);
         let tile = members.len().min(ROW_TILE);
-        let mut rows = Vec::with_capacity(tile * dim);
-        let mut products = vec![0f32; block * tile];
-        let (mut scale, mut offset, mut slots) = (vec![0f32; tile], vec![0f32; tile], vec![0u32; tile]);
-        let mut scratch = Vec::new();
+        let Scratch { block_queries, rows, products, scale, offset, slots, widened } = scratch;
+        products.resize(block * tile, 0.0);
+        scale.resize(tile, 0.0);
+        offset.resize(tile, 0.0);
+        slots.resize(tile, 0);
         for chunk in members.chunks(tile) {
             let count = chunk.len();
             rows.clear();
             for (j, &slot) in chunk.iter().enumerate() {
-                rows.extend_from_slice(self.rows_f32(slot, 1, &mut scratch));
+                rows.extend_from_slice(self.rows_f32(slot, 1, widened));
                 (scale[j], offset[j]) = self.row_transform(metric, false, slot);
                 slots[j] = slot as u32;
             }
@@ -182,7 +184,7 @@ impl CpuRows {
                     block_queries.extend_from_slice(&kernel_queries[q * dim..(q + 1) * dim]);
                 }
                 let products = &mut products[..group.len() * count];
-                inner_products(&block_queries, &rows, dim, group.len(), count, products);
+                inner_products(block_queries, rows, dim, group.len(), count, products);
                 let first = b * block;
                 for (i, p) in products.chunks_exact(count).enumerate() {
                     let c = &mut collectors[first + i];
@@ -194,4 +196,28 @@ impl CpuRows {
         }
         collectors
     }
+}
+
+/// The buffers one thread's list scans reuse.
+#[derive(Default)]
+struct Scratch {
+    block_queries: Vec<f32>,
+    rows: Vec<f32>,
+    products: Vec<f32>,
+    scale: Vec<f32>,
+    offset: Vec<f32>,
+    slots: Vec<u32>,
+    /// f16 rows widened one at a time.
+    widened: Vec<f32>,
+}
+
+/// What every list scan of one batch shares.
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    /// The queries as the kernels see them (unit vectors under cosine), row-major.
+    kernel_queries: &'a [f32],
+    /// Each query's error bound on the GEMM path.
+    bounds: &'a [ErrorBound],
+    metric: GpuDistanceMetric,
+    k: usize,
 }

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""IVF-Flat recall/QPS curves: hive-gpu (`bench --index ivf-flat:nlist=N --search nprobe=P ...`)
+against FAISS's IndexIVFFlat (faiss-cpu, or GpuIndexIVFFlat with --faiss-gpu) on the same data,
+the same nlist and nprobe settings, the same queries and threads, in one run. Recall@k for both
+is against the same ground truth (the .ivecs given, else an exact f64 brute force here).
+
+Run through scripts/bench-ivf-peers (it sets up .venv-bench with faiss-cpu, numpy, matplotlib).
+
+    scripts/bench-ivf-peers --base B --query Q [--groundtruth G] --nlist 1024
+        [--nprobe 1,2,4,8,16,32,64] [--backend cpu] [--threads 2] [--png out.png] [--json out]
+
+Prints one row per nprobe and, per target recall (0.9, 0.95, 0.99), the fastest setting of each
+tool that reaches it and the QPS ratio. Build = train + add for FAISS; the add plus
+`build_index` for hive-gpu (both reported).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_cpu_peers as peers  # noqa: E402
+
+
+def faiss_curve(args, xb, xq, gt, k):
+    import faiss
+
+    d = xb.shape[1]
+    began = time.perf_counter()
+    if args.faiss_gpu:
+        res = faiss.StandardGpuResources()
+        index = faiss.GpuIndexIVFFlat(res, d, args.nlist, faiss.METRIC_L2)
+    else:
+        index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, args.nlist)
+    index.train(xb)
+    trained = time.perf_counter() - began
+    index.add(xb)
+    build = time.perf_counter() - began
+    rows = []
+    for p in args.nprobes:
+        index.nprobe = p
+        _, ids = index.search(xq, k)
+        times = []
+        spent = 0.0
+        while len(times) < 3 or spent < args.min_time:
+            t = time.perf_counter()
+            index.search(xq, k)
+            times.append(time.perf_counter() - t)
+            spent += times[-1]
+        rows.append({
+            "tool": "faiss-gpu" if args.faiss_gpu else "faiss-cpu",
+            "nprobe": p,
+            "recall": peers.recall_at_k(ids, gt, k),
+            "qps": len(xq) / float(np.median(times)),
+            "build_s": build,
+            "train_s": trained,
+        })
+    return rows
+
+
+def hive_curve(args, k, gt_path):
+    cmd = [args.hive_bin, "bench", "--backend", args.backend, "--base", args.base, "--query", args.query,
+           "--groundtruth", str(gt_path), "-k", str(k), "--index", f"ivf-flat:nlist={args.nlist}", "--json"]
+    if args.nq:
+        cmd += ["--nq", str(args.nq)]
+    for p in args.nprobes:
+        cmd += ["--search", f"nprobe={p}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        r = json.loads(line)
+        rows.append({
+            "tool": f"hive-gpu {args.backend}",
+            "nprobe": int(r["search_params"].split("=")[1]),
+            "recall": r["recall"],
+            "qps": r["qps"],
+            "build_s": r["build_s"] + r["index_build_s"],
+            "train_s": r["index_build_s"],
+            "bytes_per_vector": r["bytes_per_vector"],
+        })
+    return rows
+
+
+def fastest(rows, target):
+    ok = [r for r in rows if r["recall"] >= target]
+    return max(ok, key=lambda r: r["qps"]) if ok else None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True)
+    p.add_argument("--query", required=True)
+    p.add_argument("--groundtruth")
+    p.add_argument("--nlist", type=int, default=1024)
+    p.add_argument("--nprobe", default="1,2,4,8,16,32,64")
+    p.add_argument("-k", type=int, default=10)
+    p.add_argument("--nq", type=int, default=None, help="use the first N queries")
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--faiss-gpu", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--min-time", type=float, default=1.0)
+    p.add_argument("--hive-bin", default=str(peers.ROOT / "target/release/hive-gpu"))
+    p.add_argument("--png", help="write the recall/QPS plot here")
+    p.add_argument("--json", help="write every row here")
+    args = p.parse_args()
+    args.nprobes = [int(x) for x in args.nprobe.split(",")]
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    import faiss
+
+    faiss.omp_set_num_threads(args.threads)
+    xb = peers.read_fvecs(args.base)
+    xq = peers.read_fvecs(args.query)
+    if args.nq:
+        xq = xq[:args.nq]
+    k = args.k
+    if args.groundtruth:
+        gt = peers.read_ivecs(args.groundtruth)[:len(xq), :k]
+        gt_path = Path(args.groundtruth)
+    else:
+        gt = peers.exact_knn(xb, xq, k)
+        gt_path = Path(f"/tmp/bench-ivf-gt-{os.getpid()}.ivecs")
+        peers.write_vecs(gt_path, gt.astype(np.int32))
+    hive = hive_curve(args, k, gt_path)
+    faiss_rows = faiss_curve(args, xb, xq, gt, k)
+    print(f"{len(xb)} x {xb.shape[1]} base, {len(xq)} queries, k={k}, nlist={args.nlist}, "
+          f"{args.threads} threads, hive-gpu --backend {args.backend}")
+    print(f"{'nprobe':>6} {'hive recall':>11} {'hive QPS':>10} {'faiss recall':>12} {'faiss QPS':>10} {'ratio':>6}")
+    for h, f in zip(hive, faiss_rows):
+        print(f"{h['nprobe']:>6} {h['recall']:>11.4f} {h['qps']:>10.0f} {f['recall']:>12.4f} {f['qps']:>10.0f} "
+              f"{h['qps'] / f['qps']:>6.2f}")
+    print(f"build (train + add): hive-gpu {hive[0]['build_s']:.2f} s, {faiss_rows[0]['tool']} "
+          f"{faiss_rows[0]['build_s']:.2f} s")
+    for target in (0.9, 0.95, 0.99):
+        h, f = fastest(hive, target), fastest(faiss_rows, target)
+        if h and f:
+            print(f"recall >= {target}: hive-gpu nprobe={h['nprobe']} {h['qps']:.0f} QPS (recall {h['recall']:.4f}), "
+                  f"{f['tool']} nprobe={f['nprobe']} {f['qps']:.0f} QPS (recall {f['recall']:.4f}): "
+                  f"{h['qps'] / f['qps']:.2f}x")
+        else:
+            print(f"recall >= {target}: not reached by {'hive-gpu' if not h else f['tool'] if not f else ''}")
+    if args.json:
+        Path(args.json).write_text("\n".join(json.dumps(r) for r in hive + faiss_rows) + "\n")
+    if args.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for rows, style in ((hive, "o-"), (faiss_rows, "s--")):
+            ax.plot([r["recall"] for r in rows], [r["qps"] for r in rows], style, label=rows[0]["tool"])
+            for r in rows:
+                ax.annotate(str(r["nprobe"]), (r["recall"], r["qps"]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"recall@{k}")
+        ax.set_ylabel("queries per second")
+        ax.set_title(f"IVF-Flat nlist={args.nlist}: {Path(args.base).name}, {len(xq)} queries, "
+                     f"{args.threads} threads", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

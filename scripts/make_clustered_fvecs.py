@@ -1,0 +1,78 @@
+"""Writes a clustered synthetic set as .fvecs: N base and Q query vectors drawn around C random
+centers (a Gaussian mixture, the shape IVF indexes are built for), and the exact (f64) top-100
+L2 neighbours of every query as .ivecs ground truth.
+
+    python3 scripts/make_clustered_fvecs.py OUT_PREFIX [--rows 1000000] [--queries 10000]
+        [--dim 128] [--centers 4096] [--spread 0.5] [--seed 11]
+
+Centers are standard normal; a vector is its center plus Gaussian noise of standard deviation
+`spread` per component whose scale decays along the dimensions (sd_j = spread * (j + 1)^-0.5 *
+sqrt(dim / sum_j 1/(j+1))): most of the variance in a few directions, as in real embeddings.
+Writes OUT_PREFIX_base.fvecs, OUT_PREFIX_query.fvecs and OUT_PREFIX_groundtruth.ivecs.
+"""
+import argparse
+
+import numpy as np
+
+
+def write_vecs(path, x, dtype):
+    n, d = x.shape
+    with open(path, "wb") as f:
+        for s in range(0, n, 100_000):
+            part = x[s:s + 100_000]
+            out = np.empty((len(part), d + 1), dtype=dtype)
+            out[:, 0] = np.array([d], dtype=np.int32).view(dtype)[0]
+            out[:, 1:] = part
+            out.tofile(f)
+
+
+def exact_top(xb, xq, k, chunk=200_000):
+    q = xq.astype(np.float64)
+    best_d = np.full((len(q), 0), np.inf)
+    best_i = np.zeros((len(q), 0), dtype=np.int64)
+    for s in range(0, len(xb), chunk):
+        b = xb[s:s + chunk].astype(np.float64)
+        d = (q * q).sum(1)[:, None] - 2.0 * (q @ b.T) + (b * b).sum(1)[None, :]
+        part = np.argpartition(d, k - 1, axis=1)[:, :k]
+        best_d = np.hstack([best_d, np.take_along_axis(d, part, 1)])
+        best_i = np.hstack([best_i, part + s])
+        keep = np.argsort(best_d, axis=1, kind="stable")[:, :k]
+        best_d = np.take_along_axis(best_d, keep, 1)
+        best_i = np.take_along_axis(best_i, keep, 1)
+    return best_i
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--queries", type=int, default=10_000)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--centers", type=int, default=4096)
+    p.add_argument("--spread", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=11)
+    args = p.parse_args()
+    rng = np.random.default_rng(args.seed)
+    d = args.dim
+    centers = rng.standard_normal((args.centers, d), dtype=np.float32)
+    decay = 1.0 / np.sqrt(np.arange(1, d + 1, dtype=np.float64))
+    sd = (args.spread * decay * np.sqrt(d / (decay ** 2).sum())).astype(np.float32)
+
+    def draw(n):
+        out = np.empty((n, d), dtype=np.float32)
+        for s in range(0, n, 200_000):
+            m = min(200_000, n - s)
+            which = rng.integers(0, args.centers, m)
+            out[s:s + m] = centers[which] + rng.standard_normal((m, d), dtype=np.float32) * sd
+        return out
+
+    xb = draw(args.rows)
+    xq = draw(args.queries)
+    write_vecs(f"{args.out}_base.fvecs", xb, np.float32)
+    write_vecs(f"{args.out}_query.fvecs", xq, np.float32)
+    gt = exact_top(xb, xq, min(100, args.rows))
+    write_vecs(f"{args.out}_groundtruth.ivecs", gt.astype(np.int32), np.int32)
+
+
+if __name__ == "__main__":
+    main()
