@@ -54,7 +54,7 @@ impl std::str::FromStr for IndexSpec {
     fn from_str(text: &str) -> Result<Self> {
         let (kind, rest) = text.trim().split_once(':').unwrap_or((text.trim(), ""));
         let mut params = Params::parse(text, rest)?;
-        let spec = match kind.to_ascii_lowercase().as_str() {
+        let spec = match kind.trim().to_ascii_lowercase().as_str() {
             "flat" => IndexSpec::Flat,
             "ivf-flat" | "ivfflat" => IndexSpec::IvfFlat { nlist: params.take_count("nlist")? },
             other => {
