@@ -2,7 +2,8 @@
 //! an error or parsed into a description whose every part lies inside the input; one that
 //! parses is then opened as a collection on the CPU backend, copied (`open_storage`) and mapped
 //! (`open_storage_mapped`): each refuses it with an error or gives a usable collection holding
-//! exactly the file's live vectors. (Fuzz builds accept any checksum, so the fuzzer reaches the
+//! exactly the file's live vectors, and the file's index (if any) filing each of them once.
+//! (Fuzz builds accept any checksum, so the fuzzer reaches the
 //! values, ids and payloads behind them: NaNs, repeated ids, norms out of range.)
 #![no_main]
 
@@ -46,10 +47,18 @@ fuzz_target!(|data: &[u8]| {
     for storage in [copied, mapped].into_iter().flatten() {
         assert_eq!(storage.vector_count(), info.live);
         assert_eq!(storage.dimension(), info.config.dimension);
+        // A saved index opens with the collection and files every live vector once.
+        assert_eq!(storage.index_spec(), info.index.unwrap_or_default());
+        if let Some(stats) = storage.index_stats() {
+            assert_eq!(stats.list_lengths.iter().sum::<usize>(), info.live);
+        }
         if info.live > 0 {
             let query = vec![0.5; info.config.dimension];
             let found = storage.search(&query, 1).expect("a search of an opened collection");
-            assert_eq!(found.len(), 1);
+            assert!(found.len() <= 1);
+            let options = hive_gpu::SearchOptions::default().with_exact(true);
+            let exact = storage.search_with(&query, 1, &options).expect("an exact search");
+            assert_eq!(exact.len(), 1);
         }
     }
 });

@@ -25,6 +25,13 @@ pub fn build(args: &BuildArgs) -> Result<(), HiveGpuError> {
     dataset::fill(&storage, &base, |added| bar.set_position(added as u64))?;
     bar.finish_and_clear();
     drop(base);
+    if args.index != hive_gpu::IndexSpec::Flat {
+        let spinner = ProgressBar::new_spinner();
+        spinner.enable_steady_tick(Duration::from_millis(120));
+        spinner.set_message(format!("building {}", args.index));
+        storage.build_index(args.index)?;
+        spinner.finish_and_clear();
+    }
     let bar = vector_bar("saving", storage.slot_count() as u64);
     let saving = Instant::now();
     storage.save_with_progress(&args.out, &mut |done, _| bar.set_position(done))?;
@@ -54,6 +61,7 @@ pub fn info(path: &Path, open: bool, mapped: bool, backend: BackendArg) -> Resul
     out!("storage         {:?}", c.precision);
     out!("search          {:?}", c.search);
     out!("vectors         {} live of {} slots", info.live, info.slots);
+    out!("index           {}", info.index.map_or("none (exact search)".to_string(), |i| i.to_string()));
     out!();
     out!(
         "{:<10} {:>7} {:>14} {:>14} {:>10} {:>10}",

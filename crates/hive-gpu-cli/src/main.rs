@@ -149,6 +149,9 @@ struct BuildArgs {
     /// The collection file to write.
     #[arg(long)]
     out: PathBuf,
+    /// Build this index over the vectors and save it with them (`ivf-flat:nlist=N`).
+    #[arg(long, default_value = "flat")]
+    index: hive_gpu::IndexSpec,
     #[command(flatten)]
     settings: SearchSettings,
 }

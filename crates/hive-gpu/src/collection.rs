@@ -468,6 +468,12 @@ impl Collection {
         Ok(())
     }
 
+    /// Makes searches go through `index`, built over this collection's current slots.
+    pub(crate) fn set_index(&mut self, index: IvfFlat) {
+        self.index = Some(index);
+        self.version += 1;
+    }
+
     /// The index searches go through, if any.
     pub(crate) fn index(&self) -> Option<&IvfFlat> {
         self.index.as_ref()

@@ -254,6 +254,43 @@ impl GpuContext {
                     reason: format!("its vectors do not load: {other}"),
                 },
             })?;
+            if let Some(stored) = file.index() {
+                // An open that compacted numbers the live slots in order.
+                let compacted = collection.slots() != file.slots();
+                let mut rank = Vec::new();
+                if compacted {
+                    let removed = file.removed();
+                    let mut next = 0u32;
+                    rank = (0..file.slots())
+                        .map(|s| {
+                            let r = next;
+                            next += u32::from(!removed.contains(s));
+                            r
+                        })
+                        .collect();
+                }
+                let slot_of = |s: u32| if compacted { rank[s as usize] } else { s };
+                let config = file.config();
+                let index = exec::run(|| {
+                    index::ivf::IvfFlat::from_stored(
+                        self.backend.as_ref(),
+                        &self.tuning,
+                        config.metric,
+                        config.dimension,
+                        stored,
+                        slot_of,
+                    )
+                })?
+                .map_err(|e| match e {
+                    HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. } => e,
+                    other => HiveGpuError::InvalidFormat {
+                        path: path.to_path_buf(),
+                        format: persist::FORMAT_NAME,
+                        reason: format!("its index does not load: {other}"),
+                    },
+                })?;
+                collection.set_index(index);
+            }
         }
         Ok(storage)
     }
@@ -522,12 +559,18 @@ impl GpuVectorStorage {
     /// [`DEFAULT_NPROBE`]): approximate, but exact among the vectors of those lists, and
     /// equal to the exact search when `nprobe` covers every list; [`SearchOptions::with_exact`]
     /// bypasses the index. Fails, changing nothing a search sees, with fewer vectors than
-    /// lists. The index lives in memory only: [`GpuVectorStorage::save`] and a durable
-    /// collection's log keep the vectors, and an opened collection needs `build_index` again.
+    /// lists. [`GpuVectorStorage::save`] writes the index with the vectors (format version 2,
+    /// `docs/FORMAT.md`) and an open restores it without retraining; on a durable collection
+    /// `build_index` ends with a checkpoint, so the index survives a crash once it returns (an
+    /// error from that checkpoint is returned with the index built in memory).
     pub fn build_index(&self, spec: IndexSpec) -> Result<()> {
         let mut guard = self.write();
         let collection: &mut Collection = &mut guard;
-        exec::run(|| collection.build_index(self.backend.as_ref(), &self.tuning, spec))?
+        exec::run(|| collection.build_index(self.backend.as_ref(), &self.tuning, spec))??;
+        if let Some(log) = &self.log {
+            log.checkpoint(&guard)?;
+        }
+        Ok(())
     }
 
     /// The index searches go through ([`IndexSpec::Flat`] when none).

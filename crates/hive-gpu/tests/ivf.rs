@@ -323,3 +323,127 @@ fn every_backend_builds_the_same_index_and_returns_the_same_approximate_results(
         }
     }
 }
+
+/// Ids and scores of a batch's results.
+fn ranked(found: &[Vec<GpuSearchResult>]) -> Vec<Vec<(String, f32)>> {
+    found.iter().map(|l| l.iter().map(|r| (r.id.to_string(), r.score)).collect()).collect()
+}
+
+#[test]
+fn a_saved_index_opens_without_retraining_copied_mapped_and_durable_with_the_same_results() {
+    let (dim, nlist, k) = (16, 12, 7);
+    let vectors = clustered(1500, dim, 15, 71);
+    let mut rng = Rng::new(72);
+    let queries: Vec<Vec<f32>> = (0..20).map(|_| rng.normals(dim)).collect();
+    let flat: Vec<f32> = queries.iter().flatten().copied().collect();
+    let some = SearchOptions::default().with_nprobe(3);
+    let all = SearchOptions::default().with_nprobe(nlist);
+    let dir = common::stored::scratch_dir("ivf-saved");
+    for context in contexts() {
+        let what = describe(&context);
+        let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+        add_all(&storage, &vectors[..1200]);
+        storage.build_index(IndexSpec::IvfFlat { nlist }).expect("build");
+        // Filed after training, and removed without a compaction: the file keeps tombstones.
+        add_all(&storage, &vectors[1200..]);
+        let removed: Vec<String> = (0..1500).step_by(9).map(|i| format!("v{i}")).collect();
+        storage.remove_vectors(&removed).expect("remove");
+        assert!(storage.slot_count() > storage.vector_count(), "{what}: tombstones stay");
+        let want = ranked(&storage.search_batch_with(&flat, k, &some).unwrap());
+        let path = dir.join("ivf.hgc");
+        storage.save(&path).expect("save");
+        let info = hive_gpu::persist::inspect_file(&path).expect("inspect");
+        assert_eq!((info.format_version, info.index), (2, Some(IndexSpec::IvfFlat { nlist })), "{what}");
+        // SAFETY: nothing writes the file while the mapped storage lives.
+        let mapped = unsafe { context.open_storage_mapped(&path) }.expect("mapped open");
+        for (how, opened) in [("copied", context.open_storage(&path).expect("open")), ("mapped", mapped)] {
+            let what = format!("{what} {how}");
+            assert_eq!(opened.index_spec(), IndexSpec::IvfFlat { nlist }, "{what}");
+            let stats = opened.index_stats().unwrap();
+            assert_eq!(stats.list_lengths.iter().sum::<usize>(), storage.vector_count(), "{what}");
+            assert_eq!(ranked(&opened.search_batch_with(&flat, k, &some).unwrap()), want, "{what}");
+            // Vectors added after the open are filed too.
+            opened.add_vectors(&[GpuVector::new("late", queries[0].clone())]).unwrap();
+            let top = opened.search_with(&queries[0], 1, &all).unwrap();
+            assert_eq!(top[0].id, "late", "{what}");
+        }
+        // A durable collection checkpoints its index when it is built, and replays later adds
+        // into it.
+        let durable_path = dir.join("durable.hgc");
+        let _ = std::fs::remove_file(&durable_path);
+        let config = StorageConfig::new(dim, GpuDistanceMetric::Euclidean);
+        {
+            let durable = context.open_durable(&durable_path, config, Default::default()).expect("durable");
+            add_all(&durable, &vectors[..1200]);
+            durable.build_index(IndexSpec::IvfFlat { nlist }).expect("build");
+            add_all(&durable, &vectors[1200..]);
+        }
+        let reopened = context.open_durable(&durable_path, config, Default::default()).expect("reopen");
+        assert_eq!(reopened.index_spec(), IndexSpec::IvfFlat { nlist }, "{what} durable");
+        assert_eq!(reopened.index_stats().unwrap().list_lengths.iter().sum::<usize>(), 1500, "{what}");
+        let got = reopened.search_batch_with(&flat, k, &all).unwrap();
+        check_exact(&format!("{what} durable"), GpuDistanceMetric::Euclidean, &vectors, &queries, &got, k);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_index_section_is_refused_by_name_never_opened_half_checked() {
+    use common::stored::reseal_section_of;
+    let dir = common::stored::scratch_dir("ivf-hostile");
+    let cpu = hive_gpu::GpuContext::with_backend(hive_gpu::GpuBackendType::Cpu, 0).unwrap();
+    let (dim, nlist) = (4, 3);
+    let storage = cpu.create_storage(dim, GpuDistanceMetric::Euclidean).unwrap();
+    add_all(&storage, &clustered(30, dim, 3, 81));
+    storage.build_index(IndexSpec::IvfFlat { nlist }).unwrap();
+    storage.remove_vectors(&["v5"]).unwrap();
+    let good = dir.join("good.hgc");
+    storage.save(&good).unwrap();
+    let image = std::fs::read(&good).unwrap();
+    // The index section is the seventh entry of the table.
+    let entry = 64 + 6 * 40;
+    assert_eq!(u32::from_le_bytes(image[entry..entry + 4].try_into().unwrap()), 7, "the index is last");
+    let at = u64::from_le_bytes(image[entry + 8..entry + 16].try_into().unwrap()) as usize;
+    let centroids = at + 32;
+    let lengths = centroids + nlist * dim * 4;
+    let slots = lengths + nlist * 8;
+    let put_u32 = |img: &mut Vec<u8>, at: usize, v: u32| img[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let put_u64 = |img: &mut Vec<u8>, at: usize, v: u64| img[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    let first_length = u64::from_le_bytes(image[lengths..lengths + 8].try_into().unwrap());
+    type Damage<'a> = Box<dyn Fn(&mut Vec<u8>) + 'a>;
+    let cases: Vec<(&str, Damage<'_>, &str)> = vec![
+        ("unknown kind", Box::new(|i| put_u32(i, at, 9)), "unknown index kind 9"),
+        ("list count", Box::new(|i| put_u64(i, at + 8, 1 << 40)), "lists where the section table counts"),
+        ("nan centroid", Box::new(|i| put_u32(i, centroids + 4, f32::NAN.to_bits())), "non-finite"),
+        ("huge length", Box::new(|i| put_u64(i, lengths, u64::MAX)), "more than the file's 29 live slots"),
+        ("short lists", Box::new(move |i| put_u64(i, lengths, first_length - 1)), "the file 29 live ones"),
+        ("past the slots", Box::new(|i| put_u32(i, slots, 30)), "is past the 30 slots"),
+        ("removed slot", Box::new(|i| put_u32(i, slots, 5)), "slot 5 is removed"),
+        (
+            "twice",
+            Box::new(|i| {
+                let other = u32::from_le_bytes(i[slots + 4..slots + 8].try_into().unwrap());
+                put_u32(i, slots, other)
+            }),
+            "is listed twice",
+        ),
+    ];
+    let bad = dir.join("bad.hgc");
+    for (name, damage, needle) in cases {
+        let mut damaged = image.clone();
+        damage(&mut damaged);
+        reseal_section_of(&mut damaged, at);
+        std::fs::write(&bad, &damaged).unwrap();
+        let e = cpu.open_storage(&bad).expect_err(name).to_string();
+        assert!(e.contains("index") && e.contains(needle), "{name}: {e}");
+        assert!(hive_gpu::persist::inspect(&damaged).is_err(), "{name}: inspect accepted it");
+    }
+    // An index section in a version 1 file.
+    let mut old = image.clone();
+    old[8..12].copy_from_slice(&1u32.to_le_bytes());
+    common::stored::reseal_header(&mut old);
+    std::fs::write(&bad, &old).unwrap();
+    let e = cpu.open_storage(&bad).unwrap_err().to_string();
+    assert!(e.contains("format version 1"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

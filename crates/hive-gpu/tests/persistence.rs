@@ -8,10 +8,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::stored::{assert_same_collection, populated, scratch_dir};
+use common::stored::{assert_same_collection, populated, reseal_header, reseal_section_of, scratch_dir};
 use common::{Rng, contexts, describe};
 use hive_gpu::{
-    GpuBackendType, GpuContext, GpuDistanceMetric, GpuVectorStorage, HiveGpuError, StoragePrecision,
+    GpuBackendType, GpuContext, GpuDistanceMetric, GpuVectorStorage, HiveGpuError, IndexSpec,
+    StoragePrecision,
 };
 
 #[test]
@@ -63,7 +64,7 @@ fn saved_collections_open_equal_on_every_backend() {
 }
 
 /// Every format version released: each has a file in `tests/data/formats/` that must open.
-const RELEASED_FORMATS: &[u32] = &[1];
+const RELEASED_FORMATS: &[u32] = &[1, 2];
 
 /// The file of `tests/data/formats/` for format `version` (relative to the package folder, the
 /// working directory of `cargo test` and of the GPU bundle's runner).
@@ -71,49 +72,44 @@ fn format_file(version: u32) -> PathBuf {
     Path::new("tests/data/formats").join(format!("collection-v{version}.hgc"))
 }
 
-/// The collection every format file holds.
-fn format_collection(context: &GpuContext) -> GpuVectorStorage {
-    populated(context, GpuDistanceMetric::Cosine, StoragePrecision::F16, 7, 60)
+/// The collection the format file of `version` holds: version 2 adds an IVF-Flat index.
+fn format_collection(context: &GpuContext, version: u32) -> GpuVectorStorage {
+    let storage = populated(context, GpuDistanceMetric::Cosine, StoragePrecision::F16, 7, 60);
+    if version >= 2 {
+        storage.build_index(IndexSpec::IvfFlat { nlist: 4 }).expect("an index");
+    }
+    storage
 }
 
 #[test]
 fn every_released_format_version_still_opens() {
     let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
-    let expected = format_collection(&cpu);
     if std::env::var("HIVE_GPU_WRITE_FORMAT_FILES").as_deref() == Ok("1") {
         std::fs::create_dir_all("tests/data/formats").unwrap();
-        expected.save(format_file(1)).expect("write the format file");
+        let newest = *RELEASED_FORMATS.last().unwrap();
+        format_collection(&cpu, newest).save(format_file(newest)).expect("write the format file");
     }
     for context in contexts() {
         for &version in RELEASED_FORMATS {
+            let expected = format_collection(&cpu, version);
             let path = format_file(version);
             let opened = context.open_storage(&path).unwrap_or_else(|e| panic!("format {version}: {e}"));
-            assert_same_collection(
-                &format!("format {version} on {}", describe(&context)),
-                &expected,
-                &opened,
-                60,
-                7,
-            );
+            let what = format!("format {version} on {}", describe(&context));
+            assert_same_collection(&what, &expected, &opened, 60, 7);
+            assert_eq!(opened.index_spec(), expected.index_spec(), "{what}");
+            let shape = |s: &GpuVectorStorage| {
+                s.index_stats().map(|i| (i.spec, i.list_lengths, i.training_vectors, i.iterations))
+            };
+            assert_eq!(shape(&opened), shape(&expected), "{what}");
+            // What a save writes today is exactly the file: a file without an index stays
+            // version 1, one with an index is version 2.
+            let dir = scratch_dir("format");
+            let now = dir.join("now.hgc");
+            format_collection(&context, version).save(&now).expect("save");
+            assert_eq!(std::fs::read(&now).unwrap(), std::fs::read(&path).unwrap(), "{what}");
+            let _ = std::fs::remove_dir_all(&dir);
         }
-        // The current version's file is exactly what a save writes today.
-        let dir = scratch_dir("format");
-        let now = dir.join("now.hgc");
-        format_collection(&context).save(&now).expect("save");
-        assert_eq!(
-            std::fs::read(&now).unwrap(),
-            std::fs::read(format_file(1)).unwrap(),
-            "{}",
-            describe(&context)
-        );
-        let _ = std::fs::remove_dir_all(&dir);
     }
-}
-
-/// Rewrites the header checksum of a file image after a deliberate change to the header.
-fn reseal_header(image: &mut [u8]) {
-    let crc = crc32c::crc32c(&image[..60]);
-    image[60..64].copy_from_slice(&crc.to_le_bytes());
 }
 
 fn open_error(context: &GpuContext, path: &Path, image: &[u8]) -> String {
@@ -152,9 +148,9 @@ fn damaged_files_are_refused_by_name_and_offset_never_with_a_panic() {
     wrong[0] = b'X';
     assert!(open_error(&cpu, &bad, &wrong).contains("magic"));
     let mut future = image.clone();
-    future[8..12].copy_from_slice(&2u32.to_le_bytes());
+    future[8..12].copy_from_slice(&3u32.to_le_bytes());
     reseal_header(&mut future);
-    assert!(open_error(&cpu, &bad, &future).contains("format version 2"));
+    assert!(open_error(&cpu, &bad, &future).contains("format version 3"));
 
     // An absurd slot count in a config whose checksums are all correct: refused by the vector
     // section's length, before anything is allocated for the slots.
@@ -203,23 +199,6 @@ fn save_and_open_report_their_progress_to_the_last_vector() {
     assert_eq!(seen.last(), Some(&(live, live)));
     assert_same_collection("opened in steps", &storage, &opened, 150_000, 3);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Rewrites the checksum of the section holding byte `at`, then the table's and the header's:
-/// a file changed on purpose whose every checksum holds.
-fn reseal_section_of(image: &mut [u8], at: usize) {
-    let sections = u32::from_le_bytes(image[16..20].try_into().unwrap()) as usize;
-    for entry in (64..64 + sections * 40).step_by(40) {
-        let offset = u64::from_le_bytes(image[entry + 8..entry + 16].try_into().unwrap()) as usize;
-        let length = u64::from_le_bytes(image[entry + 16..entry + 24].try_into().unwrap()) as usize;
-        if (offset..offset + length).contains(&at) {
-            let crc = crc32c::crc32c(&image[offset..offset + length]);
-            image[entry + 32..entry + 36].copy_from_slice(&crc.to_le_bytes());
-        }
-    }
-    let table_crc = crc32c::crc32c(&image[64..64 + sections * 40]);
-    image[56..60].copy_from_slice(&table_crc.to_le_bytes());
-    reseal_header(image);
 }
 
 #[test]

@@ -13,7 +13,7 @@
 //! scan is as exact as the flat search (f32 candidates, f64 re-rank), so the results equal it.
 
 use crate::backend::{GpuBackend, ListProbes, Neighbor, RowStore};
-use crate::collection::Collection;
+use crate::collection::{Collection, Subject};
 use crate::error::{HiveGpuError, Result};
 use crate::index::kmeans::{self, KMeansParams, SplitMix};
 use crate::index::spec::IndexSpec;
@@ -100,7 +100,20 @@ impl IvfFlat {
             max_training_vectors: training_slots.len(),
             seed: SEED,
         };
-        let trained = kmeans::train(backend, tuning, &training, dim, &params)?;
+        let mut trained = kmeans::train(backend, tuning, &training, dim, &params)?;
+        if config.metric == GpuDistanceMetric::Cosine {
+            // Probed by direction: unit centroids. A mean of unit vectors can be (almost) zero,
+            // which has no direction: such a centroid takes a training vector's instead.
+            for (c, centroid) in trained.centroids.chunks_exact_mut(dim).enumerate() {
+                let norm = centroid.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+                if norm < 1e-9 {
+                    let i = c % (training.len() / dim);
+                    centroid.copy_from_slice(&training[i * dim..(i + 1) * dim]);
+                } else {
+                    centroid.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
+                }
+            }
+        }
         drop(training);
         let mut probe = backend.new_rows(dim, StoragePrecision::F32, SearchPrecision::Exact, tuning)?;
         probe.append(&trained.centroids)?;
@@ -132,9 +145,43 @@ impl IvfFlat {
     }
 
     /// The centroids, `nlist x dim` row-major.
-    #[allow(dead_code)]
     pub(crate) fn centroids(&self) -> &[f32] {
         &self.centroids
+    }
+
+    /// Each list's slots (removed ones included until a compaction).
+    pub(crate) fn lists(&self) -> &[Vec<u32>] {
+        &self.lists
+    }
+
+    /// The index a collection file saved ([`crate::persist::format::StoredIndex`], checked:
+    /// finite centroids of the collection's dimension, every live slot once), its slots
+    /// renumbered by `slot_of` (file slot to collection slot), on `backend`.
+    pub(crate) fn from_stored(
+        backend: &dyn GpuBackend,
+        tuning: &crate::tuning::Tuning,
+        metric: GpuDistanceMetric,
+        dim: usize,
+        stored: &crate::persist::format::StoredIndex,
+        slot_of: impl Fn(u32) -> u32,
+    ) -> Result<Self> {
+        // Centroids are probed as vectors of the collection are searched: the same checks.
+        let config = crate::types::StorageConfig::new(dim, metric);
+        for (c, centroid) in stored.centroids.chunks_exact(dim).enumerate() {
+            crate::collection::check_values(centroid, &config, Subject::Vector(&format!("centroid {c}")))?;
+        }
+        let mut probe = backend.new_rows(dim, StoragePrecision::F32, SearchPrecision::Exact, tuning)?;
+        probe.append(&stored.centroids)?;
+        Ok(Self {
+            metric,
+            centroids: stored.centroids.clone(),
+            probe,
+            lists: stored.lists.iter().map(|l| l.iter().map(|&s| slot_of(s)).collect()).collect(),
+            trained: Trained {
+                training_vectors: stored.training_vectors as usize,
+                iterations: stored.iterations as usize,
+            },
+        })
     }
 
     /// Each list's length, removed slots included.
@@ -220,7 +267,9 @@ impl IvfFlat {
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let nprobe = nprobe.clamp(1, self.nlist());
+        let began = std::time::Instant::now();
         let nearest = self.probe.knn(queries, nprobe, self.metric, None)?;
+        let probed = began.elapsed();
         let mut probes = Vec::with_capacity(nearest.len() * nprobe);
         for found in &nearest {
             if found.len() != nprobe {
@@ -232,6 +281,14 @@ impl IvfFlat {
             probes.extend(found.iter().map(|n| n.slot as u32));
         }
         let probes = ListProbes { lists: &self.lists, probes: &probes, nprobe };
-        rows.scan_lists(queries, &probes, k, self.metric, allowed)
+        let found = rows.scan_lists(queries, &probes, k, self.metric, allowed);
+        if crate::backend::profiling() {
+            eprintln!(
+                "hive-gpu profile (ivf probe, scan; ms): {:.3} {:.3}",
+                probed.as_secs_f64() * 1e3,
+                (began.elapsed() - probed).as_secs_f64() * 1e3
+            );
+        }
+        found
     }
 }

@@ -15,8 +15,10 @@ use crate::types::{GpuDistanceMetric, Metadata, SearchPrecision, StorageConfig, 
 
 /// The first 8 bytes of every collection file.
 pub(crate) const MAGIC: [u8; 8] = *b"HIVEGPUC";
-/// The format version this build writes, and the newest it reads.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The newest format version this build reads. It writes version 2 only for a file with an
+/// index section, version 1 otherwise, so that files without an index stay readable by
+/// builds that know only version 1.
+pub(crate) const FORMAT_VERSION: u32 = 2;
 /// Bytes of the file header.
 pub(crate) const HEADER_BYTES: usize = 64;
 /// Bytes of one section table entry.
@@ -25,7 +27,8 @@ pub(crate) const ENTRY_BYTES: usize = 40;
 /// element type a device copies from).
 pub(crate) const ALIGN: usize = 64;
 
-/// What a section holds. Every kind appears at most once; version 1 files have all six.
+/// What a section holds. Every kind appears at most once; every file has the first six, and a
+/// version 2 file may have an index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// Dimension, slot count, metric, storage and search precision.
@@ -40,11 +43,15 @@ pub(crate) enum Kind {
     Metadata = 5,
     /// Each slot's typed payload fields.
     Payload = 6,
+    /// The collection's index (format version 2): IVF-Flat centroids and lists.
+    Index = 7,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 6] =
-        [Kind::Config, Kind::Ids, Kind::Vectors, Kind::Removed, Kind::Metadata, Kind::Payload];
+    pub(crate) const ALL: [Kind; 7] =
+        [Kind::Config, Kind::Ids, Kind::Vectors, Kind::Removed, Kind::Metadata, Kind::Payload, Kind::Index];
+    /// The kinds every file has.
+    pub(crate) const REQUIRED: usize = 6;
 
     fn from_code(code: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|k| *k as u32 == code)
@@ -58,6 +65,7 @@ impl Kind {
             Kind::Removed => "removed",
             Kind::Metadata => "metadata",
             Kind::Payload => "payload",
+            Kind::Index => "index",
         }
     }
 }
@@ -96,7 +104,8 @@ pub(crate) fn encode_header(sections: &[Section], file_bytes: u64) -> Vec<u8> {
     let table: Vec<u8> = sections.iter().flat_map(|s| s.encode()).collect();
     let mut header = vec![0u8; HEADER_BYTES];
     header[0..8].copy_from_slice(&MAGIC);
-    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let version: u32 = if sections.iter().any(|s| s.kind == Kind::Index) { 2 } else { 1 };
+    header[8..12].copy_from_slice(&version.to_le_bytes());
     header[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
     header[16..20].copy_from_slice(&(sections.len() as u32).to_le_bytes());
     header[24..32].copy_from_slice(&file_bytes.to_le_bytes());
@@ -195,6 +204,146 @@ pub(crate) struct Snapshot<'a> {
     pub(crate) metadata: Vec<Metadata>,
     pub(crate) payloads: Vec<Payload>,
     pub(crate) sections: Vec<Section>,
+    /// The format version the file was written in.
+    pub(crate) version: u32,
+    /// Its index, if it has one.
+    pub(crate) index: Option<StoredIndex>,
+}
+
+/// An index section's contents, checked against the file's slots.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StoredIndex {
+    /// `nlist x dimension` finite centroids.
+    pub(crate) centroids: Vec<f32>,
+    /// Each list's slots: every live slot of the file exactly once, no removed slot.
+    pub(crate) lists: Vec<Vec<u32>>,
+    /// Vectors the centroids trained on.
+    pub(crate) training_vectors: u64,
+    /// Lloyd iterations the training ran.
+    pub(crate) iterations: u64,
+}
+
+/// The code of IVF-Flat in an index section.
+const IVF_FLAT: u32 = 1;
+
+/// The index section's body: its kind (IVF-Flat), list count, training figures, centroids
+/// (f32), list lengths (u64) and the lists' slots (u32), every live slot once.
+pub(crate) fn encode_index(
+    centroids: &[f32],
+    lists: &[Vec<u32>],
+    training_vectors: usize,
+    iterations: usize,
+    removed: &SlotSet,
+) -> Vec<u8> {
+    let live = |slot: &&u32| !removed.contains(**slot as usize);
+    let entries: usize = lists.iter().map(|l| l.iter().filter(live).count()).sum();
+    let mut out = Vec::with_capacity(32 + centroids.len() * 4 + lists.len() * 8 + entries * 4);
+    out.extend_from_slice(&IVF_FLAT.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for word in [lists.len() as u64, training_vectors as u64, iterations as u64] {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    centroids.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    for list in lists {
+        out.extend_from_slice(&(list.iter().filter(live).count() as u64).to_le_bytes());
+    }
+    for list in lists {
+        list.iter().filter(live).for_each(|slot| out.extend_from_slice(&slot.to_le_bytes()));
+    }
+    out
+}
+
+/// Reads and checks an index section ([`encode_index`]'s layout) of a file of `slots` slots of
+/// dimension `dim` with `removed` removed: every allocation is bounded by the bytes the
+/// section really has.
+fn decode_index(
+    section: Section,
+    c: &mut Cursor<'_>,
+    config: &StorageConfig,
+    slots: usize,
+    removed: &SlotSet,
+) -> Parsed<StoredIndex> {
+    let dim = config.dimension;
+    let at = c.offset();
+    let kind = c.u32("the index kind")?;
+    if kind != IVF_FLAT {
+        return fail("index", at, format!("unknown index kind {kind} (1 is IVF-Flat)"));
+    }
+    c.u32("reserved")?;
+    let at = c.offset();
+    let nlist = c.u64("the list count")?;
+    let training_vectors = c.u64("the training vector count")?;
+    let iterations = c.u64("the iteration count")?;
+    if nlist == 0 || nlist != section.count {
+        return fail("index", at, format!("{nlist} lists where the section table counts {}", section.count));
+    }
+    let centroid_bytes = (nlist as usize).checked_mul(dim).and_then(|v| v.checked_mul(4));
+    let Some(centroid_bytes) = centroid_bytes.filter(|&b| b <= c.remaining()) else {
+        return fail("index", at, format!("{nlist} centroids of dimension {dim} do not fit in the section"));
+    };
+    let at = c.offset();
+    let raw = c.take(centroid_bytes, "the centroids")?;
+    let centroids: Vec<f32> =
+        raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    if let Some(bad) = centroids.iter().position(|x| !x.is_finite()) {
+        return fail("index", at + 4 * bad as u64, format!("centroid {} has a non-finite value", bad / dim));
+    }
+    // Centroids are probed as the collection's vectors are searched: the same bounds (and a
+    // direction under cosine).
+    let probed = StorageConfig::new(dim, config.metric);
+    for (i, centroid) in centroids.chunks_exact(dim).enumerate() {
+        let name = format!("centroid {i}");
+        if let Err(e) =
+            crate::collection::check_values(centroid, &probed, crate::collection::Subject::Vector(&name))
+        {
+            return fail("index", at + (4 * i * dim) as u64, format!("{name}: {e}"));
+        }
+    }
+    let nlist = nlist as usize;
+    let at = c.offset();
+    let raw_lengths = c.take(nlist * 8, "the list lengths")?;
+    let live = slots - removed.count();
+    let mut lengths = Vec::with_capacity(nlist);
+    let mut total = 0usize;
+    for b in raw_lengths.chunks_exact(8) {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        let length = u64::from_le_bytes(a);
+        total = match usize::try_from(length).ok().and_then(|l| total.checked_add(l)) {
+            Some(t) if t <= live => t,
+            _ => return fail("index", at, format!("the lists hold more than the file's {live} live slots")),
+        };
+        lengths.push(length as usize);
+    }
+    if total != live {
+        return fail("index", at, format!("the lists hold {total} slots, the file {live} live ones"));
+    }
+    let at = c.offset();
+    let raw_slots = c.take(total * 4, "the lists' slots")?;
+    c.finish()?;
+    let mut seen = SlotSet::empty(slots);
+    let mut values = raw_slots.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let mut lists = Vec::with_capacity(nlist);
+    for (l, &length) in lengths.iter().enumerate() {
+        let mut list = Vec::with_capacity(length);
+        for slot in values.by_ref().take(length) {
+            let s = slot as usize;
+            if s >= slots || removed.contains(s) || seen.contains(s) {
+                let why = if s >= slots {
+                    format!("is past the {slots} slots")
+                } else if removed.contains(s) {
+                    "is removed".to_string()
+                } else {
+                    "is listed twice".to_string()
+                };
+                return fail("index", at, format!("list {l}: slot {s} {why}"));
+            }
+            seen.set(s, true);
+            list.push(slot);
+        }
+        lists.push(list);
+    }
+    Ok(StoredIndex { centroids, lists, training_vectors, iterations })
 }
 
 impl Snapshot<'_> {
@@ -431,7 +580,7 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
             ),
         );
     }
-    if count > Kind::ALL.len() {
+    if count > Kind::ALL.len() || count < Kind::REQUIRED {
         return fail("header", 16, format!("{count} sections, at most {} known", Kind::ALL.len()));
     }
     let mut table = Cursor::new("section table", file, 0);
@@ -465,6 +614,9 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         }
         if sections.iter().any(|s| s.kind == kind) {
             return fail("section table", at, format!("a second {} section", kind.name()));
+        }
+        if kind == Kind::Index && version < 2 {
+            return fail("section table", at, "an index section in a format version 1 file");
         }
         if !section.offset.is_multiple_of(ALIGN as u64) {
             return fail(
@@ -612,7 +764,26 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
     }
     c.finish()?;
 
-    Ok(Snapshot { config, slots, ids, vectors: vector_bytes, removed, metadata, payloads, sections })
+    let index = match sections.iter().find(|s| s.kind == Kind::Index).copied() {
+        Some(section) => {
+            let (_, mut c) = body(Kind::Index)?;
+            Some(decode_index(section, &mut c, &config, slots, &removed)?)
+        }
+        None => None,
+    };
+
+    Ok(Snapshot {
+        config,
+        slots,
+        ids,
+        vectors: vector_bytes,
+        removed,
+        metadata,
+        payloads,
+        sections,
+        version,
+        index,
+    })
 }
 
 /// Reads one metadata record ([`encode_metadata`]'s layout).

@@ -205,7 +205,8 @@ fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> R
     };
     // Zeros hold the room of the header and table: both depend on the sections' offsets and
     // checksums, so they are written over these bytes once every section is out.
-    out.raw(&vec![0u8; format::bodies_start(Kind::ALL.len())]).map_err(&io)?;
+    let index = collection.index();
+    out.raw(&vec![0u8; format::bodies_start(Kind::REQUIRED + usize::from(index.is_some()))]).map_err(&io)?;
     out.section(Kind::Config, 1, |w| w(&format::encode_config(&config, slots)).map_err(sink), path)?;
     out.section(Kind::Vectors, slots, |w| write_vectors(collection, w, progress), path)?;
     out.section(
@@ -253,6 +254,16 @@ fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> R
         },
         path,
     )?;
+    if let Some(index) = index {
+        let body = format::encode_index(
+            index.centroids(),
+            index.lists(),
+            index.trained.training_vectors,
+            index.trained.iterations,
+            collection.removed(),
+        );
+        out.section(Kind::Index, index.nlist(), |w| w(&body).map_err(sink), path)?;
+    }
     let (total, out_started) = (out.at, out.started);
     let header = format::encode_header(&out.sections, total);
     let mut file = out.file.into_inner().map_err(|e| io(e.into_error()))?;
@@ -405,6 +416,21 @@ impl Checked<'_> {
             mapped,
         }
     }
+
+    /// The file's index, if it has one.
+    pub(crate) fn index(&self) -> Option<&format::StoredIndex> {
+        self.snapshot.index.as_ref()
+    }
+
+    /// Slots in the file, removed ones included.
+    pub(crate) fn slots(&self) -> usize {
+        self.snapshot.slots
+    }
+
+    /// The file's removed slots.
+    pub(crate) fn removed(&self) -> &crate::slots::SlotSet {
+        &self.snapshot.removed
+    }
 }
 
 /// Maps the collection file at `path`, checks all of it ([`format::parse`], in parallel on the
@@ -506,6 +532,8 @@ pub struct FileInfo {
     pub live: usize,
     /// Its sections, in table order.
     pub sections: Vec<SectionInfo>,
+    /// The index saved with it, if any.
+    pub index: Option<crate::IndexSpec>,
 }
 
 /// Parses and checks a whole collection file image (every checksum and record, as an open
@@ -530,7 +558,8 @@ pub fn inspect(image: &[u8]) -> std::result::Result<FileInfo, FormatError> {
         }
     }
     Ok(FileInfo {
-        format_version: format::FORMAT_VERSION,
+        format_version: snapshot.version,
+        index: snapshot.index.as_ref().map(|i| crate::IndexSpec::IvfFlat { nlist: i.lists.len() }),
         file_bytes: image.len() as u64,
         config: snapshot.config,
         slots: snapshot.slots,

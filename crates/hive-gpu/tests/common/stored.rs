@@ -117,3 +117,26 @@ pub fn assert_same_collection(
         }
     }
 }
+
+/// Rewrites the header checksum of a file image after a deliberate change to the header.
+pub fn reseal_header(image: &mut [u8]) {
+    let crc = crc32c::crc32c(&image[..60]);
+    image[60..64].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Rewrites the checksum of the section holding byte `at`, then the table's and the header's:
+/// a file changed on purpose whose every checksum holds.
+pub fn reseal_section_of(image: &mut [u8], at: usize) {
+    let sections = u32::from_le_bytes(image[16..20].try_into().unwrap()) as usize;
+    for entry in (64..64 + sections * 40).step_by(40) {
+        let offset = u64::from_le_bytes(image[entry + 8..entry + 16].try_into().unwrap()) as usize;
+        let length = u64::from_le_bytes(image[entry + 16..entry + 24].try_into().unwrap()) as usize;
+        if (offset..offset + length).contains(&at) {
+            let crc = crc32c::crc32c(&image[offset..offset + length]);
+            image[entry + 32..entry + 36].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+    let table_crc = crc32c::crc32c(&image[64..64 + sections * 40]);
+    image[56..60].copy_from_slice(&table_crc.to_le_bytes());
+    reseal_header(image);
+}
