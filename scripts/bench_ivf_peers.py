@@ -94,8 +94,8 @@ def fastest(rows, target):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True)
-    p.add_argument("--query", required=True)
+    p.add_argument("--base")
+    p.add_argument("--query")
     p.add_argument("--groundtruth")
     p.add_argument("--nlist", type=int, default=1024)
     p.add_argument("--nprobe", default="1,2,4,8,16,32,64")
@@ -108,7 +108,14 @@ def main():
     p.add_argument("--hive-bin", default=str(peers.ROOT / "target/release/hive-gpu"))
     p.add_argument("--png", help="write the recall/QPS plot here")
     p.add_argument("--json", help="write every row here")
+    p.add_argument("--replot", help="only draw --png from the rows of an earlier --json (title: --title)")
+    p.add_argument("--title", default="IVF-Flat")
     args = p.parse_args()
+    if args.replot:
+        rows = [json.loads(line) for line in Path(args.replot).read_text().splitlines() if line.strip()]
+        plot([r for r in rows if r["tool"].startswith("hive")], [r for r in rows if r["tool"].startswith("faiss")],
+             args.k, args.title, args.png)
+        return
     args.nprobes = [int(x) for x in args.nprobe.split(",")]
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
         os.environ[var] = str(args.threads)
@@ -148,26 +155,36 @@ def main():
     if args.json:
         Path(args.json).write_text("\n".join(json.dumps(r) for r in hive + faiss_rows) + "\n")
     if args.png:
+        title = (f"IVF-Flat nlist={args.nlist}: {Path(args.base).name}, {len(xq)} queries, "
+                 f"{args.threads} threads")
+        plot(hive, faiss_rows, k, title, args.png)
+
+
+def plot(hive, faiss_rows, k, title, png):
+    """The recall/QPS curves of both tools on one set of axes, as a PNG (skipped, saying so,
+    where matplotlib is missing: `--replot JSONL --png OUT` draws it later from the rows)."""
+    try:
         import matplotlib
+    except ImportError:
+        print(f"no matplotlib here: {png} not drawn (draw it with --replot from the --json rows)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
-        for rows, style in ((hive, "o-"), (faiss_rows, "s--")):
-            ax.plot([r["recall"] for r in rows], [r["qps"] for r in rows], style, label=rows[0]["tool"])
-            for r in rows:
-                ax.annotate(str(r["nprobe"]), (r["recall"], r["qps"]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
-        ax.set_yscale("log")
-        ax.set_xlabel(f"recall@{k}")
-        ax.set_ylabel("queries per second")
-        ax.set_title(f"IVF-Flat nlist={args.nlist}: {Path(args.base).name}, {len(xq)} queries, "
-                     f"{args.threads} threads", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.png, dpi=120)
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for rows, style in ((hive, "o-"), (faiss_rows, "s--")):
+        ax.plot([r["recall"] for r in rows], [r["qps"] for r in rows], style, label=rows[0]["tool"])
+        for r in rows:
+            ax.annotate(str(r["nprobe"]), (r["recall"], r["qps"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"recall@{k}")
+    ax.set_ylabel("queries per second")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
 
 
 if __name__ == "__main__":
