@@ -57,6 +57,9 @@ pub struct Collector {
     gate: f32,
     /// The gate that k exactly scored rows prove (see [`Collector::shrink`]); +inf before.
     exact_gate: f32,
+    /// The gate that k rows offered to this collector prove before it holds them (see
+    /// [`Collector::limit_to`]); +inf before.
+    limit: f32,
 }
 
 impl Collector {
@@ -70,6 +73,7 @@ impl Collector {
             near_cap: Self::base_cap(k),
             gate: f32::INFINITY,
             exact_gate: f32::INFINITY,
+            limit: f32::INFINITY,
         }
     }
 
@@ -120,14 +124,30 @@ impl Collector {
 
     fn update_gate(&mut self) {
         if let Some(worst) = self.best.peek().filter(|_| self.best.len() == self.k) {
-            let d = worst.distance;
-            // 2E at the k-th distance. A relative E is measured against the true value, which
-            // may exceed d by E itself; the extra factor and the few ulps of |d| also cover the
-            // rounding of this very sum.
-            let e = (self.bound.absolute + self.bound.relative * d.abs()) * (1.0 + 2.0 * self.bound.relative);
-            self.gate = d + 2.0 * e + d.abs() * (4.0 * f32::EPSILON);
+            self.gate = self.gate_at(worst.distance);
         }
-        self.gate = self.gate.min(self.exact_gate);
+        self.gate = self.gate.min(self.exact_gate).min(self.limit);
+    }
+
+    /// The gate that k rows of approximate distance at most `d` prove: 2E at `d`. A relative
+    /// E is measured against the true value, which may exceed `d` by E itself; the extra
+    /// factor and the few ulps of |d| also cover the rounding of this very sum.
+    fn gate_at(&self, d: f32) -> f32 {
+        let e = (self.bound.absolute + self.bound.relative * d.abs()) * (1.0 + 2.0 * self.bound.relative);
+        d + 2.0 * e + d.abs() * (4.0 * f32::EPSILON)
+    }
+
+    /// Lowers the gate to what `kth` proves: the caller has k rows whose approximate distance
+    /// is at most `kth` and offers every one of them to this collector next. Those k rows pass
+    /// the lowered gate, so they (or better ones) end up here, and a row whose approximate
+    /// distance exceeds `gate_at(kth)` loses to all of them. Offering the rows of a block only
+    /// after this saves pushing (and heap work for) the many a fresh collector would take in
+    /// before it holds k.
+    pub fn limit_to(&mut self, kth: f32) {
+        if kth.is_finite() {
+            self.limit = self.limit.min(self.gate_at(kth));
+            self.gate = self.gate.min(self.limit);
+        }
     }
 
     /// Whether the near list has grown enough (many rows tie with the k-th) that its owner
@@ -180,8 +200,10 @@ impl Collector {
 
     /// Moves every candidate of `other` (same k and bound) into `self`.
     pub fn merge(&mut self, other: Collector) {
-        // The other's exact gate rests on rows of the same collection: it bounds this one too.
+        // The other's exact gate rests on rows of the same collection: it bounds this one too,
+        // and so does its limit, whose rows the other holds (or better ones) and hands over.
         self.exact_gate = self.exact_gate.min(other.exact_gate);
+        self.limit = self.limit.min(other.limit);
         self.update_gate();
         for e in other.best.into_iter().chain(other.near) {
             self.push(e.distance, e.slot);
@@ -225,6 +247,28 @@ mod tests {
         slots.sort();
         // k-th best is 2.0 and E = 0.5, so everything up to 2.0 + 2E = 3.0 survives.
         assert_eq!(slots, vec![1, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn a_collector_limited_by_the_kth_of_the_rows_it_is_offered_keeps_what_an_unlimited_one_keeps() {
+        let bound = ErrorBound { absolute: 0.5, relative: 0.01 };
+        let rows: Vec<(u32, f32)> = (0..200u32).map(|i| (i, ((i * 37) % 101) as f32 * 0.25 - 3.0)).collect();
+        for k in [1, 2, 10, 50] {
+            let mut plain = Collector::new(k, bound);
+            let mut limited = Collector::new(k, bound);
+            let mut sorted: Vec<f32> = rows.iter().map(|r| r.1).collect();
+            sorted.sort_by(f32::total_cmp);
+            limited.limit_to(sorted[k - 1]);
+            assert!(limited.gate() < f32::INFINITY);
+            for &(slot, d) in &rows {
+                plain.push(d, slot);
+                limited.push(d, slot);
+            }
+            let (mut a, mut b) = (plain.into_slots(), limited.into_slots());
+            a.sort();
+            b.sort();
+            assert_eq!(a, b, "k = {k}");
+        }
     }
 
     #[test]

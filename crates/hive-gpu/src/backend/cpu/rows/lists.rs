@@ -81,15 +81,18 @@ impl CpuRows {
         // The largest lists first, so the last tasks to finish are short ones.
         let mut order: Vec<usize> = (0..lists).filter(|&l| starts[l + 1] > starts[l]).collect();
         order.sort_by_key(|&l| std::cmp::Reverse(probes.lists[l].len() * (starts[l + 1] - starts[l])));
-        // Each thread reuses its buffers: a list asked by one or two queries costs little more
-        // than fresh pages for its tile would.
+        // Each thread keeps its buffers from call to call: a list asked by one or two queries
+        // would otherwise cost little less than the fresh pages of its tile.
         let scanned: Vec<Vec<Collector>> = order
             .par_iter()
-            .map_init(Scratch::default, |scratch, &l| {
+            .map(|&l| {
                 let members = self.live_members(&probes.lists[l], allowed)?;
                 let asking = &probing[starts[l]..starts[l + 1]];
                 let batch = Batch { kernel_queries, bounds: &bounds, metric, k };
-                Ok(self.scan_list(&members, asking, &batch, scratch))
+                // `scan_list` starts no parallel work, so no other scan on this thread can
+                // borrow the buffers while it holds them.
+                Ok(SCRATCH
+                    .with(|scratch| self.scan_list(&members, asking, &batch, &mut scratch.borrow_mut())))
             })
             .collect::<Result<_>>()?;
         // Each query's collectors, one per list it probed, merged and re-ranked exactly.
@@ -164,7 +167,7 @@ impl CpuRows {
         }
         let block = asking.len().min(QUERY_BLOCK);
         let tile = members.len().min(ROW_TILE);
-        let Scratch { block_queries, rows, products, scale, offset, slots, widened } = scratch;
+        let Scratch { block_queries, rows, products, scale, offset, slots, widened, distances } = scratch;
         products.resize(block * tile, 0.0);
         scale.resize(tile, 0.0);
         offset.resize(tile, 0.0);
@@ -188,6 +191,19 @@ impl CpuRows {
                 let first = b * block;
                 for (i, p) in products.chunks_exact(count).enumerate() {
                     let c = &mut collectors[first + i];
+                    if c.gate() == f32::INFINITY && count > 2 * k {
+                        // A fresh collector would take in most rows before it holds k: the
+                        // tile's own k-th distance bounds it first (`Collector::limit_to`).
+                        distances.clear();
+                        distances.extend(
+                            p.iter()
+                                .zip(&scale[..count])
+                                .zip(&offset[..count])
+                                .map(|((&p, &s), &o)| p * s + o),
+                        );
+                        let (_, kth, _) = distances.select_nth_unstable_by(k - 1, f32::total_cmp);
+                        c.limit_to(*kth);
+                    }
                     filter::collect_at(self.simd, c, p, &scale[..count], &offset[..count], &slots[..count]);
                     let q = group[i] as usize;
                     self.thin(c, &kernel_queries[q * dim..(q + 1) * dim], metric);
@@ -196,6 +212,12 @@ impl CpuRows {
         }
         collectors
     }
+}
+
+thread_local! {
+    /// This thread's list-scan buffers (a few hundred KiB at most: one tile of rows and one
+    /// of products).
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 /// The buffers one thread's list scans reuse.
@@ -209,6 +231,8 @@ struct Scratch {
     slots: Vec<u32>,
     /// f16 rows widened one at a time.
     widened: Vec<f32>,
+    /// One query's distances to a tile, to find their k-th.
+    distances: Vec<f32>,
 }
 
 /// What every list scan of one batch shares.
