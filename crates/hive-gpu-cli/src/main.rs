@@ -264,6 +264,10 @@ struct SearchArgs {
     query: PathBuf,
     #[command(flatten)]
     settings: SearchSettings,
+    /// Search parameters for a collection with an index: `nprobe=N` (lists scanned per query;
+    /// default 20) or `exact` (every vector, bypassing the index).
+    #[arg(long = "search", default_value = "")]
+    search_params: String,
     /// Print JSON lines (one object per query, ids and scores as arrays) instead of text.
     #[arg(long)]
     json: bool,

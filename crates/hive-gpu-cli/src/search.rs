@@ -1,4 +1,5 @@
-//! `hive-gpu search`: exact k-NN of a query file against a base file.
+//! `hive-gpu search`: k-NN of a query file against a base file or a collection file (exact, or
+//! through the collection's index with `--search nprobe=N`).
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
     if args.settings.k == 0 {
         return Err(HiveGpuError::InvalidArgument("-k must be at least 1".into()));
     }
+    let options = hive_gpu::SearchOptions::default().with_params(&args.search_params)?;
     let spinner = if args.json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
     spinner.enable_steady_tick(Duration::from_millis(120));
     spinner.set_message("loading vectors");
@@ -52,7 +54,7 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
         (None, None) => return Err(HiveGpuError::InvalidArgument("give --base or --collection".into())),
     };
     spinner.set_message(format!("searching {} queries", queries.rows));
-    let results = storage.search_batch(&queries.data, settings.k)?;
+    let results = storage.search_batch_with(&queries.data, settings.k, &options)?;
     spinner.finish_and_clear();
     for (qi, list) in results.iter().enumerate() {
         if args.json {

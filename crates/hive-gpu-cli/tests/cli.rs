@@ -449,6 +449,41 @@ fn no_wayland_noise_outside_a_desktop_session() {
 }
 
 #[test]
+fn a_collection_built_with_an_index_says_so_and_searches_through_it_or_exactly_on_request() {
+    let scratch = Scratch::new("indexed");
+    let coll = scratch.0.join("sift-ivf.hgc");
+    let coll = coll.to_str().expect("utf-8");
+    let (base, query) = (sift("siftsmall_base.fvecs"), sift("siftsmall_query.fvecs"));
+    let built = run(
+        &["build", "--base", &base, "--out", coll, "--index", "ivf-flat:nlist=64", "--backend", "cpu"],
+        &[],
+    );
+    assert!(built.status.success(), "{}", stderr(&built));
+    let info = run(&["info", "--collection", coll], &[]);
+    let text = stdout(&info);
+    assert!(
+        text.contains("format version  2") && text.contains("index           ivf-flat:nlist=64"),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("index ")), "no index section in\n{text}");
+    let search = |extra: &[&str]| {
+        let mut all = vec!["search", "--collection", coll, "--query", &query, "-k", "10", "--backend", "cpu"];
+        all.extend_from_slice(extra);
+        let out = run(&all, &[]);
+        assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let exact = search(&["--search", "exact"]);
+    // Every list probed is the exact search; one list is not.
+    assert_eq!(search(&["--search", "nprobe=64"]), exact);
+    assert_ne!(search(&["--search", "nprobe=1"]), exact);
+    let from_base = run(&["search", "--base", &base, "--query", &query, "-k", "10", "--backend", "cpu"], &[]);
+    assert_eq!(stdout(&from_base), exact);
+    let bad = run(&["search", "--collection", coll, "--query", &query, "--search", "nprobe=0"], &[]);
+    assert!(!bad.status.success() && stderr(&bad).contains("nprobe"), "{}", stderr(&bad));
+}
+
+#[test]
 fn a_built_collection_file_is_described_and_searched_like_its_base() {
     let scratch = Scratch::new("collection");
     let coll = scratch.0.join("sift.hgc");
