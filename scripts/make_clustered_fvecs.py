@@ -12,19 +12,13 @@ Writes OUT_PREFIX_base.fvecs, OUT_PREFIX_query.fvecs and OUT_PREFIX_groundtruth.
 f64: with PyTorch on a CUDA device where there is one, else numpy).
 """
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 
-
-def write_vecs(path, x, dtype):
-    n, d = x.shape
-    with open(path, "wb") as f:
-        for s in range(0, n, 100_000):
-            part = x[s:s + 100_000]
-            out = np.empty((len(part), d + 1), dtype=dtype)
-            out[:, 0] = np.array([d], dtype=np.int32).view(dtype)[0]
-            out[:, 1:] = part
-            out.tofile(f)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_cpu_peers as peers  # noqa: E402
 
 
 def exact_top(xb, xq, k):
@@ -48,20 +42,8 @@ def exact_top(xb, xq, k):
             return best_i.cpu().numpy()
     except ImportError:
         pass
-    chunk = max(1000, 200_000_000 // max(1, len(xq)))
-    q = xq.astype(np.float64)
-    best_d = np.full((len(q), 0), np.inf)
-    best_i = np.zeros((len(q), 0), dtype=np.int64)
-    for s in range(0, len(xb), chunk):
-        b = xb[s:s + chunk].astype(np.float64)
-        d = (q * q).sum(1)[:, None] - 2.0 * (q @ b.T) + (b * b).sum(1)[None, :]
-        part = np.argpartition(d, min(k, d.shape[1]) - 1, axis=1)[:, :k]
-        best_d = np.hstack([best_d, np.take_along_axis(d, part, 1)])
-        best_i = np.hstack([best_i, part + s])
-        keep = np.argsort(best_d, axis=1, kind="stable")[:, :k]
-        best_d = np.take_along_axis(best_d, keep, 1)
-        best_i = np.take_along_axis(best_i, keep, 1)
-    return best_i
+    # numpy, in chunks of the base that keep the queries x chunk f64 matrix near 1.6 GB.
+    return peers.exact_knn(xb, xq, k, chunk=max(1000, 200_000_000 // max(1, len(xq))))
 
 
 def main():
@@ -91,11 +73,11 @@ def main():
 
     xb = draw(args.rows)
     xq = draw(args.queries)
-    write_vecs(f"{args.out}_base.fvecs", xb, np.float32)
-    write_vecs(f"{args.out}_query.fvecs", xq, np.float32)
+    peers.write_vecs(f"{args.out}_base.fvecs", xb)
+    peers.write_vecs(f"{args.out}_query.fvecs", xq)
     if args.groundtruth_k > 0:
         gt = exact_top(xb, xq, min(args.groundtruth_k, args.rows))
-        write_vecs(f"{args.out}_groundtruth.ivecs", gt.astype(np.int32), np.int32)
+        peers.write_vecs(f"{args.out}_groundtruth.ivecs", gt.astype(np.int32))
 
 
 if __name__ == "__main__":

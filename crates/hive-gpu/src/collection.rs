@@ -458,8 +458,8 @@ impl Collection {
         tuning: &crate::tuning::Tuning,
         spec: IndexSpec,
     ) -> Result<()> {
-        // Removed slots would sit in the lists until the next compaction: drop them first.
-        self.compact()?;
+        // The index files live slots only; removed ones are left where they are (compacting
+        // first would copy every row for nothing, and renumber slots even if training failed).
         self.index = match spec {
             IndexSpec::Flat => None,
             IndexSpec::IvfFlat { nlist } => Some(IvfFlat::build(backend, tuning, self, nlist)?),

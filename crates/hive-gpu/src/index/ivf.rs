@@ -80,13 +80,19 @@ impl IvfFlat {
             )));
         }
         let wanted = nlist.saturating_mul(TRAINING_PER_LIST).min(live.len());
-        let mut training_slots: Vec<usize> = if wanted < live.len() {
-            kmeans::sample(&mut SplitMix(SEED), live.len(), wanted).into_iter().map(|i| live[i]).collect()
+        let sampled: Vec<usize>;
+        let training_slots: &[usize] = if wanted < live.len() {
+            let mut chosen: Vec<usize> = kmeans::sample(&mut SplitMix(SEED), live.len(), wanted)
+                .into_iter()
+                .map(|i| live[i])
+                .collect();
+            chosen.sort_unstable();
+            sampled = chosen;
+            &sampled
         } else {
-            live.clone()
+            &live
         };
-        training_slots.sort_unstable();
-        let mut training = collection.rows().gather(&training_slots)?;
+        let mut training = collection.rows().gather(training_slots)?;
         if config.metric == GpuDistanceMetric::Cosine {
             // Cosine compares directions: cluster the unit vectors.
             for v in training.chunks_exact_mut(dim) {

@@ -17,7 +17,7 @@ use crate::backend::Neighbor;
 use crate::backend::candidates::{ListProbes, check_scan};
 use crate::backend::cpu::filter;
 use crate::backend::cpu::simd;
-use crate::backend::cpu::topk::{self, Collector, ErrorBound};
+use crate::backend::cpu::topk::{Collector, ErrorBound};
 use crate::error::{HiveGpuError, Result};
 use crate::slots::SlotSet;
 use crate::types::GpuDistanceMetric;
@@ -105,8 +105,7 @@ impl CpuRows {
         Ok(per_query
             .into_par_iter()
             .zip(queries.par_chunks_exact(dim))
-            .zip(q_norms.par_iter())
-            .map(|((collectors, q), &q_norm)| {
+            .map(|(collectors, q)| {
                 let mut merged = Collector::new(k, ErrorBound { absolute: 0.0, relative: 0.0 });
                 let mut parts = collectors.into_iter();
                 if let Some(first) = parts.next() {
@@ -116,16 +115,7 @@ impl CpuRows {
                         self.thin(&mut merged, q, metric);
                     }
                 }
-                let mut scratch = Vec::new();
-                let scored = merged
-                    .into_slots()
-                    .into_iter()
-                    .map(|slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
-                    .collect();
-                topk::best_k(scored, k)
-                    .into_iter()
-                    .map(|(slot, distance)| Neighbor { slot, distance })
-                    .collect()
+                self.rerank(q, &merged.into_slots(), k, metric)
             })
             .collect())
     }
