@@ -63,6 +63,10 @@ pub struct Tuning {
     pub gather_fraction: usize,
     /// The same for batches of 8 queries and more. `HIVE_GPU_BATCH_GATHER_FRACTION`.
     pub batch_gather_fraction: usize,
+    /// CUDA/ROCm IVF searches scan their lists with the device's list kernel (false: each
+    /// query's list members go through `refine`, for comparison). `HIVE_GPU_LIST_SCAN=0`
+    /// turns it off.
+    pub list_scan: bool,
 }
 
 impl Default for Tuning {
@@ -89,6 +93,7 @@ impl Default for Tuning {
             // fused filter).
             gather_fraction: 256,
             batch_gather_fraction: 2,
+            list_scan: true,
         }
     }
 }
@@ -139,6 +144,7 @@ impl Tuning {
         switch("HIVE_GPU_F16_FILTER", &mut t.f16_filter)?;
         switch("HIVE_GPU_WGPU_COOP", &mut t.wgpu_coop)?;
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
+        switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         let sizes: [(&str, usize, &mut usize); 10] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),

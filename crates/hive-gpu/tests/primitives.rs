@@ -158,7 +158,7 @@ fn scan_lists_equals_an_f64_brute_force_over_each_querys_live_allowed_list_membe
                 if nq == 9 {
                     probes[16..18].copy_from_slice(&[6, 6 - 1]);
                 }
-                let scan = ListProbes { lists: &lists, probes: &probes, nprobe };
+                let scan = ListProbes { lists: &lists, probes: &probes, nprobe, generation: 0 };
                 for metric in METRICS {
                     for k in [1, 10, 80] {
                         for filter in [None, Some(&allowed)] {
@@ -195,15 +195,52 @@ fn scan_lists_equals_an_f64_brute_force_over_each_querys_live_allowed_list_membe
             }
             let query = rng.normals(DIM);
             let metric = GpuDistanceMetric::Euclidean;
-            let bad_list = ListProbes { lists: &lists, probes: &[7], nprobe: 1 };
+            let bad_list = ListProbes { lists: &lists, probes: &[7], nprobe: 1, generation: 0 };
             let e = rows.scan_lists(&query, &bad_list, 3, metric, None).unwrap_err().to_string();
             assert!(e.contains("list 7"), "{}: {e}", describe(&context));
             let past = vec![vec![1, ROWS as u32]];
-            let bad_slot = ListProbes { lists: &past, probes: &[0], nprobe: 1 };
+            let bad_slot = ListProbes { lists: &past, probes: &[0], nprobe: 1, generation: 0 };
             let e = rows.scan_lists(&query, &bad_slot, 3, metric, None).unwrap_err().to_string();
             assert!(e.contains(&format!("{ROWS}")), "{}: {e}", describe(&context));
-            let short = ListProbes { lists: &lists, probes: &[0], nprobe: 2 };
+            let short = ListProbes { lists: &lists, probes: &[0], nprobe: 2, generation: 0 };
             assert!(rows.scan_lists(&query, &short, 3, metric, None).is_err(), "{}", describe(&context));
+        }
+    }
+}
+
+#[test]
+fn scan_lists_follows_each_new_generation_of_the_lists_and_never_reuses_a_stale_copy() {
+    // A GPU backend keeps the lists on the device under their generation: the same lists
+    // under one generation must give the same answer twice, and changed lists under a new
+    // generation (or under 0, never cached) must be read afresh, even at the same list count.
+    for context in contexts_with_forced_paths() {
+        let mut rng = Rng::new(0x6e6e);
+        let rows = store(&context, StoragePrecision::F32, &mut rng);
+        let values = stored(&*rows);
+        let query = values[40].clone();
+        let metric = GpuDistanceMetric::Euclidean;
+        let first: Vec<Vec<u32>> = vec![(0..150).collect(), (150..ROWS as u32).collect()];
+        // Slot 40 moves to the other list.
+        let mut second = first.clone();
+        second[0].retain(|&s| s != 40);
+        second[1].push(40);
+        let generation = ListProbes::next_generation();
+        let scan = |lists: &[Vec<u32>], generation: u64| {
+            let probes = ListProbes { lists, probes: &[1], nprobe: 1, generation };
+            rows.scan_lists(&query, &probes, 5, metric, None).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let slots = |found: Vec<Neighbor>| found.iter().map(|n| n.slot).collect::<Vec<_>>();
+        let before = slots(scan(&first, generation).remove(0));
+        assert!(!before.contains(&40), "{}: list 1 does not hold slot 40 yet", describe(&context));
+        assert_eq!(slots(scan(&first, generation).remove(0)), before, "{}", describe(&context));
+        for generation in [ListProbes::next_generation(), 0] {
+            let after = slots(scan(&second, generation).remove(0));
+            assert_eq!(
+                after.first(),
+                Some(&40),
+                "{}: generation {generation} read stale lists",
+                describe(&context)
+            );
         }
     }
 }

@@ -82,9 +82,20 @@ pub struct ListProbes<'a> {
     pub probes: &'a [u32],
     /// Lists per query (at least 1).
     pub nprobe: usize,
+    /// Names this state of `lists`: whoever owns them gives a new value (from
+    /// [`ListProbes::next_generation`]) whenever they change, so a backend may keep its own
+    /// copy of the lists (a GPU's in device memory) and reuse it while the value holds. 0
+    /// means none: the lists are read afresh on every call.
+    pub generation: u64,
 }
 
 impl ListProbes<'_> {
+    /// A generation no other lists in this process have had (never 0).
+    pub fn next_generation() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The lists query `q` scans.
     pub fn of(&self, q: usize) -> &[u32] {
         self.probes.get(q * self.nprobe..(q + 1) * self.nprobe).unwrap_or(&[])

@@ -39,6 +39,9 @@ pub(crate) struct IvfFlat {
     probe: Box<dyn RowStore>,
     /// List `l` holds these slots, ascending. Removed slots stay until a compaction.
     lists: Vec<Vec<u32>>,
+    /// Renewed whenever `lists` change ([`ListProbes::generation`]): a GPU backend keeps the
+    /// lists in device memory while it holds.
+    generation: u64,
     /// What training measured.
     pub(crate) trained: Trained,
 }
@@ -128,6 +131,7 @@ impl IvfFlat {
             centroids: trained.centroids,
             probe,
             lists: vec![Vec::new(); nlist],
+            generation: ListProbes::next_generation(),
             trained: Trained { training_vectors: trained.training_vectors, iterations: trained.iterations },
         };
         for piece in live.chunks(ASSIGN_PIECE) {
@@ -183,6 +187,7 @@ impl IvfFlat {
             centroids: stored.centroids.clone(),
             probe,
             lists: stored.lists.iter().map(|l| l.iter().map(|&s| slot_of(s)).collect()).collect(),
+            generation: ListProbes::next_generation(),
             trained: Trained {
                 training_vectors: stored.training_vectors as usize,
                 iterations: stored.iterations as usize,
@@ -225,6 +230,7 @@ impl IvfFlat {
     /// Appends the new slots `first..first + assigned.len()` to their lists (from
     /// [`IvfFlat::assign`], slots checked by [`IvfFlat::check_slots`]).
     pub(crate) fn push(&mut self, first: usize, assigned: &[u32]) {
+        self.generation = ListProbes::next_generation();
         for (offset, &list) in assigned.iter().enumerate() {
             if let Some(members) = self.lists.get_mut(list as usize) {
                 members.push((first + offset) as u32);
@@ -235,6 +241,7 @@ impl IvfFlat {
     /// Follows a compaction that kept the slots `keep` (ascending), renumbered `0..keep.len()`.
     pub(crate) fn remap(&mut self, keep: &[usize], old_slots: usize) {
         const GONE: u32 = u32::MAX;
+        self.generation = ListProbes::next_generation();
         let mut renumbered = vec![GONE; old_slots];
         for (new, &old) in keep.iter().enumerate() {
             renumbered[old] = new as u32;
@@ -252,6 +259,7 @@ impl IvfFlat {
 
     /// Empties every list; the centroids stay trained.
     pub(crate) fn clear(&mut self) {
+        self.generation = ListProbes::next_generation();
         self.lists.iter_mut().for_each(Vec::clear);
     }
 
@@ -286,7 +294,7 @@ impl IvfFlat {
             }
             probes.extend(found.iter().map(|n| n.slot as u32));
         }
-        let probes = ListProbes { lists: &self.lists, probes: &probes, nprobe };
+        let probes = ListProbes { lists: &self.lists, probes: &probes, nprobe, generation: self.generation };
         let found = rows.scan_lists(queries, &probes, k, self.metric, allowed);
         if crate::backend::profiling() {
             eprintln!(

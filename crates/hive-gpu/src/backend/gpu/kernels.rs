@@ -12,6 +12,7 @@ const SEARCH: &str = include_str!("kernels/search.cu");
 const ROWS: &str = include_str!("kernels/rows.cu");
 const GEMM: &str = include_str!("kernels/gemm.cu");
 const FUSED: &str = include_str!("kernels/fused.cu");
+const LISTS: &str = include_str!("kernels/lists.cu");
 
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
 pub(crate) const TENSOR_NAMES: &[&str] =
@@ -38,7 +39,7 @@ pub(crate) const MMA_TILE: usize = 128;
 pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
     let fused = if tensor { FUSED } else { "" };
     format!(
-        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n{prelude}\n{COMMON}\n{SEARCH}\n{ROWS}\n{GEMM}\n{fused}\n"
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{ROWS}\n{GEMM}\n{fused}\n"
     )
 }
 
@@ -110,6 +111,8 @@ macro_rules! kernel_table {
 kernel_table!(
     scan_topk_f32: ScanTopk,
     scan_topk_f16: ScanTopk,
+    list_topk_f32: ListTopk,
+    list_topk_f16: ListTopk,
     scan_all_f32: ScanAll,
     scan_all_f16: ScanAll,
     tile_topk: TileTopk,

@@ -9,6 +9,7 @@ pub(crate) mod driver;
 #[cfg(feature = "rocm")]
 pub(crate) mod hip;
 mod kernels;
+mod lists;
 mod memory;
 mod prepare;
 mod primitives;

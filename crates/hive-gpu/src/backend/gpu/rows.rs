@@ -133,6 +133,9 @@ pub(crate) struct GpuRows<D: Driver> {
     pub(super) max_sq_norm: f32,
     maintenance: Mutex<Maintenance<D>>,
     pub(super) pool: Mutex<Vec<Workspace<D>>>,
+    /// The inverted lists of the last list scan, kept while their generation holds
+    /// (`lists.rs`).
+    pub(super) lists_cache: Mutex<Option<Arc<super::lists::DeviceLists<D>>>>,
 }
 
 impl<D: Driver> GpuRows<D> {
@@ -162,6 +165,7 @@ impl<D: Driver> GpuRows<D> {
                 staging: [Staging::new(), Staging::new()],
             }),
             pool: Mutex::new(Vec::new()),
+            lists_cache: Mutex::new(None),
         })
     }
 
@@ -443,6 +447,27 @@ impl<D: Driver> GpuRows<D> {
     }
 }
 
+impl<D: Driver> GpuRows<D> {
+    /// Re-uploads the tombstone bitmap if an earlier upload failed. Every search passes this
+    /// lock, so none runs while the bitmap is re-uploaded.
+    pub(super) fn refresh_dead(&self) -> Result<()> {
+        let mut stale =
+            self.dead_stale.lock().map_err(|_| HiveGpuError::Internal("tombstone lock poisoned".into()))?;
+        if *stale {
+            self.upload_dead(0, self.dead.words().len())?;
+            *stale = false;
+        }
+        Ok(())
+    }
+
+    /// Forgets the device copy of inverted lists: their slots no longer name these rows.
+    fn drop_lists(&self) {
+        if let Ok(mut cache) = self.lists_cache.lock() {
+            *cache = None;
+        }
+    }
+}
+
 impl<D: Driver> RowStore for GpuRows<D> {
     fn len(&self) -> usize {
         self.len
@@ -541,6 +566,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         let capacity = keep.len().max(1024);
         self.arrays = Some(self.gather_arrays(keep, capacity, None, None)?);
         self.len = keep.len();
+        self.drop_lists();
         self.dead.reset(capacity);
         if let Ok(mut stale) = self.dead_stale.lock() {
             *stale = false;
@@ -549,6 +575,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
     }
 
     fn clear(&mut self) {
+        self.drop_lists();
         self.arrays = None;
         self.len = 0;
         self.dead = SlotSet::default();
@@ -627,7 +654,8 @@ impl<D: Driver> RowStore for GpuRows<D> {
     }
 
     fn memory_bytes(&self) -> usize {
-        self.arrays.as_ref().map_or(0, |a| a.rows.bytes() + a.norms.bytes() + a.dead.bytes())
+        let lists = self.lists_cache.lock().ok().and_then(|c| c.as_ref().map(|l| l.bytes())).unwrap_or(0);
+        self.arrays.as_ref().map_or(0, |a| a.rows.bytes() + a.norms.bytes() + a.dead.bytes()) + lists
     }
 
     fn knn(
@@ -637,18 +665,19 @@ impl<D: Driver> RowStore for GpuRows<D> {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        {
-            // Every search passes this lock, so none runs while the bitmap is re-uploaded.
-            let mut stale = self
-                .dead_stale
-                .lock()
-                .map_err(|_| HiveGpuError::Internal("tombstone lock poisoned".into()))?;
-            if *stale {
-                self.upload_dead(0, self.dead.words().len())?;
-                *stale = false;
-            }
-        }
+        self.refresh_dead()?;
         self.search(queries, k, metric, allowed)
+    }
+
+    fn scan_lists(
+        &self,
+        queries: &[f32],
+        probes: &crate::backend::ListProbes<'_>,
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        self.scan_lists_on_device(queries, probes, k, metric, allowed)
     }
 
     fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {

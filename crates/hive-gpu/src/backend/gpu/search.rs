@@ -33,7 +33,7 @@ use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 use half::slice::HalfFloatSliceExt;
 
 /// Largest on-chip candidate list (entries); larger k take the radix path.
-const MAX_LIST: usize = 4096;
+pub(super) const MAX_LIST: usize = 4096;
 /// Batches of at least this many queries use GEMM tiles; fewer scan.
 const GEMM_MIN_QUERIES: usize = 8;
 pub(super) fn align(bytes: usize) -> usize {
@@ -55,7 +55,7 @@ fn copy_bytes(to: &mut [u8], from: &[u8]) -> Result<()> {
 }
 
 /// Candidate list size for k: room for the band's extra rows beyond k.
-fn list_size(k: usize) -> usize {
+pub(super) fn list_size(k: usize) -> usize {
     (k + (k / 4).max(32)).next_power_of_two()
 }
 
@@ -67,25 +67,25 @@ const MAX_GRID_Y: usize = 65_535;
 
 /// Where each input lives in the workspace's input buffer.
 #[derive(Debug, Clone, Copy)]
-struct Inputs {
-    exact: DevicePtr,
-    approx: DevicePtr,
-    half: DevicePtr,
-    inv_scale: DevicePtr,
-    q_norms: DevicePtr,
-    gate_mul: DevicePtr,
-    gate_add: DevicePtr,
+pub(super) struct Inputs {
+    pub(super) exact: DevicePtr,
+    pub(super) approx: DevicePtr,
+    pub(super) half: DevicePtr,
+    pub(super) inv_scale: DevicePtr,
+    pub(super) q_norms: DevicePtr,
+    pub(super) gate_mul: DevicePtr,
+    pub(super) gate_add: DevicePtr,
 }
 
 /// Per-query candidate lists handed to finalize: `segments` lists of `len` entries per query,
 /// each sorted (the scan and tile kernels' lists) or not (the fused filter's buffers).
 #[derive(Debug, Clone, Copy)]
-struct Lists {
-    entries: DevicePtr,
-    evicted: DevicePtr,
-    segments: usize,
-    len: usize,
-    sorted: bool,
+pub(super) struct Lists {
+    pub(super) entries: DevicePtr,
+    pub(super) evicted: DevicePtr,
+    pub(super) segments: usize,
+    pub(super) len: usize,
+    pub(super) sorted: bool,
 }
 
 impl Outputs {
@@ -172,19 +172,24 @@ pub(super) struct Outputs {
 
 /// With `HIVE_GPU_PROFILE=1`, each search phase synchronizes and reports its wall time on
 /// stderr (a diagnostic: it serializes the pipeline it measures).
-struct Profiler {
+pub(super) struct Profiler {
     enabled: bool,
     last: std::time::Instant,
     phases: Vec<(&'static str, f64)>,
 }
 
 impl Profiler {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let enabled = profiling();
         Self { enabled, last: std::time::Instant::now(), phases: Vec::new() }
     }
 
-    fn mark<D: Driver>(&mut self, driver: &D, stream: &D::Stream, phase: &'static str) -> Result<()> {
+    pub(super) fn mark<D: Driver>(
+        &mut self,
+        driver: &D,
+        stream: &D::Stream,
+        phase: &'static str,
+    ) -> Result<()> {
         if self.enabled {
             driver.synchronize(stream)?;
             let now = std::time::Instant::now();
@@ -198,7 +203,7 @@ impl Profiler {
         Ok(())
     }
 
-    fn report(&self, what: &str) {
+    pub(super) fn report(&self, what: &str) {
         if self.enabled {
             let parts: Vec<String> = self.phases.iter().map(|(p, ms)| format!("{p} {ms:.3}")).collect();
             eprintln!("hive-gpu profile ({what}, ms): {}", parts.join(", "));
@@ -300,7 +305,7 @@ impl<D: Driver> GpuRows<D> {
 
     /// Sends a filtered search's skip words to the device, once per search: every kernel of
     /// the search reads them in place of the removed-row bitmap.
-    fn upload_mask(&self, ws: &mut Workspace<D>, mask: &SearchMask<'_>) -> Result<()> {
+    pub(super) fn upload_mask(&self, ws: &mut Workspace<D>, mask: &SearchMask<'_>) -> Result<()> {
         if !mask.filtered {
             return Ok(());
         }
@@ -436,15 +441,15 @@ impl<D: Driver> GpuRows<D> {
         }
     }
 
-    fn shared_limit(&self) -> usize {
+    pub(super) fn shared_limit(&self) -> usize {
         self.driver().max_shared_bytes().saturating_sub(1024)
     }
 
-    fn scan_sort_size(k: usize) -> usize {
+    pub(super) fn scan_sort_size(k: usize) -> usize {
         (2 * list_size(k)).max(512)
     }
 
-    fn scan_shared_bytes(&self, k: usize) -> usize {
+    pub(super) fn scan_shared_bytes(&self, k: usize) -> usize {
         Self::scan_sort_size(k) * 8 + self.dim * 4
     }
 
@@ -561,7 +566,7 @@ impl<D: Driver> GpuRows<D> {
         }
         profile.mark(&*driver, &ws.stream, "candidates+finalize")?;
 
-        let mut results = self.download_results(ws, &outputs, nq, k)?;
+        let mut results = self.download_results(ws, &outputs, nq, k, false)?;
         profile.mark(&*driver, &ws.stream, "download")?;
         // Queries whose band overflowed their list go through the radix path (rare: heavy
         // ties or huge error bands).
@@ -590,7 +595,7 @@ impl<D: Driver> GpuRows<D> {
                     q_norms[q],
                 )?;
             }
-            let again = self.download_results(ws, &outputs, nq, k)?;
+            let again = self.download_results(ws, &outputs, nq, k, false)?;
             for q in flagged {
                 results[q] = again[q].clone();
             }
@@ -606,7 +611,7 @@ impl<D: Driver> GpuRows<D> {
     /// page-locked host buffer where the driver maps it (a copy back and its wait cost about
     /// 5 us of a 0.2 ms single query), else device memory that [`Self::download_results`]
     /// copies back.
-    fn outputs(&self, ws: &mut Workspace<D>, nq: usize, k: usize) -> Result<Outputs> {
+    pub(super) fn outputs(&self, ws: &mut Workspace<D>, nq: usize, k: usize) -> Result<Outputs> {
         let driver = self.driver().clone();
         let bytes = Outputs::bytes_for(nq, k);
         if bytes <= MAPPED_RESULTS_BYTES
@@ -618,13 +623,15 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// Waits for the results (copying them back unless mapped): `None` for a query whose band
-    /// overflowed its list.
-    fn download_results(
+    /// overflowed its list. With `fewer`, a query may hold fewer than k (an inverted-list
+    /// scan's): its list ends at the first slot of all ones.
+    pub(super) fn download_results(
         &self,
         ws: &mut Workspace<D>,
         outputs: &Outputs,
         nq: usize,
         k: usize,
+        fewer: bool,
     ) -> Result<Vec<Option<Vec<Neighbor>>>> {
         let driver = self.driver().clone();
         let host = if outputs.mapped {
@@ -648,6 +655,9 @@ impl<D: Driver> GpuRows<D> {
             // allocations per query (docs/PERFORMANCE.md, "Typed kernel ABI and backend primitives").
             let mut row = Vec::with_capacity(k);
             for (&slot, &distance) in view.slots[range.clone()].iter().zip(&view.dist[range]) {
+                if fewer && slot == u32::MAX {
+                    break;
+                }
                 let slot = slot as usize;
                 if slot >= len {
                     return Err(HiveGpuError::Internal(format!("the device returned slot {slot} of {len}")));
@@ -681,7 +691,7 @@ impl<D: Driver> GpuRows<D> {
 
     /// Finalize: merge `lists` (S per query), check the band, re-rank in f64, write results.
     #[allow(clippy::too_many_arguments)]
-    fn finalize(
+    pub(super) fn finalize(
         &self,
         ws: &Workspace<D>,
         inputs: &Inputs,

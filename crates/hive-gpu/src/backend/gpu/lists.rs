@@ -1,0 +1,317 @@
+//! The inverted-list scan on the device: [`RowStore::scan_lists`] (IVF-Flat's search after
+//! probing its centroids).
+//!
+//! Every (query, probed list) pair is one block of `hg_list_topk`, which scans the list's rows
+//! through its slots as the single-query scan scans a segment of the rows: the same
+//! distances, gate and candidate list. Each query's `nprobe` lists then go through the exact
+//! search's finalize (band check, f64 re-rank, top-k), so the results are exact over the
+//! scanned rows, as on every backend. The blocks are ordered by list, so the queries that
+//! probe one list read its rows side by side, mostly from L2. A query whose band overflowed
+//! its lists (heavy ties) is answered again through `refine`.
+//!
+//! The lists live on the device as one array: `nlist + 1` offsets, then every list's slots.
+//! It is uploaded once per [`ListProbes::generation`] and reused while that holds; a
+//! compaction or a clear of the rows drops it.
+//!
+//! [`RowStore::scan_lists`]: crate::backend::RowStore::scan_lists
+
+use std::sync::Arc;
+
+use super::abi::{Launch, ListTopk};
+use super::driver::Driver;
+use super::kernels::BLOCK;
+use super::memory::{DeviceBuffer, Workspace};
+use super::prepare::prepare;
+use super::rows::GpuRows;
+use super::search::{Inputs, Lists, MAX_LIST, Profiler, align, list_size};
+use crate::backend::Neighbor;
+use crate::backend::candidates::{ListProbes, check_scan, scan_by_refine};
+use crate::error::{HiveGpuError, Result};
+use crate::exact::gates::Approximation;
+use crate::exact::metric_code;
+use crate::slots::{SearchMask, SlotSet};
+use crate::types::GpuDistanceMetric;
+
+/// Candidate lists of one launch (queries x nprobe x kcap entries) stay under this many bytes:
+/// a batch with more runs in pieces of queries.
+const CANDIDATE_BYTES: usize = 256 << 20;
+
+/// A copy of inverted lists in device memory: `lists + 1` u32 offsets, then the slots.
+#[derive(Debug)]
+pub(super) struct DeviceLists<D: Driver> {
+    generation: u64,
+    lists: usize,
+    buffer: DeviceBuffer<D>,
+}
+
+impl<D: Driver> DeviceLists<D> {
+    /// Bytes of device memory it holds.
+    pub(super) fn bytes(&self) -> usize {
+        self.buffer.bytes()
+    }
+}
+
+impl<D: Driver> GpuRows<D> {
+    /// [`RowStore::scan_lists`] on the device (see the module docs). Where the kernel does not
+    /// apply (k beyond on-chip lists, a batch of more than 2^32 pairs) the default through
+    /// `refine` answers.
+    pub(super) fn scan_lists_on_device(
+        &self,
+        queries: &[f32],
+        probes: &ListProbes<'_>,
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let nq = check_scan(self.dim, queries, probes, k)?;
+        let fits = list_size(k) <= MAX_LIST
+            && self.scan_shared_bytes(k) <= self.shared_limit()
+            && u32::try_from(nq * probes.nprobe).is_ok()
+            && self.tuning.list_scan;
+        if !fits {
+            return scan_by_refine(self, queries, probes, k, metric, allowed);
+        }
+        let lists = self.device_lists(probes)?;
+        if nq == 0 || self.len == 0 {
+            return Ok(vec![Vec::new(); nq]);
+        }
+        self.refresh_dead()?;
+        let mask = SearchMask::new(&self.dead, self.len, allowed);
+        let mut ws = self.checkout()?;
+        let outcome = self
+            .upload_mask(&mut ws, &mask)
+            .and_then(|()| self.scan_lists_in(&mut ws, queries, probes, &lists, k, metric));
+        ws.filtered = None;
+        if outcome.is_ok() {
+            self.checkin(ws);
+        }
+        let mut found = outcome?;
+        // Queries whose band overflowed their lists: the exact refine of their members.
+        let flagged: Vec<usize> = (0..nq).filter(|&q| found[q].is_none()).collect();
+        let mut results = Vec::with_capacity(nq);
+        if !flagged.is_empty() {
+            let dim = self.dim;
+            let subset: Vec<f32> =
+                flagged.iter().flat_map(|&q| queries[q * dim..(q + 1) * dim].iter().copied()).collect();
+            let subset_probes: Vec<u32> =
+                flagged.iter().flat_map(|&q| probes.of(q).iter().copied()).collect();
+            let again = ListProbes { probes: &subset_probes, ..*probes };
+            let answers = scan_by_refine(self, &subset, &again, k, metric, allowed)?;
+            for (&q, answer) in flagged.iter().zip(answers) {
+                found[q] = Some(answer);
+            }
+        }
+        for answer in found {
+            results.push(answer.ok_or_else(|| HiveGpuError::Internal("a list scan stayed flagged".into()))?);
+        }
+        Ok(results)
+    }
+
+    /// The device copy of `probes.lists`: the cached one while its generation holds, else a
+    /// fresh upload (kept when the generation is not 0). Every slot is checked against the
+    /// stored rows first.
+    fn device_lists(&self, probes: &ListProbes<'_>) -> Result<Arc<DeviceLists<D>>> {
+        let cache =
+            || self.lists_cache.lock().map_err(|_| HiveGpuError::Internal("list cache poisoned".into()));
+        if probes.generation != 0
+            && let Some(cached) = cache()?.as_ref()
+            && cached.generation == probes.generation
+            && cached.lists == probes.lists.len()
+        {
+            return Ok(cached.clone());
+        }
+        let total: usize = probes.lists.iter().map(Vec::len).sum();
+        if u32::try_from(total).is_err() {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "scan_lists: the lists hold {total} slots, more than a device list holds"
+            )));
+        }
+        let words = probes.lists.len() + 1 + total;
+        crate::memory::check(|| format!("copying {total} list slots to the device"), (words * 4) as u64)?;
+        let mut host: Vec<u32> = Vec::with_capacity(words);
+        let mut offset = 0u32;
+        host.push(0);
+        for list in probes.lists {
+            offset += list.len() as u32;
+            host.push(offset);
+        }
+        for list in probes.lists {
+            if let Some(&slot) = list.iter().find(|&&s| s as usize >= self.len) {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "scan_lists: list slot {slot} is past the {} stored rows",
+                    self.len
+                )));
+            }
+            host.extend_from_slice(list);
+        }
+        let driver = self.driver().clone();
+        let buffer = DeviceBuffer::new(&driver, words * 4)?;
+        {
+            let mut ws = self.checkout()?;
+            let staging = ws.staging.get(&*driver, words * 4)?;
+            staging[..words * 4].copy_from_slice(bytemuck::cast_slice(&host));
+            driver.upload(&ws.stream, buffer.ptr(), staging, words * 4)?;
+            driver.synchronize(&ws.stream)?;
+            self.checkin(ws);
+        }
+        let lists =
+            Arc::new(DeviceLists { generation: probes.generation, lists: probes.lists.len(), buffer });
+        if probes.generation != 0 {
+            *cache()? = Some(lists.clone());
+        }
+        Ok(lists)
+    }
+
+    /// The scan itself: `None` for a query whose band overflowed.
+    fn scan_lists_in(
+        &self,
+        ws: &mut Workspace<D>,
+        queries: &[f32],
+        probes: &ListProbes<'_>,
+        lists: &DeviceLists<D>,
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Option<Vec<Neighbor>>>> {
+        let driver = self.driver().clone();
+        let (dim, nprobe) = (self.dim, probes.nprobe);
+        let nq = queries.len() / dim;
+        let mut profile = Profiler::new();
+        let path = Approximation::Scan;
+        let prepared = prepare(queries, dim, metric, path, path, f64::from(self.max_sq_norm))?;
+        let cosine = metric == GpuDistanceMetric::Cosine;
+        let kcap = list_size(k);
+        let sortn = Self::scan_sort_size(k);
+        let per_query = nprobe * kcap * 8;
+        let chunk = (CANDIDATE_BYTES / per_query).clamp(1, nq);
+        let work = list_order(probes, nq, chunk);
+
+        // One upload: exact queries, the scanned ones (unit under cosine), f64 norms, gates,
+        // probes and the blocks' order.
+        let pairs = nq * nprobe;
+        let sizes = [
+            align(nq * dim * 4),
+            if cosine { align(nq * dim * 4) } else { 0 },
+            align(nq * 8),
+            align(nq * 4),
+            align(nq * 4),
+            align(pairs * 4),
+            align(pairs * 4),
+        ];
+        let input_bytes: usize = sizes.iter().sum();
+        let outputs = self.outputs(ws, nq, k)?;
+        let base = ws.inputs.get(&driver, input_bytes)?;
+        driver.synchronize(&ws.stream)?;
+        let staging = ws.staging.get(&*driver, input_bytes.max(outputs.bytes))?;
+        let mut offset = 0usize;
+        let mut put = |bytes: &[u8], size: usize| {
+            staging[offset..offset + bytes.len()].copy_from_slice(bytes);
+            let at = base + offset as u64;
+            offset += size;
+            at
+        };
+        let exact = put(bytemuck::cast_slice(queries), sizes[0]);
+        let approx = if cosine { put(bytemuck::cast_slice(&prepared.unit), sizes[1]) } else { exact };
+        let q_norms = put(bytemuck::cast_slice(&prepared.q_norms), sizes[2]);
+        let gate_mul = put(bytemuck::cast_slice(&prepared.gate_mul), sizes[3]);
+        let gate_add = put(bytemuck::cast_slice(&prepared.gate_add), sizes[4]);
+        let probes_ptr = put(bytemuck::cast_slice(probes.probes), sizes[5]);
+        let work_ptr = put(bytemuck::cast_slice(&work), sizes[6]);
+        driver.upload(&ws.stream, base, staging, input_bytes)?;
+        let inputs = Inputs { exact, approx, half: 0, inv_scale: 0, q_norms, gate_mul, gate_add };
+        profile.mark(&*driver, &ws.stream, "prepare+upload")?;
+
+        let (rows, norms, dead) = self.arrays_ptrs(ws)?;
+        let kernel =
+            if self.is_f16() { self.device.kernels.list_topk_f16 } else { self.device.kernels.list_topk_f32 };
+        let offsets = lists.buffer.ptr();
+        let slots = offsets + (lists.lists as u64 + 1) * 4;
+        for q0 in (0..nq).step_by(chunk) {
+            let qn = (nq - q0).min(chunk);
+            let (pair0, count) = (q0 * nprobe, qn * nprobe);
+            let candidates = ws.lists.get(&driver, count * kcap * 8)?;
+            let evicted = ws.evicted.get(&driver, count * 8)?;
+            self.device.launch(
+                &ws.stream,
+                kernel,
+                Launch::new((count as u32, 1), BLOCK).shared(self.scan_shared_bytes(k) as u32),
+                &ListTopk {
+                    rows,
+                    norms,
+                    dead,
+                    dim: dim as u32,
+                    offsets,
+                    slots,
+                    probes: probes_ptr,
+                    work: work_ptr + pair0 as u64 * 4,
+                    nprobe: nprobe as u32,
+                    pair0: pair0 as u32,
+                    queries: approx,
+                    gate_mul,
+                    gate_add,
+                    metric: metric_code(metric),
+                    k: k as u32,
+                    kcap: kcap as u32,
+                    sortn: sortn as u32,
+                    max_sub: self.tuning.scan_subrounds as u32,
+                    lists: candidates,
+                    evicted,
+                },
+            )?;
+            profile.mark(&*driver, &ws.stream, "scan")?;
+            let candidates =
+                Lists { entries: candidates, evicted, segments: nprobe, len: kcap, sorted: true };
+            self.finalize(ws, &inputs, q0, qn, k, candidates, kcap, metric, &outputs)?;
+            profile.mark(&*driver, &ws.stream, "finalize")?;
+        }
+        let found = self.download_results(ws, &outputs, nq, k, true)?;
+        profile.mark(&*driver, &ws.stream, "download")?;
+        profile.report(&format!("list scan nq {nq} nprobe {nprobe} k {k}"));
+        Ok(found)
+    }
+}
+
+/// The order the scan's blocks take the (query, probe) pairs: within each piece of `chunk`
+/// queries, pair `q * nprobe + j` sorted by the list it scans (a counting sort), so the blocks
+/// of one list run side by side.
+fn list_order(probes: &ListProbes<'_>, nq: usize, chunk: usize) -> Vec<u32> {
+    let nprobe = probes.nprobe;
+    let mut work = vec![0u32; nq * nprobe];
+    let mut starts = vec![0usize; probes.lists.len() + 1];
+    for q0 in (0..nq).step_by(chunk.max(1)) {
+        let pairs = q0 * nprobe..(q0 + chunk).min(nq) * nprobe;
+        starts.iter_mut().for_each(|s| *s = 0);
+        for &list in &probes.probes[pairs.clone()] {
+            starts[list as usize + 1] += 1;
+        }
+        for l in 0..probes.lists.len() {
+            starts[l + 1] += starts[l];
+        }
+        for p in pairs.clone() {
+            let list = probes.probes[p] as usize;
+            work[pairs.start + starts[list]] = p as u32;
+            starts[list] += 1;
+        }
+    }
+    work
+}
+
+#[cfg(test)]
+mod tests {
+    use super::list_order;
+    use crate::backend::ListProbes;
+
+    #[test]
+    fn list_order_groups_pairs_by_list_within_each_piece_of_queries() {
+        let lists = vec![Vec::new(); 4];
+        // Three queries of two probes, pieces of two queries: the third stays in its own piece.
+        let probes = [3, 1, 1, 0, 2, 1];
+        let scan = ListProbes { lists: &lists, probes: &probes, nprobe: 2, generation: 0 };
+        let work = list_order(&scan, 3, 2);
+        assert_eq!(work, vec![3, 1, 2, 0, 5, 4]);
+        // Every pair once.
+        let mut sorted = list_order(&scan, 3, 3);
+        assert_eq!(sorted.iter().map(|&p| probes[p as usize]).collect::<Vec<_>>(), vec![0, 1, 1, 1, 2, 3]);
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..6).collect::<Vec<_>>());
+    }
+}
