@@ -209,6 +209,55 @@ fn scan_lists_equals_an_f64_brute_force_over_each_querys_live_allowed_list_membe
 }
 
 #[test]
+fn scan_lists_over_long_lists_split_between_blocks_and_many_queries_per_list_stays_exact() {
+    // A GPU scans a long list for few queries in parts (one block each) and a list probed by
+    // many queries in groups (one block reads each row for all of them); both end in the
+    // same exact top-k as an f64 brute force. Dimension 64 takes the kernels' vector loads
+    // (37, above, the scalar ones); 40 queries probing 2 of 3 lists put up to 40 on one list.
+    const DIM: usize = 64;
+    const ROWS: usize = 6000;
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            let mut rng = Rng::new(0x5917);
+            let mut rows = context
+                .backend()
+                .new_rows(DIM, precision, SearchPrecision::Exact, context.tuning())
+                .expect("a row store opens");
+            rows.append(&rng.normals(ROWS * DIM)).expect("rows append");
+            let removed: Vec<usize> = (0..ROWS).step_by(7).collect();
+            rows.tombstone(&removed);
+            let values = stored(&*rows);
+            let lists: Vec<Vec<u32>> =
+                (0..3u32).map(|l| (0..ROWS as u32).filter(|s| s % 3 == l).collect()).collect();
+            for nq in [1, 3, 40] {
+                let queries = rng.normals(nq * DIM);
+                let probes: Vec<u32> = (0..nq as u32).flat_map(|q| [q % 3, (q + 1) % 3]).collect();
+                let scan = ListProbes { lists: &lists, probes: &probes, nprobe: 2, generation: 0 };
+                for metric in METRICS {
+                    for k in [1, 10, 100] {
+                        let what = format!("{} {precision:?} {metric:?} nq={nq} k={k}", describe(&context));
+                        let got = rows
+                            .scan_lists(&queries, &scan, k, metric, None)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        for q in 0..nq {
+                            let query = &queries[q * DIM..(q + 1) * DIM];
+                            let members: Vec<usize> = scan
+                                .of(q)
+                                .iter()
+                                .flat_map(|&l| lists[l as usize].iter().map(|&s| s as usize))
+                                .filter(|s| s % 7 != 0)
+                                .collect();
+                            let want = best(metric, &values, query, &members, k);
+                            assert_same(&format!("{what} query {q}"), metric, &values, query, &got[q], &want);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn scan_lists_follows_each_new_generation_of_the_lists_and_never_reuses_a_stale_copy() {
     // A GPU backend keeps the lists on the device under their generation: the same lists
     // under one generation must give the same answer twice, and changed lists under a new

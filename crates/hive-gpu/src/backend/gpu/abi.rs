@@ -182,12 +182,13 @@ kernel_params! {
         lists: Ptr, evicted: Ptr,
     }
 
-    /// One block per (query, probed inverted list) scans the list's rows and keeps the
-    /// query's candidates inside its error band (`hg_list_topk`).
+    /// One block per group of queries probing one inverted list scans the list's rows once
+    /// and keeps each query's candidates inside its error band (`hg_list_topk`).
     struct ListTopk for ["hg_list_topk_f32", "hg_list_topk_f16"] {
         rows: Ptr, norms: Ptr, dead: Ptr, dim: U32, offsets: Ptr, slots: Ptr, probes: Ptr,
-        work: Ptr, nprobe: U32, pair0: U32, queries: Ptr, gate_mul: Ptr, gate_add: Ptr,
-        metric: I32, k: U32, kcap: U32, sortn: U32, max_sub: U32, lists: Ptr, evicted: Ptr,
+        work: Ptr, groups: Ptr, splits: U32, nprobe: U32, pair0: U32, queries: Ptr, gate_mul: Ptr,
+        gate_add: Ptr, metric: I32, k: U32, kcap: U32, sortn: U32, max_sub: U32, lists: Ptr,
+        evicted: Ptr,
     }
 
     /// The approximate distance of every row to one query (`hg_scan_all`).

@@ -7,6 +7,10 @@ use crate::error::Result;
 /// Threads per block of every kernel.
 pub(crate) const BLOCK: u32 = 256;
 
+/// Queries that probe one inverted list scored together by one block of `hg_list_topk` (each
+/// row read once for all of them), at most.
+pub(crate) const LIST_GROUP: usize = 8;
+
 const COMMON: &str = include_str!("kernels/common.cuh");
 const SEARCH: &str = include_str!("kernels/search.cu");
 const ROWS: &str = include_str!("kernels/rows.cu");
@@ -39,7 +43,7 @@ pub(crate) const MMA_TILE: usize = 128;
 pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
     let fused = if tensor { FUSED } else { "" };
     format!(
-        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{ROWS}\n{GEMM}\n{fused}\n"
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{ROWS}\n{GEMM}\n{fused}\n"
     )
 }
 

@@ -1,13 +1,14 @@
 //! The inverted-list scan on the device: [`RowStore::scan_lists`] (IVF-Flat's search after
 //! probing its centroids).
 //!
-//! Every (query, probed list) pair is one block of `hg_list_topk`, which scans the list's rows
-//! through its slots as the single-query scan scans a segment of the rows: the same
-//! distances, gate and candidate list. Each query's `nprobe` lists then go through the exact
+//! The (query, probed list) pairs of a batch are ordered by list and cut into groups of up to
+//! [`LIST_GROUP`] queries that probe the same list. One block of `hg_list_topk` per group
+//! reads each row of the list once, through its slot, and scores it against every query of
+//! the group; each query keeps its own candidate list as the single-query scan does (the
+//! same distances, gate and merges). Each query's `nprobe` lists then go through the exact
 //! search's finalize (band check, f64 re-rank, top-k), so the results are exact over the
-//! scanned rows, as on every backend. The blocks are ordered by list, so the queries that
-//! probe one list read its rows side by side, mostly from L2. A query whose band overflowed
-//! its lists (heavy ties) is answered again through `refine`.
+//! scanned rows, as on every backend. A query whose band overflowed its lists (heavy ties)
+//! is answered again through `refine`.
 //!
 //! The lists live on the device as one array: `nlist + 1` offsets, then every list's slots.
 //! It is uploaded once per [`ListProbes::generation`] and reused while that holds; a
@@ -19,7 +20,7 @@ use std::sync::Arc;
 
 use super::abi::{Launch, ListTopk};
 use super::driver::Driver;
-use super::kernels::BLOCK;
+use super::kernels::{BLOCK, LIST_GROUP};
 use super::memory::{DeviceBuffer, Workspace};
 use super::prepare::prepare;
 use super::rows::GpuRows;
@@ -32,9 +33,19 @@ use crate::exact::metric_code;
 use crate::slots::{SearchMask, SlotSet};
 use crate::types::GpuDistanceMetric;
 
-/// Candidate lists of one launch (queries x nprobe x kcap entries) stay under this many bytes:
-/// a batch with more runs in pieces of queries.
+/// Candidate lists of one launch (queries x nprobe x splits x kcap entries) stay under this
+/// many bytes: a batch with more runs in pieces of queries.
 const CANDIDATE_BYTES: usize = 256 << 20;
+
+/// A batch with fewer groups than this many per multiprocessor splits each list between
+/// blocks (one query's 4 lists would keep 4 of the H100's 132 multiprocessors busy).
+const GROUPS_PER_SM: usize = 2;
+
+/// Rows a block scans at least when lists are split: one round of the kernel's 8 warps.
+const MIN_SPLIT_ROWS: usize = 128;
+
+/// Parts a list is split into, at most.
+const MAX_SPLITS: usize = 32;
 
 /// A copy of inverted lists in device memory: `lists + 1` u32 offsets, then the slots.
 #[derive(Debug)]
@@ -65,7 +76,7 @@ impl<D: Driver> GpuRows<D> {
     ) -> Result<Vec<Vec<Neighbor>>> {
         let nq = check_scan(self.dim, queries, probes, k)?;
         let fits = list_size(k) <= MAX_LIST
-            && self.scan_shared_bytes(k) <= self.shared_limit()
+            && self.group_size(k) >= 1
             && u32::try_from(nq * probes.nprobe).is_ok()
             && self.tuning.list_scan;
         if !fits {
@@ -105,6 +116,33 @@ impl<D: Driver> GpuRows<D> {
             results.push(answer.ok_or_else(|| HiveGpuError::Internal("a list scan stayed flagged".into()))?);
         }
         Ok(results)
+    }
+
+    /// Shared-memory words (u64) one query of a group takes: its candidate list, then its
+    /// values in whole 16-byte units (as `hg_list_topk` lays them out).
+    fn group_stride(&self, k: usize) -> usize {
+        Self::scan_sort_size(k) + self.dim.div_ceil(4) * 2
+    }
+
+    /// Queries per group of the list kernel: [`LIST_GROUP`], or fewer where their lists do not
+    /// fit the block's shared memory (0: not even one).
+    fn group_size(&self, k: usize) -> usize {
+        (self.shared_limit() / (self.group_stride(k) * 8)).min(LIST_GROUP)
+    }
+
+    /// Parts each list is split into for a batch of `nq` queries in groups of `group`: 1 for
+    /// batches that fill the device with groups, else enough for [`GROUPS_PER_SM`] blocks per
+    /// multiprocessor while a part of an average probed list keeps [`MIN_SPLIT_ROWS`].
+    fn splits(&self, probes: &ListProbes<'_>, nq: usize, group: usize) -> usize {
+        let wanted = self.driver().multiprocessors() as usize * GROUPS_PER_SM;
+        // Groups at least (pairs / group), at most pairs: the fewest decide.
+        let blocks = (nq * probes.nprobe).div_ceil(group.max(1)).max(1);
+        if blocks >= wanted {
+            return 1;
+        }
+        let rows: usize = probes.probes.iter().map(|&l| probes.lists[l as usize].len()).sum();
+        let average = rows / (nq * probes.nprobe).max(1);
+        wanted.div_ceil(blocks).min(average / MIN_SPLIT_ROWS).clamp(1, MAX_SPLITS)
     }
 
     /// The device copy of `probes.lists`: the cached one while its generation holds, else a
@@ -181,9 +219,12 @@ impl<D: Driver> GpuRows<D> {
         let cosine = metric == GpuDistanceMetric::Cosine;
         let kcap = list_size(k);
         let sortn = Self::scan_sort_size(k);
-        let per_query = nprobe * kcap * 8;
+        let group = self.group_size(k);
+        let splits = self.splits(probes, nq, group);
+        let per_query = nprobe * splits * kcap * 8;
         let chunk = (CANDIDATE_BYTES / per_query).clamp(1, nq);
         let work = list_order(probes, nq, chunk);
+        let (groups, chunk_groups) = list_groups(probes, &work, nq, chunk, group);
 
         // One upload: exact queries, the scanned ones (unit under cosine), f64 norms, gates,
         // probes and the blocks' order.
@@ -196,6 +237,7 @@ impl<D: Driver> GpuRows<D> {
             align(nq * 4),
             align(pairs * 4),
             align(pairs * 4),
+            align(groups.len() * 4),
         ];
         let input_bytes: usize = sizes.iter().sum();
         let outputs = self.outputs(ws, nq, k)?;
@@ -216,6 +258,7 @@ impl<D: Driver> GpuRows<D> {
         let gate_add = put(bytemuck::cast_slice(&prepared.gate_add), sizes[4]);
         let probes_ptr = put(bytemuck::cast_slice(probes.probes), sizes[5]);
         let work_ptr = put(bytemuck::cast_slice(&work), sizes[6]);
+        let groups_ptr = put(bytemuck::cast_slice(&groups), sizes[7]);
         driver.upload(&ws.stream, base, staging, input_bytes)?;
         let inputs = Inputs { exact, approx, half: 0, inv_scale: 0, q_norms, gate_mul, gate_add };
         profile.mark(&*driver, &ws.stream, "prepare+upload")?;
@@ -225,15 +268,18 @@ impl<D: Driver> GpuRows<D> {
             if self.is_f16() { self.device.kernels.list_topk_f16 } else { self.device.kernels.list_topk_f32 };
         let offsets = lists.buffer.ptr();
         let slots = offsets + (lists.lists as u64 + 1) * 4;
-        for q0 in (0..nq).step_by(chunk) {
+        let shared = group * self.group_stride(k) * 8;
+        for (piece, q0) in (0..nq).step_by(chunk).enumerate() {
             let qn = (nq - q0).min(chunk);
             let (pair0, count) = (q0 * nprobe, qn * nprobe);
-            let candidates = ws.lists.get(&driver, count * kcap * 8)?;
-            let evicted = ws.evicted.get(&driver, count * 8)?;
+            let first_group = chunk_groups[piece];
+            let blocks = (chunk_groups[piece + 1] - first_group) * splits;
+            let candidates = ws.lists.get(&driver, count * splits * kcap * 8)?;
+            let evicted = ws.evicted.get(&driver, count * splits * 8)?;
             self.device.launch(
                 &ws.stream,
                 kernel,
-                Launch::new((count as u32, 1), BLOCK).shared(self.scan_shared_bytes(k) as u32),
+                Launch::new((blocks as u32, 1), BLOCK).shared(shared as u32),
                 &ListTopk {
                     rows,
                     norms,
@@ -242,7 +288,9 @@ impl<D: Driver> GpuRows<D> {
                     offsets,
                     slots,
                     probes: probes_ptr,
-                    work: work_ptr + pair0 as u64 * 4,
+                    work: work_ptr,
+                    groups: groups_ptr + first_group as u64 * 4,
+                    splits: splits as u32,
                     nprobe: nprobe as u32,
                     pair0: pair0 as u32,
                     queries: approx,
@@ -258,8 +306,8 @@ impl<D: Driver> GpuRows<D> {
                 },
             )?;
             profile.mark(&*driver, &ws.stream, "scan")?;
-            let candidates =
-                Lists { entries: candidates, evicted, segments: nprobe, len: kcap, sorted: true };
+            let segments = nprobe * splits;
+            let candidates = Lists { entries: candidates, evicted, segments, len: kcap, sorted: true };
             self.finalize(ws, &inputs, q0, qn, k, candidates, kcap, metric, &outputs)?;
             profile.mark(&*driver, &ws.stream, "finalize")?;
         }
@@ -295,9 +343,43 @@ fn list_order(probes: &ListProbes<'_>, nq: usize, chunk: usize) -> Vec<u32> {
     work
 }
 
+/// The groups of `work` (from [`list_order`]) the kernel's blocks take: consecutive pairs that
+/// probe one list, at most `group` of them, never across a piece of `chunk` queries. Returns
+/// the groups' first pairs followed by the end of the last (group b is
+/// `work[groups[b]..groups[b + 1]]`) and, per piece and one past the last, the index of its
+/// first group.
+fn list_groups(
+    probes: &ListProbes<'_>,
+    work: &[u32],
+    nq: usize,
+    chunk: usize,
+    group: usize,
+) -> (Vec<u32>, Vec<usize>) {
+    let nprobe = probes.nprobe;
+    let list_of = |i: usize| probes.probes[work[i] as usize];
+    let mut groups = Vec::new();
+    let mut pieces = Vec::new();
+    for q0 in (0..nq).step_by(chunk.max(1)) {
+        pieces.push(groups.len());
+        let end = (q0 + chunk).min(nq) * nprobe;
+        let mut i = q0 * nprobe;
+        while i < end {
+            groups.push(i as u32);
+            let mut j = i + 1;
+            while j < end && j - i < group.max(1) && list_of(j) == list_of(i) {
+                j += 1;
+            }
+            i = j;
+        }
+    }
+    pieces.push(groups.len());
+    groups.push((nq * nprobe) as u32);
+    (groups, pieces)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::list_order;
+    use super::{list_groups, list_order};
     use crate::backend::ListProbes;
 
     #[test]
@@ -313,5 +395,24 @@ mod tests {
         assert_eq!(sorted.iter().map(|&p| probes[p as usize]).collect::<Vec<_>>(), vec![0, 1, 1, 1, 2, 3]);
         sorted.sort_unstable();
         assert_eq!(sorted, (0..6).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn groups_hold_one_list_at_most_group_pairs_and_never_cross_a_piece() {
+        let lists = vec![Vec::new(); 4];
+        // Five queries of two probes: list 1 is probed four times in the first piece.
+        let probes = [1, 0, 1, 2, 1, 3, 1, 0, 1, 2];
+        let scan = ListProbes { lists: &lists, probes: &probes, nprobe: 2, generation: 0 };
+        let work = list_order(&scan, 5, 4);
+        let (groups, pieces) = list_groups(&scan, &work, 5, 4, 3);
+        // Piece 0 (pairs 0..8) ordered by list: 1, 7 | 0, 2, 4 | 6 | 3 | 5; piece 1: 9 | 8.
+        assert_eq!(work, vec![1, 7, 0, 2, 4, 6, 3, 5, 8, 9]);
+        assert_eq!(groups, vec![0, 2, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(pieces, vec![0, 5, 7]);
+        for b in 0..groups.len() - 1 {
+            let members = &work[groups[b] as usize..groups[b + 1] as usize];
+            assert!(!members.is_empty() && members.len() <= 3, "group {b}: {members:?}");
+            assert!(members.iter().all(|&p| probes[p as usize] == probes[members[0] as usize]), "group {b}");
+        }
     }
 }

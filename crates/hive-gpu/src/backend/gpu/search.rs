@@ -449,7 +449,7 @@ impl<D: Driver> GpuRows<D> {
         (2 * list_size(k)).max(512)
     }
 
-    pub(super) fn scan_shared_bytes(&self, k: usize) -> usize {
+    fn scan_shared_bytes(&self, k: usize) -> usize {
         Self::scan_sort_size(k) * 8 + self.dim * 4
     }
 

@@ -55,11 +55,10 @@ __device__ __forceinline__ u32 hg_warp_rows(u32 dim) {
 
 // Raw distance (sum of squares or dot product) of the rows [first, first + hg_warp_rows(dim))
 // below `end`, warp-cooperative. Each lane owns at most one of them: it gets that row's offset
-// from `first` (or 0xffffffff) and its distance in `out`. `q` is 16-byte aligned. MAPPED:
-// position i stands for the stored row map[i] (an inverted list's slots), else for row i.
-template <typename T, bool MAPPED = false>
+// from `first` (or 0xffffffff) and its distance in `out`. `q` is 16-byte aligned.
+template <typename T>
 __device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 first, u32 end, const float* q,
-                                                 int metric, float* out, const u32* map = 0) {
+                                                 int metric, float* out) {
     u32 lane = threadIdx.x % HG_WARP;
     u32 owned = 0xffffffffu;
     *out = 0.0f;
@@ -67,13 +66,8 @@ __device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 fir
         const u32 groups = HG_WARP / HG_LPR;
         u32 g = lane / HG_LPR, s = lane % HG_LPR;
         float acc[HG_RPL];
-        u64 at[HG_RPL];
 #pragma unroll
-        for (int r = 0; r < HG_RPL; r++) {
-            acc[r] = 0.0f;
-            u32 row = first + r * groups + g;
-            at[r] = (u64)(MAPPED ? (row < end ? map[row] : 0u) : row) * dim;
-        }
+        for (int r = 0; r < HG_RPL; r++) acc[r] = 0.0f;
         // HG_STEPS column steps of every row are loaded before any is used: the loads are all
         // in flight at once whatever the compiler makes of the loop (13 us of a 195 us
         // 1M x 128 scan on the H100). The sums still run in column order.
@@ -85,7 +79,7 @@ __device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 fir
 #pragma unroll
                 for (int r = 0; r < HG_RPL; r++) {
                     u32 row = first + r * groups + g;
-                    x[u][r] = (cu < dim && row < end) ? hg_load4<T>(rows, at[r] + cu)
+                    x[u][r] = (cu < dim && row < end) ? hg_load4<T>(rows, (u64)row * dim + cu)
                                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
             }
@@ -111,20 +105,15 @@ __device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 fir
         return owned;
     }
     float acc[HG_ROWS_PER_WARP];
-    u64 at[HG_ROWS_PER_WARP];
 #pragma unroll
-    for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
-        acc[r] = 0.0f;
-        u32 row = first + r;
-        at[r] = (u64)(MAPPED ? (row < end ? map[row] : 0u) : row) * dim;
-    }
+    for (int r = 0; r < HG_ROWS_PER_WARP; r++) acc[r] = 0.0f;
 #pragma unroll 4
     for (u32 c = lane; c < dim; c += HG_WARP) {
         float qv = q[c];
 #pragma unroll
         for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
             if (first + r < end) {
-                float x = hg_load<T>(rows, at[r] + c);
+                float x = hg_load<T>(rows, (u64)(first + r) * dim + c);
                 if (metric == HG_L2) {
                     float d = qv - x;
                     acc[r] = fmaf(d, d, acc[r]);
@@ -151,21 +140,24 @@ __device__ __forceinline__ float hg_finish(float raw, int metric, const float* n
     return -raw / sqrtf(norms[slot]);
 }
 
-// One block's scan of positions [start, end) for one query (`q`, global memory) into a
-// candidate list of kcap entries at `out` and its smallest evicted entry at `out_evicted`.
-// MAPPED: position i is the stored row map[i] (an inverted list), else row i. Between two
-// merge checks the block runs up to `max_sub` passes (bounded so the buffer stays at most
-// half full), so it synchronizes rarely and keeps many loads in flight.
-template <typename T, bool MAPPED>
-__device__ void hg_scan_range(const T* rows, const float* norms, const u32* dead, u32 dim, u32 start, u32 end,
-                              const u32* map, const float* q, float mul, float add, int metric, u32 k, u32 kcap,
-                              u32 sortn, u32 max_sub, u64* out, u64* out_evicted) {
+// grid (S, nq), block HG_BLOCK: block s of query q scans rows [s*per, (s+1)*per) and leaves its
+// candidate list in lists[(q*S + s)*kcap ..] and its smallest evicted entry in evicted[q*S + s].
+// Between two merge checks the block runs up to `max_sub` passes (bounded so the buffer stays
+// at most half full), so it synchronizes rarely and keeps many loads in flight.
+template <typename T>
+__device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead, u32 n, u32 dim,
+                             const float* queries, const float* gate_mul, const float* gate_add, int metric,
+                             u32 k, u32 kcap, u32 sortn, u32 per, u32 max_sub, u64* lists, u64* evicted) {
     extern __shared__ __align__(16) u64 hg_smem[];
     __shared__ HgTopK st;
     u64* sh = hg_smem;
     float* qs = (float*)(sh + sortn);
-    for (u32 c = threadIdx.x; c < dim; c += blockDim.x) qs[c] = q[c];
+    u32 q = blockIdx.y, s = blockIdx.x, S = gridDim.x;
+    for (u32 c = threadIdx.x; c < dim; c += blockDim.x) qs[c] = queries[(u64)q * dim + c];
+    float mul = gate_mul[q], add = gate_add[q];
     hg_init(sh, &st, kcap, 0, HG_NONE, k, mul, add);
+    u32 start = s * per;
+    u32 end = min(n, start + per);
     u32 warps = blockDim.x / HG_WARP, warp = threadIdx.x / HG_WARP;
     u32 warp_rows = hg_warp_rows(dim);
     u32 step = warps * warp_rows;
@@ -179,9 +171,9 @@ __device__ void hg_scan_range(const T* rows, const float* norms, const u32* dead
             u32 first = base + u * step + warp * warp_rows;
             if (first < end) {
                 float raw;
-                u32 offset = hg_warp_distances<T, MAPPED>(rows, dim, first, end, qs, metric, &raw, map);
+                u32 offset = hg_warp_distances<T>(rows, dim, first, end, qs, metric, &raw);
                 if (offset != 0xffffffffu) {
-                    u32 slot = MAPPED ? map[first + offset] : first + offset;
+                    u32 slot = first + offset;
                     float a = hg_finish(raw, metric, norms, slot);
                     if (a <= thr && !hg_dead(dead, slot)) hg_push(sh, &st, kcap, sortn, a, slot);
                 }
@@ -190,22 +182,9 @@ __device__ void hg_scan_range(const T* rows, const float* norms, const u32* dead
         __syncthreads();
     }
     if (st.count > 0) hg_merge(sh, &st, k, kcap, sortn, mul, add);
+    u64* out = lists + ((u64)q * S + s) * kcap;
     for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) out[i] = sh[i];
-    if (threadIdx.x == 0) *out_evicted = st.evicted;
-}
-
-// grid (S, nq), block HG_BLOCK: block s of query q scans rows [s*per, (s+1)*per) and leaves its
-// candidate list in lists[(q*S + s)*kcap ..] and its smallest evicted entry in evicted[q*S + s].
-template <typename T>
-__device__ void hg_scan_topk(const T* rows, const float* norms, const u32* dead, u32 n, u32 dim,
-                             const float* queries, const float* gate_mul, const float* gate_add, int metric,
-                             u32 k, u32 kcap, u32 sortn, u32 per, u32 max_sub, u64* lists, u64* evicted) {
-    u32 q = blockIdx.y, s = blockIdx.x, S = gridDim.x;
-    u32 start = s * per;
-    u32 end = min(n, start + per);
-    u64 at = (u64)q * S + s;
-    hg_scan_range<T, false>(rows, norms, dead, dim, start, end, 0, queries + (u64)q * dim, gate_mul[q],
-                            gate_add[q], metric, k, kcap, sortn, max_sub, lists + at * kcap, evicted + at);
+    if (threadIdx.x == 0) evicted[(u64)q * S + s] = st.evicted;
 }
 
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_f32(const float* rows, const float* norms,
