@@ -289,7 +289,7 @@ impl<D: Driver> GpuRows<D> {
                     slots,
                     probes: probes_ptr,
                     work: work_ptr,
-                    groups: groups_ptr + first_group as u64 * 4,
+                    groups: groups_ptr + first_group as u64 * 8,
                     splits: splits as u32,
                     nprobe: nprobe as u32,
                     pair0: pair0 as u32,
@@ -344,10 +344,11 @@ fn list_order(probes: &ListProbes<'_>, nq: usize, chunk: usize) -> Vec<u32> {
 }
 
 /// The groups of `work` (from [`list_order`]) the kernel's blocks take: consecutive pairs that
-/// probe one list, at most `group` of them, never across a piece of `chunk` queries. Returns
-/// the groups' first pairs followed by the end of the last (group b is
-/// `work[groups[b]..groups[b + 1]]`) and, per piece and one past the last, the index of its
-/// first group.
+/// probe one list, at most `group` of them, never across a piece of `chunk` queries; within a
+/// piece the groups of longer lists come first, so the longest scans start first instead of
+/// ending the launch alone. Returns each group's first and end pair side by side (group b is
+/// `work[groups[2b]..groups[2b + 1]]`) and, per piece and one past the last, the number of
+/// groups before it.
 fn list_groups(
     probes: &ListProbes<'_>,
     work: &[u32],
@@ -356,24 +357,27 @@ fn list_groups(
     group: usize,
 ) -> (Vec<u32>, Vec<usize>) {
     let nprobe = probes.nprobe;
-    let list_of = |i: usize| probes.probes[work[i] as usize];
+    let list_of = |i: usize| probes.probes[work[i] as usize] as usize;
     let mut groups = Vec::new();
     let mut pieces = Vec::new();
+    let mut piece: Vec<(usize, usize)> = Vec::new();
     for q0 in (0..nq).step_by(chunk.max(1)) {
-        pieces.push(groups.len());
+        pieces.push(groups.len() / 2);
         let end = (q0 + chunk).min(nq) * nprobe;
         let mut i = q0 * nprobe;
+        piece.clear();
         while i < end {
-            groups.push(i as u32);
             let mut j = i + 1;
             while j < end && j - i < group.max(1) && list_of(j) == list_of(i) {
                 j += 1;
             }
+            piece.push((i, j));
             i = j;
         }
+        piece.sort_by_key(|&(first, _)| std::cmp::Reverse(probes.lists[list_of(first)].len()));
+        groups.extend(piece.iter().flat_map(|&(first, end)| [first as u32, end as u32]));
     }
-    pieces.push(groups.len());
-    groups.push((nq * nprobe) as u32);
+    pieces.push(groups.len() / 2);
     (groups, pieces)
 }
 
@@ -398,19 +402,21 @@ mod tests {
     }
 
     #[test]
-    fn groups_hold_one_list_at_most_group_pairs_and_never_cross_a_piece() {
-        let lists = vec![Vec::new(); 4];
+    fn groups_hold_one_list_at_most_group_pairs_never_cross_a_piece_and_start_with_the_longest() {
+        // List 2 is the longest, then 1, 0 and 3.
+        let lists = vec![vec![0; 5], vec![0; 9], vec![0; 20], vec![0; 1]];
         // Five queries of two probes: list 1 is probed four times in the first piece.
         let probes = [1, 0, 1, 2, 1, 3, 1, 0, 1, 2];
         let scan = ListProbes { lists: &lists, probes: &probes, nprobe: 2, generation: 0 };
         let work = list_order(&scan, 5, 4);
         let (groups, pieces) = list_groups(&scan, &work, 5, 4, 3);
-        // Piece 0 (pairs 0..8) ordered by list: 1, 7 | 0, 2, 4 | 6 | 3 | 5; piece 1: 9 | 8.
+        // Piece 0 (pairs 0..8) ordered by list: 1, 7 | 0, 2, 4 | 6 | 3 | 5; piece 1: 8 | 9.
         assert_eq!(work, vec![1, 7, 0, 2, 4, 6, 3, 5, 8, 9]);
-        assert_eq!(groups, vec![0, 2, 5, 6, 7, 8, 9, 10]);
+        // Longest list first: list 2 (work 6..7), list 1 (2..5, 5..6), list 0 (0..2), list 3.
+        assert_eq!(groups, vec![6, 7, 2, 5, 5, 6, 0, 2, 7, 8, 9, 10, 8, 9]);
         assert_eq!(pieces, vec![0, 5, 7]);
-        for b in 0..groups.len() - 1 {
-            let members = &work[groups[b] as usize..groups[b + 1] as usize];
+        for b in 0..groups.len() / 2 {
+            let members = &work[groups[2 * b] as usize..groups[2 * b + 1] as usize];
             assert!(!members.is_empty() && members.len() <= 3, "group {b}: {members:?}");
             assert!(members.iter().all(|&p| probes[p as usize] == probes[members[0] as usize]), "group {b}");
         }

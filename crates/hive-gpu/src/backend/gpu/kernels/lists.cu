@@ -105,8 +105,22 @@ __device__ __forceinline__ u32 hg_warp_distances_group(const T* rows, u32 dim, u
     return owned;
 }
 
-// grid (groups * splits), block HG_BLOCK. Group b is the pairs work[groups[b] .. groups[b + 1]]
-// (1 to HG_LIST_GROUP of them, all probing one list; the host orders `work` by list): pair p
+// Whether query j's buffer must be merged before a round of up to `round` pushes: it would
+// overflow, or (the early merge) the query has no threshold yet but k candidates. Merging as
+// soon as k are known turns the rest of the scan's pushes into the few rows inside the band:
+// waiting for the buffer to fill cost most of the kernel's time in merges of 512 entries
+// (docs/PERFORMANCE.md, IVF-Flat on CUDA). All threads read, then meet at a barrier before
+// any pushes (see hg_must_merge).
+__device__ __forceinline__ bool hg_list_must_merge(const HgTopK* st, u32 round, u32 bcap, u32 k) {
+    u32 count = st->count;
+    bool early = count >= k && st->thr == __uint_as_float(0x7f800000u);
+    __syncthreads();
+    return early || count + round > bcap;
+}
+
+// grid (groups * splits), block HG_BLOCK. Group b is the pairs work[groups[2b] .. groups[2b + 1]]
+// (1 to HG_LIST_GROUP of them, all probing one list; the host orders `work` by list and the
+// groups by their list's length, longest first, so the longest scans start first): pair p
 // is query q = p / nprobe scanning list l = probes[p], whose rows are slots[offsets[l] ..
 // offsets[l + 1]). Block (b, part) scans part `part` of `splits` equal parts of the list (few
 // queries: more blocks than pairs keep the device busy). Queries and gates are indexed by q;
@@ -123,8 +137,8 @@ __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead,
     __shared__ HgTopK st[HG_LIST_GROUP];
     __shared__ float mul[HG_LIST_GROUP], add[HG_LIST_GROUP];
     u32 group = blockIdx.x / splits, part = blockIdx.x % splits;
-    u32 head = groups[group];
-    u32 count = min(groups[group + 1] - head, (u32)HG_LIST_GROUP);
+    u32 head = groups[2 * group];
+    u32 count = min(groups[2 * group + 1] - head, (u32)HG_LIST_GROUP);
     // u64 words per query: its list, then its floats in whole 16-byte units (sortn is even).
     u32 stride = sortn + ((dim + 3u) / 4u) * 2u;
     u32 qstride = 2u * stride;
@@ -156,7 +170,7 @@ __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead,
         for (int j = 0; j < HG_LIST_GROUP; j++) {
             thr[j] = 0.0f;
             if ((u32)j < count) {
-                if (hg_must_merge(&st[j], round, bcap))
+                if (hg_list_must_merge(&st[j], round, bcap, k))
                     hg_merge(hg_smem + j * stride, &st[j], k, kcap, sortn, mul[j], add[j]);
                 thr[j] = st[j].thr;
             }
