@@ -10,6 +10,8 @@ pub(crate) const BLOCK: u32 = 256;
 /// Queries that probe one inverted list scored together by one block of `hg_list_topk` (each
 /// row read once for all of them), at most.
 pub(crate) const LIST_GROUP: usize = 8;
+// The kernel keeps one bit per query of a group (`hg_list_merges`).
+const _: () = assert!(LIST_GROUP >= 1 && LIST_GROUP <= 32);
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const SEARCH: &str = include_str!("kernels/search.cu");

@@ -105,17 +105,22 @@ __device__ __forceinline__ u32 hg_warp_distances_group(const T* rows, u32 dim, u
     return owned;
 }
 
-// Whether query j's buffer must be merged before a round of up to `round` pushes: it would
-// overflow, or (the early merge) the query has no threshold yet but k candidates. Merging as
-// soon as k are known turns the rest of the scan's pushes into the few rows inside the band:
-// waiting for the buffer to fill cost most of the kernel's time in merges of 512 entries
-// (docs/PERFORMANCE.md, IVF-Flat on CUDA). All threads read, then meet at a barrier before
-// any pushes (see hg_must_merge).
-__device__ __forceinline__ bool hg_list_must_merge(const HgTopK* st, u32 round, u32 bcap, u32 k) {
-    u32 count = st->count;
-    bool early = count >= k && st->thr == __uint_as_float(0x7f800000u);
+// The queries of a group whose buffers must be merged before a round of up to `round` pushes,
+// as a bit mask: a buffer that would overflow, or (the early merge) a query with k candidates
+// but no threshold yet. Merging as soon as k are known turns the rest of the scan's pushes into
+// the few rows inside the band: waiting for the buffer to fill cost much of the kernel's time
+// in merges of 512 entries (docs/PERFORMANCE.md, IVF-Flat on CUDA). Every thread reads every
+// state, then all meet at one barrier (not one per query) before any merge or push (see
+// hg_must_merge).
+__device__ __forceinline__ u32 hg_list_merges(const HgTopK* st, u32 count, u32 round, u32 bcap, u32 k) {
+    u32 merges = 0;
+    for (u32 j = 0; j < count; j++) {
+        u32 held = st[j].count;
+        bool early = held >= k && st[j].thr == __uint_as_float(0x7f800000u);
+        if (early || held + round > bcap) merges |= 1u << j;
+    }
     __syncthreads();
-    return early || count + round > bcap;
+    return merges;
 }
 
 // grid (groups * splits), block HG_BLOCK. Group b is the pairs work[groups[2b] .. groups[2b + 1]]
@@ -165,16 +170,14 @@ __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead,
     u32 sub = max(1u, min(max_sub, bcap / (2 * step)));
     u32 round = step * sub;
     for (u32 base = start; base < end; base += round) {
+        u32 merges = hg_list_merges(st, count, round, bcap, k);
+        for (u32 j = 0; j < count; j++) {
+            if ((merges >> j) & 1u) hg_merge(hg_smem + j * stride, &st[j], k, kcap, sortn, mul[j], add[j]);
+        }
+        // Every merge ended at a barrier: the thresholds read here are the merged ones.
         float thr[HG_LIST_GROUP];
 #pragma unroll
-        for (int j = 0; j < HG_LIST_GROUP; j++) {
-            thr[j] = 0.0f;
-            if ((u32)j < count) {
-                if (hg_list_must_merge(&st[j], round, bcap, k))
-                    hg_merge(hg_smem + j * stride, &st[j], k, kcap, sortn, mul[j], add[j]);
-                thr[j] = st[j].thr;
-            }
-        }
+        for (int j = 0; j < HG_LIST_GROUP; j++) thr[j] = (u32)j < count ? st[j].thr : 0.0f;
         for (u32 u = 0; u < sub; u++) {
             u32 first = base + u * step + warp * warp_rows;
             if (first < end) {
