@@ -191,9 +191,10 @@ mod tests {
             ("HIVE_GPU_ROUNDED_COPY_BYTES", "0"),
             ("HIVE_GPU_TILE_ROWS", "512"),
             ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
+            ("HIVE_GPU_LIST_SCAN", "0"),
         ])
         .expect("valid");
-        assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups);
+        assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);
     }
