@@ -464,6 +464,8 @@ impl Collection {
             IndexSpec::Flat => None,
             IndexSpec::IvfFlat { nlist } => Some(IvfFlat::build(backend, tuning, self, nlist)?),
         };
+        // A GPU backend's device copy of the old index's lists would stay until a compaction.
+        self.rows().release_scratch();
         self.version += 1;
         Ok(())
     }
@@ -471,6 +473,7 @@ impl Collection {
     /// Makes searches go through `index`, built over this collection's current slots.
     pub(crate) fn set_index(&mut self, index: IvfFlat) {
         self.index = Some(index);
+        self.rows().release_scratch();
         self.version += 1;
     }
 

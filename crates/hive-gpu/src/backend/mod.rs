@@ -241,8 +241,9 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// refused. It reads no stored row: it is the device's selection, for scores an index
     /// computed itself (IVF's coarse assignment).
     fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>>;
-    /// Frees the scratch memory idle searches keep for reuse (a GPU backend's workspaces).
-    /// Called before a search that ran out of device memory beside others runs again alone.
+    /// Frees the scratch memory idle searches keep for reuse (a GPU backend's workspaces and
+    /// its device copy of inverted lists). Called before a search that ran out of device memory
+    /// beside others runs again alone, and when a collection's index is replaced or dropped.
     fn release_scratch(&self) {}
 }
 
