@@ -163,6 +163,38 @@ __device__ __forceinline__ void hg_push(u64* sh, HgTopK* st, u32 kcap, u32 sortn
     }
 }
 
+// The k-th smallest of the values the block's threads hold, one each (+inf for none; ties
+// ordered by thread), or +inf when fewer than k are finite. k <= blockDim.x. Every thread must
+// call it with the same k; `scratch` holds blockDim.x floats of shared memory and `result`
+// one, both free until the call returns. k = 1 is a min reduction; any other k ranks every
+// value against all the others (blockDim.x shared reads per thread, no barrier among them).
+__device__ float hg_block_kth(float v, u32 k, float* scratch, float* result) {
+    const float inf = __uint_as_float(0x7f800000u);
+    if (k == 1) {
+        for (int o = HG_WARP / 2; o > 0; o >>= 1) v = fminf(v, HG_SHFL_XOR(v, o));
+        if (threadIdx.x % HG_WARP == 0) scratch[threadIdx.x / HG_WARP] = v;
+        __syncthreads();
+        float least = inf;
+        for (u32 w = 0; w < blockDim.x / HG_WARP; w++) least = fminf(least, scratch[w]);
+        __syncthreads();
+        return least;
+    }
+    scratch[threadIdx.x] = v;
+    if (threadIdx.x == 0) *result = inf;
+    __syncthreads();
+    u32 rank = 0;
+    for (u32 j = 0; j < blockDim.x; j++) {
+        float other = scratch[j];
+        rank += other < v || (other == v && j < threadIdx.x);
+    }
+    // Ranks are a permutation of 0..blockDim.x, so at most one thread writes.
+    if (rank == k - 1 && v < inf) *result = v;
+    __syncthreads();
+    float kth = *result;
+    __syncthreads();
+    return kth;
+}
+
 __device__ void hg_init(u64* sh, HgTopK* st, u32 kcap, const u64* list, u64 evicted, u32 k, float mul, float add) {
     for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) sh[i] = list ? list[i] : HG_NONE;
     if (threadIdx.x == 0) {

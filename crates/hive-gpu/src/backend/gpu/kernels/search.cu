@@ -252,6 +252,10 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
     // Passing candidates of round r, in passing[r % 3]; three so a counter is reset two
     // barriers after its last read and one before its next use.
     __shared__ u32 passing[3];
+    // The round's own bound on the k-th best (see below): scratch, result, survivors.
+    __shared__ float bound_scratch[HG_BLOCK];
+    __shared__ float bound_kth;
+    __shared__ u32 repass;
     u64* sh = hg_smem;
     u32 q = blockIdx.y, state = blockIdx.y * gridDim.x + blockIdx.x;
     u32 col0 = blockIdx.x * seg;
@@ -313,6 +317,38 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
         __syncthreads();
         u32 pending = passing[r % 3];
         if (threadIdx.x == 0) passing[(r + 2) % 3] = 0;
+        // A round that would push far more than a list holds (a state's first, with no
+        // threshold yet: every column passes) first bounds the k-th best by the round itself.
+        // Each thread's least passing distance is a distinct live row of this segment, so the
+        // k-th smallest of those minima is at least the state's final k-th best; the band is
+        // monotone in it (mul >= 0), so a row above band(bound) is above the final threshold
+        // and could never be among the k nearest. This replaces thousands of pushes and a
+        // 2048-entry sort (k-means assigns 1-NN over 1,024 centroids, an IVF probes a few of
+        // them) with a reduction and a handful of pushes.
+        if (count + pending > 2 * kcap && k <= blockDim.x) {
+            float least = __uint_as_float(0x7f800000u);
+#pragma unroll
+            for (int i = 0; i < HG_TILE_PER_THREAD; i++) {
+                if ((pass >> i) & 1u) least = fminf(least, a[i]);
+            }
+            if (threadIdx.x == 0) repass = 0;
+            float bound = hg_block_kth(least, k, bound_scratch, &bound_kth);
+            float tight = bound < __uint_as_float(0x7f800000u) ? hg_band(bound, mul, add) : thr;
+            if (tight < thr) {
+                thr = tight;
+                u32 keep = 0;
+#pragma unroll
+                for (int i = 0; i < HG_TILE_PER_THREAD; i++) {
+                    if (((pass >> i) & 1u) && a[i] <= thr) keep |= 1u << i;
+                }
+                pass = keep;
+                if (threadIdx.x == 0) st.thr = thr;
+                u32 kept = __popc(pass);
+                if (kept) atomicAdd(&repass, kept);
+                __syncthreads();
+                pending = repass;
+            }
+        }
         if (count + pending <= bcap) {
 #pragma unroll
             for (int i = 0; i < HG_TILE_PER_THREAD; i++) {
