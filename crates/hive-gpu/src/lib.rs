@@ -515,7 +515,7 @@ impl GpuVectorStorage {
         }
         // Parallel work of a search runs on the library's pool where it arises (`exec`): a
         // single GPU query has none, and keeps the caller's thread.
-        let mut lists = index::flat::search(&self.read(), query, k, options)?;
+        let mut lists = index::flat::search(&self.read(), query, k, options, &self.tuning)?;
         lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
     }
 
@@ -535,7 +535,7 @@ impl GpuVectorStorage {
         k: usize,
         options: &SearchOptions,
     ) -> Result<Vec<Vec<GpuSearchResult>>> {
-        index::flat::search(&self.read(), queries, k, options)
+        index::flat::search(&self.read(), queries, k, options, &self.tuning)
     }
 
     /// [`GpuVectorStorage::search_batch_with`] into flat arrays: every neighbour's id, score
@@ -547,7 +547,7 @@ impl GpuVectorStorage {
         k: usize,
         options: &SearchOptions,
     ) -> Result<SearchResults> {
-        index::flat::search_results(&self.read(), queries, k, options)
+        index::flat::search_results(&self.read(), queries, k, options, &self.tuning)
     }
 
     /// Builds `spec`'s index over the vectors stored now and sends later searches through it

@@ -7,6 +7,7 @@ use crate::error::{HiveGpuError, Result};
 use crate::payload::Payload;
 use crate::results::{RowsMut, SearchResults};
 use crate::slots::SlotSet;
+use crate::tuning::Tuning;
 use crate::types::{GpuDistanceMetric, GpuSearchResult, Metadata, SearchOptions, SmolStr};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -27,9 +28,10 @@ pub(crate) fn search(
     queries: &[f32],
     k: usize,
     options: &SearchOptions,
+    tuning: &Tuning,
 ) -> Result<Vec<Vec<GpuSearchResult>>> {
     let with_payload = options.with_metadata;
-    let plan = Plan::of(collection, queries, k, options)?;
+    let plan = Plan::of(collection, queries, k, options, tuning)?;
     if plan.k == 0 {
         return Ok(vec![Vec::new(); plan.nq]);
     }
@@ -46,9 +48,10 @@ pub(crate) fn search_results(
     queries: &[f32],
     k: usize,
     options: &SearchOptions,
+    tuning: &Tuning,
 ) -> Result<SearchResults> {
     let with_payload = options.with_metadata;
-    let plan = Plan::of(collection, queries, k, options)?;
+    let plan = Plan::of(collection, queries, k, options, tuning)?;
     let mut results = SearchResults::padded(plan.nq, plan.k, with_payload);
     if plan.k == 0 {
         return Ok(results);
@@ -77,7 +80,13 @@ struct Plan<'f> {
 }
 
 impl<'f> Plan<'f> {
-    fn of(collection: &Collection, queries: &[f32], k: usize, options: &'f SearchOptions) -> Result<Self> {
+    fn of(
+        collection: &Collection,
+        queries: &[f32],
+        k: usize,
+        options: &'f SearchOptions,
+        tuning: &Tuning,
+    ) -> Result<Self> {
         let config = *collection.config();
         let dim = config.dimension;
         if k == 0 {
@@ -94,7 +103,7 @@ impl<'f> Plan<'f> {
         }
         let nq = queries.len() / dim;
         if nq == 0 {
-            return Ok(Self { nq, k: 0, nprobe: None, allowed: None, pieces: Pieces::of(0) });
+            return Ok(Self { nq, k: 0, nprobe: None, allowed: None, pieces: Pieces::of(0, tuning, false) });
         }
         if collection.len() == 0 {
             return Err(HiveGpuError::EmptyCollection);
@@ -110,7 +119,8 @@ impl<'f> Plan<'f> {
             (Some(_), nprobe) => Some(nprobe.unwrap_or(crate::types::DEFAULT_NPROBE)),
             (None, _) => None,
         };
-        Ok(Self { nq, k: k.min(searched), nprobe, allowed, pieces: Pieces::of(nq) })
+        let pieces = Pieces::of(nq, tuning, nprobe.is_some());
+        Ok(Self { nq, k: k.min(searched), nprobe, allowed, pieces })
     }
 }
 
@@ -130,7 +140,7 @@ fn search_pieces<T: Send + Sync>(
         let neighbours = collection.neighbours(queries, k, allowed, plan.nprobe)?;
         return Ok(vec![assemble(0, neighbours)?]);
     }
-    // Pieces are searched by `WORKERS` threads in turn, and each piece's results are built on
+    // Pieces are searched by `pieces.workers` threads in turn, and each piece's results are built on
     // other threads while its worker searches the next: the device is not left idle while
     // the host prepares queries or builds result structures.
     let done: Vec<OnceLock<Result<T>>> = (0..pieces.count).map(|_| OnceLock::new()).collect();
@@ -195,26 +205,30 @@ struct Pieces {
 }
 
 impl Pieces {
-    fn of(nq: usize) -> Self {
-        if nq < 2 * PIECE_QUERIES {
+    /// Pieces of about `tuning.piece_queries` for `tuning.piece_workers` threads. An index
+    /// search (`balanced`) rounds the count up to a multiple of the workers: its pieces are
+    /// short enough that host and latency costs weigh as much as the device's, and 5 pieces
+    /// on 4 workers left one worker a whole piece alone at the end (docs/PERFORMANCE.md, IVF
+    /// pieces). An exact search keeps the fewest pieces: each one reads every row again.
+    fn of(nq: usize, tuning: &Tuning, balanced: bool) -> Self {
+        let size = tuning.piece_queries.max(1);
+        let workers = tuning.piece_workers.max(1);
+        if nq < 2 * size || workers == 1 {
             return Self { count: 1, size: nq, workers: 1 };
         }
-        let count = nq.div_ceil(PIECE_QUERIES);
-        Self { count, size: nq.div_ceil(count), workers: WORKERS }
+        let mut count = nq.div_ceil(size);
+        if balanced {
+            count = count.div_ceil(workers) * workers;
+        }
+        let size = nq.div_ceil(count);
+        // Whole pieces of `size` (the last one shorter): none is left empty.
+        Self { count: nq.div_ceil(size), size, workers }
     }
 
     fn range(&self, i: usize, nq: usize) -> std::ops::Range<usize> {
         i * self.size..((i + 1) * self.size).min(nq)
     }
 }
-
-/// Queries per piece of a large batch: enough to fill a big GPU (2,048 queries are 16 x 245
-/// blocks of the fused filter over a million rows), few enough that pieces overlap host and
-/// device work. Measured on the H200 against 1,024, 1,536 and 3,334 (docs/PERFORMANCE.md).
-const PIECE_QUERIES: usize = 2048;
-/// Pieces searched at once, so that one piece's host work has others' device work beside it.
-/// On the H200, 1 and 2 were slower than 3 and 4, and 5 to 8 no faster (docs/PERFORMANCE.md).
-const WORKERS: usize = 4;
 
 /// The public results of one piece's neighbours.
 fn to_results(
@@ -343,4 +357,43 @@ fn to_columns(collection: &Collection, neighbours: Vec<Vec<Neighbor>>, rows: Row
         eprintln!("hive-gpu profile (columnar results, ms): {:.3}", began.elapsed().as_secs_f64() * 1e3);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuning(piece_queries: usize, piece_workers: usize) -> Tuning {
+        Tuning { piece_queries, piece_workers, ..Tuning::default() }
+    }
+
+    #[test]
+    fn pieces_cover_every_query_once_and_none_is_empty() {
+        for nq in [0, 1, 9, 10, 11, 100, 4095, 4096, 4097, 10_000, 65_537] {
+            for (size, workers) in [(1, 4), (3, 4), (2048, 4), (2048, 1), (1000, 8), (5000, 3)] {
+                for balanced in [false, true] {
+                    let pieces = Pieces::of(nq, &tuning(size, workers), balanced);
+                    let mut next = 0;
+                    for i in 0..pieces.count {
+                        let range = pieces.range(i, nq);
+                        assert_eq!(range.start, next, "nq {nq} size {size} workers {workers} piece {i}");
+                        assert!(!range.is_empty() || nq == 0, "nq {nq} size {size}: piece {i} is empty");
+                        next = range.end;
+                    }
+                    assert_eq!(next, nq, "nq {nq} size {size} workers {workers}: queries left out");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_index_search_gives_every_worker_the_same_number_of_pieces_an_exact_one_the_fewest() {
+        let defaults = Tuning::default();
+        let exact = Pieces::of(10_000, &defaults, false);
+        assert_eq!((exact.count, exact.size), (5, 2000));
+        let balanced = Pieces::of(10_000, &defaults, true);
+        assert_eq!((balanced.count, balanced.size, balanced.workers), (8, 1250, 4));
+        // Below two pieces' worth a batch stays whole, balanced or not.
+        assert_eq!(Pieces::of(4095, &defaults, true).count, 1);
+    }
 }
