@@ -416,3 +416,57 @@ fn knn_restricted_to_a_slot_set_equals_a_brute_force_over_its_live_members() {
         }
     }
 }
+
+#[test]
+fn knn_whose_first_tile_holds_removed_nearest_rows_and_ties_at_the_kth_stays_exact() {
+    // The GPU tile selection bounds each query's k-th best by the first tile itself (the k-th
+    // smallest of its threads' least distances) before pushing any candidate. The trap: a
+    // bound taken over removed rows, or over fewer than k distinct rows, would drop true
+    // neighbours. Here every query's 6 nearest rows are removed, blocks of exact duplicates
+    // tie at every rank, and every row fits one tile.
+    const N: usize = 4096;
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            let mut rng = Rng::new(47);
+            let nq = 33;
+            let queries = rng.normals(nq * DIM);
+            let mut values = rng.normals(N * DIM);
+            // Rows 2048..2560 repeat rows 0..512 and rows 3000..3064 repeat row 7 64 times.
+            values.copy_within(0..512 * DIM, 2048 * DIM);
+            for r in 3000..3064 {
+                values.copy_within(7 * DIM..8 * DIM, r * DIM);
+            }
+            let mut rows = context
+                .backend()
+                .new_rows(DIM, precision, SearchPrecision::Exact, context.tuning())
+                .expect("a row store opens");
+            rows.append(&values).expect("rows append");
+            let values = stored(&*rows);
+            let all: Vec<usize> = (0..N).collect();
+            for metric in METRICS {
+                let mut removed: Vec<usize> = (0..nq)
+                    .flat_map(|q| best(metric, &values, &queries[q * DIM..(q + 1) * DIM], &all, 6))
+                    .map(|(s, _)| s)
+                    .collect();
+                removed.sort_unstable();
+                removed.dedup();
+                let mut rows = context
+                    .backend()
+                    .new_rows(DIM, precision, SearchPrecision::Exact, context.tuning())
+                    .expect("a row store opens");
+                rows.append(&values.concat()).expect("rows append");
+                rows.tombstone(&removed);
+                let live: Vec<usize> = (0..N).filter(|s| removed.binary_search(s).is_err()).collect();
+                for k in [1, 4, 10, 100] {
+                    let what = format!("{} {precision:?} {metric:?} k={k}", describe(&context));
+                    let got = rows.knn(&queries, k, metric, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    for (q, found) in got.iter().enumerate() {
+                        let query = &queries[q * DIM..(q + 1) * DIM];
+                        let want = best(metric, &values, query, &live, k);
+                        assert_same(&format!("{what} query {q}"), metric, &values, query, found, &want);
+                    }
+                }
+            }
+        }
+    }
+}

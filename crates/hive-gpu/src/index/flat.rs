@@ -103,7 +103,7 @@ impl<'f> Plan<'f> {
         }
         let nq = queries.len() / dim;
         if nq == 0 {
-            return Ok(Self { nq, k: 0, nprobe: None, allowed: None, pieces: Pieces::of(0, tuning, false) });
+            return Ok(Self { nq, k: 0, nprobe: None, allowed: None, pieces: Pieces::of(0, tuning) });
         }
         if collection.len() == 0 {
             return Err(HiveGpuError::EmptyCollection);
@@ -119,7 +119,7 @@ impl<'f> Plan<'f> {
             (Some(_), nprobe) => Some(nprobe.unwrap_or(crate::types::DEFAULT_NPROBE)),
             (None, _) => None,
         };
-        let pieces = Pieces::of(nq, tuning, nprobe.is_some());
+        let pieces = Pieces::of(nq, tuning);
         Ok(Self { nq, k: k.min(searched), nprobe, allowed, pieces })
     }
 }
@@ -205,21 +205,19 @@ struct Pieces {
 }
 
 impl Pieces {
-    /// Pieces of about `tuning.piece_queries` for `tuning.piece_workers` threads. An index
-    /// search (`balanced`) rounds the count up to a multiple of the workers: its pieces are
-    /// short enough that host and latency costs weigh as much as the device's, and 5 pieces
-    /// on 4 workers left one worker a whole piece alone at the end (docs/PERFORMANCE.md, IVF
-    /// pieces). An exact search keeps the fewest pieces: each one reads every row again.
-    fn of(nq: usize, tuning: &Tuning, balanced: bool) -> Self {
+    /// Pieces of about `tuning.piece_queries` for `tuning.piece_workers` threads (one piece
+    /// below two pieces' worth, or with one worker).
+    ///
+    /// IVF batches too: on the H100 (docs/PERFORMANCE.md, IVF pieces) 10,000 queries at nprobe 4
+    /// ran within the noise of one another as 5 pieces on 4 workers, 8 on 4, 4 on 4, 3 on 3
+    /// and 5 on 5, and slower whole or in 2 pieces on 2 workers.
+    fn of(nq: usize, tuning: &Tuning) -> Self {
         let size = tuning.piece_queries.max(1);
         let workers = tuning.piece_workers.max(1);
         if nq < 2 * size || workers == 1 {
             return Self { count: 1, size: nq, workers: 1 };
         }
-        let mut count = nq.div_ceil(size);
-        if balanced {
-            count = count.div_ceil(workers) * workers;
-        }
+        let count = nq.div_ceil(size);
         let size = nq.div_ceil(count);
         // Whole pieces of `size` (the last one shorter): none is left empty.
         Self { count: nq.div_ceil(size), size, workers }
@@ -371,29 +369,27 @@ mod tests {
     fn pieces_cover_every_query_once_and_none_is_empty() {
         for nq in [0, 1, 9, 10, 11, 100, 4095, 4096, 4097, 10_000, 65_537] {
             for (size, workers) in [(1, 4), (3, 4), (2048, 4), (2048, 1), (1000, 8), (5000, 3)] {
-                for balanced in [false, true] {
-                    let pieces = Pieces::of(nq, &tuning(size, workers), balanced);
-                    let mut next = 0;
-                    for i in 0..pieces.count {
-                        let range = pieces.range(i, nq);
-                        assert_eq!(range.start, next, "nq {nq} size {size} workers {workers} piece {i}");
-                        assert!(!range.is_empty() || nq == 0, "nq {nq} size {size}: piece {i} is empty");
-                        next = range.end;
-                    }
-                    assert_eq!(next, nq, "nq {nq} size {size} workers {workers}: queries left out");
+                let pieces = Pieces::of(nq, &tuning(size, workers));
+                let mut next = 0;
+                for i in 0..pieces.count {
+                    let range = pieces.range(i, nq);
+                    assert_eq!(range.start, next, "nq {nq} size {size} workers {workers} piece {i}");
+                    assert!(!range.is_empty() || nq == 0, "nq {nq} size {size}: piece {i} is empty");
+                    next = range.end;
                 }
+                assert_eq!(next, nq, "nq {nq} size {size} workers {workers}: queries left out");
             }
         }
     }
 
     #[test]
-    fn an_index_search_gives_every_worker_the_same_number_of_pieces_an_exact_one_the_fewest() {
+    fn the_piece_knobs_decide_the_cut_and_a_batch_under_two_pieces_stays_whole() {
         let defaults = Tuning::default();
-        let exact = Pieces::of(10_000, &defaults, false);
-        assert_eq!((exact.count, exact.size), (5, 2000));
-        let balanced = Pieces::of(10_000, &defaults, true);
-        assert_eq!((balanced.count, balanced.size, balanced.workers), (8, 1250, 4));
-        // Below two pieces' worth a batch stays whole, balanced or not.
-        assert_eq!(Pieces::of(4095, &defaults, true).count, 1);
+        let cut = Pieces::of(10_000, &defaults);
+        assert_eq!((cut.count, cut.size, cut.workers), (5, 2000, 4));
+        assert_eq!(Pieces::of(4095, &defaults).count, 1);
+        let five = Pieces::of(10_000, &tuning(2500, 5));
+        assert_eq!((five.count, five.size, five.workers), (4, 2500, 5));
+        assert_eq!(Pieces::of(10_000, &tuning(2048, 1)).count, 1);
     }
 }

@@ -82,6 +82,7 @@ impl IvfFlat {
                 collection.slots()
             )));
         }
+        let began = std::time::Instant::now();
         let wanted = nlist.saturating_mul(TRAINING_PER_LIST).min(live.len());
         let sampled: Vec<usize>;
         let training_slots: &[usize] = if wanted < live.len() {
@@ -109,7 +110,9 @@ impl IvfFlat {
             max_training_vectors: training_slots.len(),
             seed: SEED,
         };
+        let sampled_in = began.elapsed();
         let mut trained = kmeans::train(backend, tuning, &training, dim, &params)?;
+        let trained_in = began.elapsed();
         if config.metric == GpuDistanceMetric::Cosine {
             // Probed by direction: unit centroids. A mean of unit vectors can be (almost) zero,
             // which has no direction: such a centroid takes a training vector's instead.
@@ -140,6 +143,14 @@ impl IvfFlat {
             for (&slot, &list) in piece.iter().zip(&assigned) {
                 index.lists[list as usize].push(slot as u32);
             }
+        }
+        if crate::backend::profiling() {
+            eprintln!(
+                "hive-gpu profile (ivf build, ms): sample {:.3}, k-means {:.3}, assign {:.3}",
+                sampled_in.as_secs_f64() * 1e3,
+                (trained_in - sampled_in).as_secs_f64() * 1e3,
+                (began.elapsed() - trained_in).as_secs_f64() * 1e3
+            );
         }
         Ok(index)
     }

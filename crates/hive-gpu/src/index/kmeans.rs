@@ -132,8 +132,11 @@ pub(crate) fn train(
     let mut assigned: Vec<usize> = Vec::new();
     let mut inertia = 0.0;
     let mut iterations = 0;
+    let profile = crate::backend::profiling();
     while iterations < params.iterations {
+        let began = std::time::Instant::now();
         let (next, sum) = assign(store.as_mut(), &centroids, points, dim)?;
+        let assigned_in = began.elapsed();
         iterations += 1;
         inertia = sum;
         let settled = next == assigned;
@@ -143,6 +146,13 @@ pub(crate) fn train(
         }
         centroids = update(points, dim, k, &assigned);
         split_empty(&mut centroids, dim, &assigned, k);
+        if profile {
+            eprintln!(
+                "hive-gpu profile (k-means iteration {iterations}, ms): assign {:.3}, update {:.3}",
+                assigned_in.as_secs_f64() * 1e3,
+                (began.elapsed() - assigned_in).as_secs_f64() * 1e3
+            );
+        }
     }
     if iterations == params.iterations {
         // The centroids moved after the last assignment: measure them as returned.
