@@ -522,8 +522,9 @@ impl GpuVectorStorage {
     /// The `k` nearest neighbours of every query in `queries` (row-major, `nq * dimension`
     /// values), one list per query in order. Batches run as matrix products tiled with the
     /// selection, much faster than one call per query. Batches of 4,096 queries and more are
-    /// searched in pieces of about 2,048, four at a time, so that preparing queries and building
-    /// results overlaps the device's work; a GPU then keeps up to four search workspaces.
+    /// searched in pieces of about 2,048, four at a time (by default: [`Tuning::piece_queries`]
+    /// and [`Tuning::piece_workers`]), so that preparing queries and building results overlaps
+    /// the device's work; a GPU then keeps up to that many search workspaces.
     pub fn search_batch(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<GpuSearchResult>>> {
         self.search_batch_with(queries, k, &SearchOptions::default())
     }
