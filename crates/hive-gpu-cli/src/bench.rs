@@ -267,7 +267,8 @@ fn build_index(
 }
 
 /// The search settings to measure, each as its label and its parameter text: `--search` as
-/// given; else, for `--target-recall` on an IVF index, nprobe 1, 2, 4, ... up to every list;
+/// given; else, for `--target-recall` on an IVF index, nprobe 1, 2, 4, ... up to every list
+/// (on the flat SQ8 index refine 1, 2, 4, ... 32);
 /// else the defaults.
 fn search_settings(
     storage: &GpuVectorStorage,
@@ -279,15 +280,22 @@ fn search_settings(
         }
         return Ok(args.search_params.iter().map(|p| (p.clone(), p.clone())).collect());
     }
+    let setting = |p: String| (p.clone(), p);
     match (storage.index_spec(), args.target_recall) {
-        (hive_gpu::IndexSpec::IvfFlat { nlist }, Some(_)) => {
+        (hive_gpu::IndexSpec::IvfFlat { nlist } | hive_gpu::IndexSpec::IvfSq8 { nlist }, Some(_)) => {
             let mut probes: Vec<usize> =
                 std::iter::successors(Some(1usize), |&p| (p < nlist).then(|| (2 * p).min(nlist))).collect();
             probes.dedup();
-            Ok(probes.into_iter().map(|p| (format!("nprobe={p}"), format!("nprobe={p}"))).collect())
+            Ok(probes.into_iter().map(|p| setting(format!("nprobe={p}"))).collect())
         }
-        (hive_gpu::IndexSpec::IvfFlat { .. }, None) => {
+        (hive_gpu::IndexSpec::Sq8, Some(_)) => {
+            Ok([1, 2, 4, 8, 16, 32].into_iter().map(|r| setting(format!("refine={r}"))).collect())
+        }
+        (hive_gpu::IndexSpec::IvfFlat { .. } | hive_gpu::IndexSpec::IvfSq8 { .. }, None) => {
             Ok(vec![(format!("nprobe={} (default)", hive_gpu::DEFAULT_NPROBE), String::new())])
+        }
+        (hive_gpu::IndexSpec::Sq8, None) => {
+            Ok(vec![(format!("refine={} (default)", hive_gpu::DEFAULT_REFINE_FACTOR), String::new())])
         }
         _ => Ok(vec![("exact".into(), String::new())]),
     }

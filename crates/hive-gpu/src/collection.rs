@@ -11,7 +11,7 @@ use smol_str::SmolStr;
 use crate::backend::RowStore;
 use crate::error::{HiveGpuError, Result};
 use crate::filter::{Filter, PreparedFilter, Target};
-use crate::index::ivf::IvfFlat;
+use crate::index::ivf::{Assigned, Ivf, Probe};
 use crate::index::spec::IndexSpec;
 
 /// Collection ids, unique in the process (see [`Collection::uid`]).
@@ -105,7 +105,7 @@ pub(crate) struct Collection {
     uid: u64,
     version: u64,
     /// The approximate index searches go through unless they ask for exact results.
-    index: Option<IvfFlat>,
+    index: Option<Ivf>,
 }
 
 /// A collection file's contents in its slot order, for [`Collection::restore`].
@@ -400,7 +400,7 @@ impl Collection {
         // The index's lists for the new rows, found before anything changes.
         let assigned = match &self.index {
             Some(index) => {
-                IvfFlat::check_slots(first_slot + count)?;
+                Ivf::check_slots(first_slot + count)?;
                 Some(self.assign_rows(index, batch)?)
             }
             None => None,
@@ -430,14 +430,14 @@ impl Collection {
         Ok(())
     }
 
-    /// The index list of every vector of `batch`, in bounded pieces.
-    fn assign_rows<B: Batch + ?Sized>(&self, index: &IvfFlat, batch: &B) -> Result<Vec<u32>> {
+    /// The index list (and codes) of every vector of `batch`, in bounded pieces.
+    fn assign_rows<B: Batch + ?Sized>(&self, index: &Ivf, batch: &B) -> Result<Assigned> {
         let dim = self.config.dimension;
         if let Some(values) = batch.flat_values() {
             return index.assign(values);
         }
         let count = batch.len();
-        let mut assigned = Vec::with_capacity(count);
+        let mut assigned = Assigned::default();
         let mut flat = Vec::new();
         for start in (0..count).step_by(APPEND_CHUNK) {
             let end = (start + APPEND_CHUNK).min(count);
@@ -445,7 +445,7 @@ impl Collection {
             for i in start..end {
                 flat.extend_from_slice(batch.values(i, dim));
             }
-            assigned.extend(index.assign(&flat)?);
+            assigned.append(index.assign(&flat)?);
         }
         Ok(assigned)
     }
@@ -462,7 +462,7 @@ impl Collection {
         // first would copy every row for nothing, and renumber slots even if training failed).
         self.index = match spec {
             IndexSpec::Flat => None,
-            IndexSpec::IvfFlat { nlist } => Some(IvfFlat::build(backend, tuning, self, nlist)?),
+            spec => Some(Ivf::build(backend, tuning, self, spec)?),
         };
         // A GPU backend's device copy of the old index's lists would stay until a compaction.
         self.rows().release_scratch();
@@ -471,28 +471,30 @@ impl Collection {
     }
 
     /// Makes searches go through `index`, built over this collection's current slots.
-    pub(crate) fn set_index(&mut self, index: IvfFlat) {
+    pub(crate) fn set_index(&mut self, index: Ivf) {
         self.index = Some(index);
         self.rows().release_scratch();
         self.version += 1;
     }
 
     /// The index searches go through, if any.
-    pub(crate) fn index(&self) -> Option<&IvfFlat> {
+    pub(crate) fn index(&self) -> Option<&Ivf> {
         self.index.as_ref()
     }
 
     /// The `k` nearest of each query among the live rows (in `allowed` where given): exactly,
-    /// or through the index scanning `nprobe` lists per query.
+    /// or through the index with `probe`'s parameters.
     pub(crate) fn neighbours(
         &self,
         queries: &[f32],
         k: usize,
         allowed: Option<&SlotSet>,
-        nprobe: Option<usize>,
+        probe: Option<Probe>,
     ) -> Result<Vec<Vec<crate::backend::Neighbor>>> {
-        match (&self.index, nprobe) {
-            (Some(index), Some(nprobe)) => index.search(self.rows.as_ref(), queries, k, nprobe, allowed),
+        match (&self.index, probe) {
+            (Some(index), Some(probe)) => {
+                index.search(self.rows.as_ref(), &self.removed, queries, k, probe, allowed)
+            }
             _ => self.rows.knn(queries, k, self.config.metric, allowed),
         }
     }

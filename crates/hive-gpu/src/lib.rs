@@ -80,8 +80,8 @@ pub use persist::{Durability, DurableOptions, LogStats};
 pub use results::{ResultRow, SearchResults};
 pub use tuning::Tuning;
 pub use types::{
-    BackendStatus, DEFAULT_NPROBE, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult,
-    GpuVector, IndexStats, Metadata, SearchOptions, SearchPrecision, SmolStr, StorageConfig,
+    BackendStatus, DEFAULT_NPROBE, DEFAULT_REFINE_FACTOR, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric,
+    GpuSearchResult, GpuVector, IndexStats, Metadata, SearchOptions, SearchPrecision, SmolStr, StorageConfig,
     StoragePrecision,
 };
 
@@ -272,11 +272,11 @@ impl GpuContext {
                 let slot_of = |s: u32| if compacted { rank[s as usize] } else { s };
                 let config = file.config();
                 let index = exec::run(|| {
-                    index::ivf::IvfFlat::from_stored(
+                    index::ivf::Ivf::from_stored(
                         self.backend.as_ref(),
                         &self.tuning,
-                        config.metric,
-                        config.dimension,
+                        &config,
+                        collection.rows(),
                         stored,
                         slot_of,
                     )

@@ -223,12 +223,22 @@ pub struct SearchOptions {
     /// default, [`DEFAULT_NPROBE`] or every list when there are fewer. Ignored without an
     /// index.
     pub nprobe: Option<usize>,
+    /// A quantized index (IVF-SQ8, SQ8) re-ranks exactly the best `refine_factor * k` rows
+    /// its codes nominate; None for [`DEFAULT_REFINE_FACTOR`]. Larger finds more of the true
+    /// neighbours its codes misrank, at the cost of more exact distances. Ignored by other
+    /// indexes.
+    pub refine_factor: Option<usize>,
     /// Search every vector exactly even where the collection has an approximate index.
     pub exact: bool,
 }
 
 /// Lists an IVF search scans per query when the call names no `nprobe` (cuVS's default).
 pub const DEFAULT_NPROBE: usize = 20;
+
+/// Candidates per result a quantized index re-ranks exactly when the call names no
+/// `refine_factor`: twice k, which recovers most of the order its 8-bit codes lose at the
+/// cost of 2k exact distances per query (docs/PERFORMANCE.md, IVF-SQ8).
+pub const DEFAULT_REFINE_FACTOR: usize = 2;
 
 /// The shape of a collection's index ([`crate::GpuVectorStorage::index_stats`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,6 +275,13 @@ impl SearchOptions {
         self
     }
 
+    /// These options, re-ranking the best `refine_factor * k` code-ranked rows exactly on a
+    /// quantized index.
+    pub fn with_refine_factor(mut self, refine_factor: usize) -> Self {
+        self.refine_factor = Some(refine_factor);
+        self
+    }
+
     /// These options, searching exactly (over every vector) or through the collection's index.
     pub fn with_exact(mut self, exact: bool) -> Self {
         self.exact = exact;
@@ -272,7 +289,7 @@ impl SearchOptions {
     }
 
     /// These options with search parameters given as text, comma-separated: `nprobe=N`,
-    /// `exact` (what `hive-gpu bench --search` takes). An unknown name or a bad value is an
+    /// `refine=N` (or `refine_factor=N`), `exact` (what `hive-gpu bench --search` takes). An unknown name or a bad value is an
     /// error naming it.
     ///
     /// ```
@@ -285,6 +302,17 @@ impl SearchOptions {
         let mut params = crate::index::spec::Params::parse(text, text)?;
         if let Some(value) = params.take("nprobe") {
             self.nprobe = Some(crate::index::spec::parse_count(text, "nprobe", value)?);
+        }
+        let mut refine_given = false;
+        for name in ["refine", "refine_factor"] {
+            if let Some(value) = params.take(name) {
+                if std::mem::replace(&mut refine_given, true) {
+                    return Err(crate::HiveGpuError::InvalidArgument(format!(
+                        "{text:?}: refine and refine_factor name one parameter; give it once"
+                    )));
+                }
+                self.refine_factor = Some(crate::index::spec::parse_count(text, name, value)?);
+            }
         }
         if let Some(value) = params.take("exact") {
             self.exact = match value {

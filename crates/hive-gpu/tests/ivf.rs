@@ -324,8 +324,11 @@ fn every_backend_builds_the_same_index_and_returns_the_same_approximate_results(
     }
 }
 
+/// Each query's result ids and scores.
+type Ranked = Vec<Vec<(String, f32)>>;
+
 /// Ids and scores of a batch's results.
-fn ranked(found: &[Vec<GpuSearchResult>]) -> Vec<Vec<(String, f32)>> {
+fn ranked(found: &[Vec<GpuSearchResult>]) -> Ranked {
     found.iter().map(|l| l.iter().map(|r| (r.id.to_string(), r.score)).collect()).collect()
 }
 
@@ -445,5 +448,402 @@ fn a_damaged_index_section_is_refused_by_name_never_opened_half_checked() {
     std::fs::write(&bad, &old).unwrap();
     let e = cpu.open_storage(&bad).unwrap_err().to_string();
     assert!(e.contains("format version 1"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// IVF-SQ8 and the flat SQ8 index (issue 21 item 3): codes nominate, the stored vectors decide.
+
+/// The quantized specs measured: IVF-SQ8 over `nlist` lists and the flat SQ8 index.
+fn quantized(nlist: usize) -> [IndexSpec; 2] {
+    [IndexSpec::IvfSq8 { nlist }, IndexSpec::Sq8]
+}
+
+/// Options that probe every list and re-rank every row they scan (of `rows` in all): the
+/// codes nominate everything, so the results must be the exact ones.
+fn refine_everything(nlist: usize, rows: usize, k: usize) -> SearchOptions {
+    SearchOptions::default().with_nprobe(nlist).with_refine_factor(rows.div_ceil(k))
+}
+
+#[test]
+fn sq8_recall_on_real_data_meets_its_floor_and_re_ranking_every_row_makes_it_exact() {
+    for (name, nlist) in [("siftsmall", 64), ("fmnistsmall", 64)] {
+        let dir = data_dir().join(name);
+        let base = io::read_fvecs(&dir.join(format!("{name}_base.fvecs"))).expect("base");
+        let queries = io::read_fvecs(&dir.join(format!("{name}_query.fvecs"))).expect("queries");
+        let truth = io::read_ivecs(&dir.join(format!("{name}_groundtruth.ivecs"))).expect("ground truth");
+        for context in contexts() {
+            for spec in quantized(nlist) {
+                let what = format!("{} {name} {spec}", describe(&context));
+                let storage =
+                    context.create_storage(base.dim, GpuDistanceMetric::Euclidean).expect("storage");
+                let ids: Vec<String> = (0..base.rows).map(|i| format!("v{i}")).collect();
+                storage.add_vectors_flat(&ids, &base.data).expect("add");
+                storage.build_index(spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let stats = storage.index_stats().expect("an index");
+                assert_eq!(stats.spec, spec, "{what}");
+                assert_eq!(
+                    stats.list_lengths.iter().sum::<usize>(),
+                    base.rows,
+                    "{what}: every vector filed once"
+                );
+                // A byte per component, the decoded norm and the slot, beside the centroids (on the
+                // host and on the device, where a buffer may take a MiB at least): no copy of the
+                // vectors.
+                let centroids = stats.list_lengths.len() * base.dim * 4;
+                let per_vector = stats.memory_bytes.saturating_sub(2 * centroids) as f64 / base.rows as f64;
+                eprintln!("{what}: the index takes {per_vector:.1} bytes per vector");
+                assert!(
+                    per_vector >= (base.dim + 8) as f64
+                        && per_vector < (base.dim + 8) as f64 * 1.2 + (1 << 20) as f64 / base.rows as f64,
+                    "{what}: {per_vector} bytes per vector"
+                );
+                let with = |nprobe: usize, refine: usize| {
+                    let options = SearchOptions::default().with_nprobe(nprobe).with_refine_factor(refine);
+                    let found = storage.search_batch_with(&queries.data, 10, &options).expect("search");
+                    let mut hits = 0;
+                    for (i, list) in found.iter().enumerate() {
+                        let want: Vec<String> =
+                            truth.row(i)[..10].iter().map(|id| format!("v{id}")).collect();
+                        hits += list.iter().filter(|r| want.contains(&r.id.to_string())).count();
+                    }
+                    hits as f64 / (10 * queries.rows) as f64
+                };
+                let nprobe = if spec == IndexSpec::Sq8 { 1 } else { 8 };
+                let (one, default, many, everything) = (
+                    with(nprobe, 1),
+                    with(nprobe, hive_gpu::DEFAULT_REFINE_FACTOR),
+                    with(nlist, 8),
+                    with(nlist, base.rows.div_ceil(10)),
+                );
+                eprintln!(
+                    "{what}: recall@10 at nprobe {nprobe} refine 1 / default, all lists refine 8 / all: \
+                     {one:.4} / {default:.4}, {many:.4} / {everything:.4}"
+                );
+                // The codes alone (refine 1) already rank well; refining twice as many recovers more.
+                assert!(one >= 0.9 && default >= one, "{what}: {one} then {default}");
+                assert!(many >= 0.99, "{what}: every list with 8k re-ranked reaches {many}");
+                assert_eq!(everything, 1.0, "{what}: re-ranking every row is the exact search");
+            }
+        }
+    }
+}
+
+#[test]
+fn sq8_with_every_row_re_ranked_equals_the_exact_search_for_every_metric_and_precision() {
+    let (dim, n, nlist, k) = (24, 1500, 12, 10);
+    let vectors = clustered(n, dim, 20, 7);
+    let mut rng = Rng::new(8);
+    let queries: Vec<Vec<f32>> = (0..40).map(|_| rng.normals(dim)).collect();
+    let flat: Vec<f32> = queries.iter().flatten().copied().collect();
+    for context in contexts() {
+        for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine]
+        {
+            for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+                for spec in quantized(nlist) {
+                    let what = format!("{} {metric:?} {precision:?} {spec}", describe(&context));
+                    let config = StorageConfig::new(dim, metric).with_precision(precision);
+                    let storage = context.create_storage_with(config).expect("storage");
+                    add_all(&storage, &vectors);
+                    storage.build_index(spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let stored: Vec<(String, Vec<f32>)> = vectors
+                        .iter()
+                        .map(|(id, _)| (id.clone(), storage.get_vector(id).unwrap().unwrap().data))
+                        .collect();
+                    let all = refine_everything(nlist, n, k);
+                    let batch = storage.search_batch_with(&flat, k, &all).expect("batch");
+                    check_exact(&format!("{what} batch"), metric, &stored, &queries, &batch, k);
+                    let singles: Vec<Vec<GpuSearchResult>> = queries
+                        .iter()
+                        .take(5)
+                        .map(|q| storage.search_with(q, k, &all).expect("search"))
+                        .collect();
+                    check_exact(&format!("{what} single"), metric, &stored, &queries[..5], &singles, k);
+                    // With the defaults the codes decide which rows are re-ranked; each result is
+                    // still a stored vector scored exactly, in order, and most are the true ones.
+                    let by_id: HashMap<&str, &[f32]> =
+                        stored.iter().map(|(id, v)| (id.as_str(), v.as_slice())).collect();
+                    let some = storage
+                        .search_batch_with(&flat, k, &SearchOptions::default().with_nprobe(nlist))
+                        .unwrap();
+                    let mut hits = 0;
+                    for (q, list) in queries.iter().zip(&some) {
+                        assert_eq!(list.len(), k, "{what}");
+                        let want = reference(metric, &stored, q, k);
+                        hits += list.iter().filter(|r| want.iter().any(|w| w.0 == r.id.as_str())).count();
+                        for r in list {
+                            let d = common::distance(metric, q, by_id[r.id.as_str()]);
+                            let s = common::score(metric, d);
+                            assert!(
+                                (f64::from(r.score) - s).abs() <= 1e-4 * s.abs().max(1e-3),
+                                "{what}: {} vs {s}",
+                                r.score
+                            );
+                        }
+                    }
+                    let recall = hits as f64 / (k * queries.len()) as f64;
+                    assert!(recall >= 0.9, "{what}: recall {recall} with the default re-rank");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sq8_adds_upserts_removals_compactions_and_clears_after_training_need_no_retraining() {
+    let (dim, nlist, k) = (16, 10, 8);
+    let model = clustered(1200, dim, 12, 21);
+    let mut rng = Rng::new(22);
+    let queries: Vec<Vec<f32>> = (0..12).map(|_| rng.normals(dim)).collect();
+    let flat: Vec<f32> = queries.iter().flatten().copied().collect();
+    let all = refine_everything(nlist, 2000, k);
+    let sorted = |current: &HashMap<String, Vec<f32>>| {
+        let mut v: Vec<(String, Vec<f32>)> = current.iter().map(|(a, b)| (a.clone(), b.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    for context in contexts() {
+        for spec in quantized(nlist) {
+            let what = format!("{} {spec}", describe(&context));
+            let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+            add_all(&storage, &model[..1000]);
+            storage.build_index(spec).expect("build");
+            // New ids, and far-off new values for 50 old ones (upserts) that the trained grid
+            // does not span: they clamp, and the exact re-rank still scores them right.
+            let mut added = model[1000..].to_vec();
+            for (i, (id, _)) in model.iter().take(50).enumerate() {
+                added
+                    .push((id.clone(), rng.normals(dim).iter().map(|x| 3.0 * x + i as f32 * 0.01).collect()));
+            }
+            add_all(&storage, &added);
+            let mut current: HashMap<String, Vec<f32>> = model[..1000].iter().cloned().collect();
+            current.extend(added.iter().cloned());
+            let removed: Vec<String> = (100..140).map(|i| format!("v{i}")).collect();
+            storage.remove_vectors(&removed).expect("remove");
+            removed.iter().for_each(|id| {
+                current.remove(id);
+            });
+            let got = storage.search_batch_with(&flat, k, &all).expect("search");
+            check_exact(
+                &format!("{what} after adds and removals"),
+                GpuDistanceMetric::Euclidean,
+                &sorted(&current),
+                &queries,
+                &got,
+                k,
+            );
+            let slots_before = storage.slot_count();
+            let many: Vec<String> = (300..700).map(|i| format!("v{i}")).collect();
+            storage.remove_vectors(&many).expect("remove");
+            many.iter().for_each(|id| {
+                current.remove(id);
+            });
+            assert!(storage.slot_count() < slots_before, "{what}: removing a third compacts");
+            assert_eq!(
+                storage.index_stats().unwrap().list_lengths.iter().sum::<usize>(),
+                current.len(),
+                "{what}"
+            );
+            let got = storage.search_batch_with(&flat, k, &all).expect("search");
+            check_exact(
+                &format!("{what} after compaction"),
+                GpuDistanceMetric::Euclidean,
+                &sorted(&current),
+                &queries,
+                &got,
+                k,
+            );
+            storage.clear().expect("clear");
+            assert_eq!(storage.index_spec(), spec, "{what}");
+            add_all(&storage, &model[..300]);
+            let got = storage.search_batch_with(&flat, k, &all).expect("search");
+            check_exact(
+                &format!("{what} after clear"),
+                GpuDistanceMetric::Euclidean,
+                &model[..300],
+                &queries,
+                &got,
+                k,
+            );
+        }
+    }
+}
+
+#[test]
+fn filtered_sq8_search_returns_only_passing_vectors_and_re_ranking_all_equals_the_filtered_exact_search() {
+    let (dim, nlist, k) = (12, 8, 6);
+    let vectors = clustered(900, dim, 10, 31);
+    let mut rng = Rng::new(32);
+    let queries: Vec<Vec<f32>> = (0..9).map(|_| rng.normals(dim)).collect();
+    let flat: Vec<f32> = queries.iter().flatten().copied().collect();
+    let passing: Vec<String> = vectors.iter().step_by(7).map(|(id, _)| id.clone()).collect();
+    let model: Vec<(String, Vec<f32>)> = vectors.iter().step_by(7).cloned().collect();
+    for context in contexts() {
+        for spec in quantized(nlist) {
+            let what = format!("{} {spec}", describe(&context));
+            let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+            add_all(&storage, &vectors);
+            storage.build_index(spec).expect("build");
+            let filter = Filter::ids(&passing);
+            let all = refine_everything(nlist, 900, k).with_filter(filter.clone());
+            let got = storage.search_batch_with(&flat, k, &all).expect("search");
+            check_exact(&format!("{what} filtered"), GpuDistanceMetric::Euclidean, &model, &queries, &got, k);
+            let single: Vec<_> =
+                queries.iter().map(|q| storage.search_with(q, k, &all).expect("search")).collect();
+            check_exact(
+                &format!("{what} filtered single"),
+                GpuDistanceMetric::Euclidean,
+                &model,
+                &queries,
+                &single,
+                k,
+            );
+            let few = SearchOptions::default().with_nprobe(1).with_refine_factor(1).with_filter(filter);
+            for list in storage.search_batch_with(&flat, k, &few).expect("search") {
+                assert!(
+                    list.iter().all(|r| passing.contains(&r.id.to_string())),
+                    "{what}: a filtered-out vector returned"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_backend_builds_the_same_sq8_index_and_returns_the_same_approximate_results() {
+    let (dim, nlist, k) = (20, 16, 10);
+    let vectors = clustered(2000, dim, 25, 61);
+    let mut rng = Rng::new(62);
+    let flat: Vec<f32> = (0..30).flat_map(|_| rng.normals(dim)).collect();
+    let options = SearchOptions::default().with_nprobe(3).with_refine_factor(1);
+    let mut first: Option<(String, Ranked)> = None;
+    for context in contexts() {
+        let what = describe(&context);
+        let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+        add_all(&storage, &vectors);
+        storage.build_index(IndexSpec::IvfSq8 { nlist }).expect("build");
+        let found = ranked(&storage.search_batch_with(&flat, k, &options).expect("search"));
+        match &first {
+            None => first = Some((what, found)),
+            Some((other, want)) => {
+                for (q, (a, b)) in found.iter().zip(want).enumerate() {
+                    let ids = |l: &[(String, f32)]| l.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
+                    assert_eq!(ids(a), ids(b), "{what} vs {other}: query {q}");
+                    for (x, y) in a.iter().zip(b) {
+                        assert!((x.1 - y.1).abs() <= 1e-4 * y.1.abs().max(1e-6), "{what} vs {other}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_saved_sq8_index_opens_with_the_same_codes_copied_mapped_and_durable() {
+    let (dim, nlist, k) = (16, 12, 7);
+    let vectors = clustered(1500, dim, 15, 71);
+    let mut rng = Rng::new(72);
+    let queries: Vec<Vec<f32>> = (0..20).map(|_| rng.normals(dim)).collect();
+    let flat: Vec<f32> = queries.iter().flatten().copied().collect();
+    // Few lists and no extra re-rank: the results show the codes' own order.
+    let some = SearchOptions::default().with_nprobe(3).with_refine_factor(1);
+    let dir = common::stored::scratch_dir("sq8-saved");
+    for context in contexts() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            for spec in quantized(nlist) {
+                let what = format!("{} {precision:?} {spec}", describe(&context));
+                let config = StorageConfig::new(dim, GpuDistanceMetric::DotProduct).with_precision(precision);
+                let storage = context.create_storage_with(config).expect("storage");
+                add_all(&storage, &vectors[..1200]);
+                storage.build_index(spec).expect("build");
+                add_all(&storage, &vectors[1200..]);
+                let removed: Vec<String> = (0..1500).step_by(9).map(|i| format!("v{i}")).collect();
+                storage.remove_vectors(&removed).expect("remove");
+                let want = ranked(&storage.search_batch_with(&flat, k, &some).unwrap());
+                let path = dir.join("sq8.hgc");
+                storage.save(&path).expect("save");
+                let info = hive_gpu::persist::inspect_file(&path).expect("inspect");
+                assert_eq!(info.index, Some(spec), "{what}");
+                // SAFETY: nothing writes the file while the mapped storage lives.
+                let mapped = unsafe { context.open_storage_mapped(&path) }.expect("mapped open");
+                for (how, opened) in
+                    [("copied", context.open_storage(&path).expect("open")), ("mapped", mapped)]
+                {
+                    let what = format!("{what} {how}");
+                    assert_eq!(opened.index_spec(), spec, "{what}");
+                    assert_eq!(ranked(&opened.search_batch_with(&flat, k, &some).unwrap()), want, "{what}");
+                }
+                let durable_path = dir.join("durable.hgc");
+                let _ = std::fs::remove_file(&durable_path);
+                {
+                    let durable =
+                        context.open_durable(&durable_path, config, Default::default()).expect("durable");
+                    add_all(&durable, &vectors[..1200]);
+                    durable.build_index(spec).expect("build");
+                    add_all(&durable, &vectors[1200..]);
+                    durable.remove_vectors(&removed).expect("remove");
+                    assert_eq!(
+                        ranked(&durable.search_batch_with(&flat, k, &some).unwrap()),
+                        want,
+                        "{what} durable"
+                    );
+                }
+                let reopened =
+                    context.open_durable(&durable_path, config, Default::default()).expect("reopen");
+                assert_eq!(reopened.index_spec(), spec, "{what} durable");
+                assert_eq!(
+                    ranked(&reopened.search_batch_with(&flat, k, &some).unwrap()),
+                    want,
+                    "{what} durable reopened"
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_sq8_grid_or_a_flat_sq8_of_many_lists_is_refused_by_name() {
+    use common::stored::reseal_section_of;
+    let dir = common::stored::scratch_dir("sq8-hostile");
+    let cpu = hive_gpu::GpuContext::with_backend(hive_gpu::GpuBackendType::Cpu, 0).unwrap();
+    let (dim, nlist) = (4, 3);
+    for spec in quantized(nlist) {
+        let storage = cpu.create_storage(dim, GpuDistanceMetric::Euclidean).unwrap();
+        add_all(&storage, &clustered(30, dim, 3, 81));
+        storage.build_index(spec).unwrap();
+        let good = dir.join("good.hgc");
+        storage.save(&good).unwrap();
+        let image = std::fs::read(&good).unwrap();
+        let entry = 64 + 6 * 40;
+        assert_eq!(u32::from_le_bytes(image[entry..entry + 4].try_into().unwrap()), 7, "the index is last");
+        let at = u64::from_le_bytes(image[entry + 8..entry + 16].try_into().unwrap()) as usize;
+        let length = u64::from_le_bytes(image[entry + 16..entry + 24].try_into().unwrap()) as usize;
+        let grid = at + length - dim * 8;
+        let put_u32 =
+            |img: &mut Vec<u8>, at: usize, v: u32| img[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        type Damage<'a> = Box<dyn Fn(&mut Vec<u8>) + 'a>;
+        let mut cases: Vec<(&str, Damage<'_>, &str)> = vec![
+            ("nan base", Box::new(|i| put_u32(i, grid + 4, f32::NAN.to_bits())), "component 1"),
+            (
+                "negative step",
+                Box::new(|i| put_u32(i, grid + dim * 4 + 8, (-1.0f32).to_bits())),
+                "component 2",
+            ),
+            // Read as IVF-Flat, the grid is bytes no record claims.
+            ("as ivf-flat", Box::new(|i| put_u32(i, at, 1)), "past the section's last record"),
+        ];
+        if spec != IndexSpec::Sq8 {
+            cases.push(("many-list flat sq8", Box::new(|i| put_u32(i, at, 3)), "one list"));
+        }
+        let bad = dir.join("bad.hgc");
+        for (name, damage, needle) in cases {
+            let mut damaged = image.clone();
+            damage(&mut damaged);
+            reseal_section_of(&mut damaged, at);
+            std::fs::write(&bad, &damaged).unwrap();
+            let e = cpu.open_storage(&bad).expect_err(name).to_string();
+            assert!(e.contains("index") && e.contains(needle), "{spec} {name}: {e}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -33,6 +33,7 @@
 // The CPU backend's kernels stay inside the crate: they trust the instruction-set level they are
 // given (`cpu::simd::SimdLevel`), which only `SimdLevel::detect` may produce.
 pub mod candidates;
+pub mod codes;
 pub(crate) mod cpu;
 // The engine is compiled in every build, so its host code is checked without the features,
 // but only the CUDA and ROCm backends call it.
@@ -43,6 +44,7 @@ pub(crate) mod gpu;
 pub(crate) mod wgpu;
 
 pub use candidates::{Candidates, ListProbes};
+pub use codes::{CodeScan, ListCodes};
 
 use crate::error::{HiveGpuError, Result};
 use crate::persist::MappedRows;
@@ -234,6 +236,15 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         candidates::scan_by_refine(self, queries, probes, k, metric, allowed)
+    }
+    /// The `k` smallest approximate distances of each query among the scalar-quantized rows
+    /// of its probed lists (the distance is [`codes`]'s), skipping `scan.removed` and, with
+    /// `scan.allowed`, the slots it does not hold: ascending, ties by slot, fewer where the
+    /// lists hold fewer. What IVF-SQ8 runs before its exact [`RowStore::refine`]. The codes are
+    /// the index's, not this store's rows; this default scans them on the host's threads (the
+    /// CPU backend's path, and every GPU backend's until its kernel lands).
+    fn scan_codes(&self, scan: &CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        crate::exec::run(|| codes::scan_on_host(scan, k))?
     }
     /// The `k` smallest of each row of `scores` (row-major, `width` per row; lower is better),
     /// ascending, ties by column: a [`Neighbor`] per pick with the column as `slot` and the

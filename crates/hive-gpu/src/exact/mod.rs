@@ -9,6 +9,7 @@
 pub(crate) mod error;
 pub(crate) mod gates;
 pub(crate) mod plan;
+pub(crate) mod products;
 
 pub(crate) use error::ErrorBound;
 

@@ -74,7 +74,7 @@ struct Plan<'f> {
     nq: usize,
     k: usize,
     /// Lists per query through the collection's index; None searches every row exactly.
-    nprobe: Option<usize>,
+    probe: Option<crate::index::ivf::Probe>,
     allowed: Option<std::borrow::Cow<'f, SlotSet>>,
     pieces: Pieces,
 }
@@ -103,7 +103,7 @@ impl<'f> Plan<'f> {
         }
         let nq = queries.len() / dim;
         if nq == 0 {
-            return Ok(Self { nq, k: 0, nprobe: None, allowed: None, pieces: Pieces::of(0, tuning) });
+            return Ok(Self { nq, k: 0, probe: None, allowed: None, pieces: Pieces::of(0, tuning) });
         }
         if collection.len() == 0 {
             return Err(HiveGpuError::EmptyCollection);
@@ -111,16 +111,22 @@ impl<'f> Plan<'f> {
         // A filter becomes the live slots that pass it, read by every kernel of the search.
         let allowed = options.filter.as_ref().map(|f| collection.allowed(f)).transpose()?;
         let searched = allowed.as_ref().map_or(collection.len(), |a| a.count());
-        let nprobe = match (collection.index(), &options.nprobe) {
-            (Some(_), _) if options.exact => None,
-            (Some(_), Some(0)) => {
-                return Err(HiveGpuError::InvalidArgument("nprobe must be at least 1".into()));
-            }
-            (Some(_), nprobe) => Some(nprobe.unwrap_or(crate::types::DEFAULT_NPROBE)),
-            (None, _) => None,
+        if options.nprobe == Some(0) || options.refine_factor == Some(0) {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "nprobe and refine_factor must be at least 1 (nprobe {:?}, refine_factor {:?})",
+                options.nprobe, options.refine_factor
+            )));
+        }
+        let probe = match collection.index() {
+            Some(_) if options.exact => None,
+            Some(_) => Some(crate::index::ivf::Probe {
+                nprobe: options.nprobe.unwrap_or(crate::types::DEFAULT_NPROBE),
+                refine_factor: options.refine_factor.unwrap_or(crate::types::DEFAULT_REFINE_FACTOR),
+            }),
+            None => None,
         };
         let pieces = Pieces::of(nq, tuning);
-        Ok(Self { nq, k: k.min(searched), nprobe, allowed, pieces })
+        Ok(Self { nq, k: k.min(searched), probe, allowed, pieces })
     }
 }
 
@@ -137,7 +143,7 @@ fn search_pieces<T: Send + Sync>(
     let (nq, k, pieces) = (plan.nq, plan.k, &plan.pieces);
     let allowed = plan.allowed.as_deref();
     if pieces.count == 1 {
-        let neighbours = collection.neighbours(queries, k, allowed, plan.nprobe)?;
+        let neighbours = collection.neighbours(queries, k, allowed, plan.probe)?;
         return Ok(vec![assemble(0, neighbours)?]);
     }
     // Pieces are searched by `pieces.workers` threads in turn, and each piece's results are built on
@@ -159,7 +165,7 @@ fn search_pieces<T: Send + Sync>(
                         }
                         let range = pieces.range(i, nq);
                         let piece = &queries[range.start * dim..range.end * dim];
-                        match collection.neighbours(piece, k, allowed, plan.nprobe) {
+                        match collection.neighbours(piece, k, allowed, plan.probe) {
                             Ok(neighbours) => {
                                 let slot = &done[i];
                                 scope.spawn(move |_| {
@@ -187,7 +193,7 @@ fn search_pieces<T: Send + Sync>(
                 collection.rows().release_scratch();
                 let range = pieces.range(i, nq);
                 let piece = &queries[range.start * dim..range.end * dim];
-                assemble(i, collection.neighbours(piece, k, allowed, plan.nprobe)?)?
+                assemble(i, collection.neighbours(piece, k, allowed, plan.probe)?)?
             }
             Some(Err(e)) => return Err(e),
         };

@@ -1,6 +1,8 @@
-//! IVF-Flat: the collection's vectors grouped into inverted lists by their nearest k-means
-//! centroid; a search probes the `nprobe` centroids nearest each query and scans exactly the
-//! rows of those lists.
+//! IVF-Flat and IVF-SQ8 (and the flat SQ8 index, IVF-SQ8 over one list): the collection's
+//! vectors grouped into inverted lists by their nearest k-means centroid; a search probes the
+//! `nprobe` centroids nearest each query and scans the rows of those lists, exactly (IVF-Flat)
+//! or through their 8-bit codes ([`crate::index::sq`]) with an exact re-rank of the best
+//! `refine_factor * k` of them (IVF-SQ8).
 //!
 //! Written once over the backend op set: the centroids are a flat row store of the
 //! collection's backend, so probing (and assigning new vectors) is its exact k-NN, and the
@@ -10,13 +12,21 @@
 //! and a compaction renumbers the lists as it renumbers the rows. Nothing needs retraining.
 //!
 //! Exactness: with `nprobe` equal to the number of lists every live row is scanned, and the
-//! scan is as exact as the flat search (f32 candidates, f64 re-rank), so the results equal it.
+//! IVF-Flat scan is as exact as the flat search (f32 candidates, f64 re-rank), so the results
+//! equal it. IVF-SQ8's codes only nominate candidates: its distances are always the exact
+//! ones of the stored vectors, and with `refine_factor * k` covering every row scanned its
+//! results equal IVF-Flat's.
+//!
+//! The codes add `dim + 4` bytes per vector (a byte per component and the decoded norm) and
+//! live on the host beside the lists; every backend scans them through
+//! [`RowStore::scan_codes`].
 
-use crate::backend::{GpuBackend, ListProbes, Neighbor, RowStore};
+use crate::backend::{Candidates, CodeScan, GpuBackend, ListCodes, ListProbes, Neighbor, RowStore};
 use crate::collection::{Collection, Subject};
 use crate::error::{HiveGpuError, Result};
 use crate::index::kmeans::{self, KMeansParams, SplitMix};
 use crate::index::spec::IndexSpec;
+use crate::index::sq::ScalarQuantizer;
 use crate::slots::SlotSet;
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 
@@ -29,9 +39,11 @@ const SEED: u64 = 1234;
 /// Vectors assigned to lists per k-NN call, bounding the copy each call reads.
 const ASSIGN_PIECE: usize = 1 << 16;
 
-/// A trained IVF-Flat index over one collection's slots.
+/// A trained IVF index over one collection's slots.
 #[derive(Debug)]
-pub(crate) struct IvfFlat {
+pub(crate) struct Ivf {
+    /// What was built (IVF-Flat, IVF-SQ8 or the flat SQ8 index).
+    spec: IndexSpec,
     metric: GpuDistanceMetric,
     /// `nlist x dim` centroids, kept on the host for saving and describing.
     centroids: Vec<f32>,
@@ -39,11 +51,49 @@ pub(crate) struct IvfFlat {
     probe: Box<dyn RowStore>,
     /// List `l` holds these slots, ascending. Removed slots stay until a compaction.
     lists: Vec<Vec<u32>>,
+    /// IVF-SQ8's quantizer and each list's codes, row `i` of list `l` for `lists[l][i]`.
+    coded: Option<Coded>,
     /// Renewed whenever `lists` change ([`ListProbes::generation`]): a GPU backend keeps the
     /// lists in device memory while it holds.
     generation: u64,
     /// What training measured.
     pub(crate) trained: Trained,
+}
+
+/// The codes of a scalar-quantized IVF index.
+#[derive(Debug)]
+struct Coded {
+    quantizer: ScalarQuantizer,
+    codes: Vec<ListCodes>,
+    /// The collection's storage precision: new vectors are encoded as they will be stored,
+    /// so that a reopened collection, which encodes its stored rows, finds the same codes.
+    precision: StoragePrecision,
+}
+
+/// New vectors' lists and, for a coded index, their codes (row-major) and decoded norms: what
+/// an add computes before the collection changes.
+#[derive(Debug, Default)]
+pub(crate) struct Assigned {
+    lists: Vec<u32>,
+    codes: ListCodes,
+}
+
+impl Assigned {
+    /// Appends `more`'s vectors after these.
+    pub(crate) fn append(&mut self, more: Assigned) {
+        self.lists.extend(more.lists);
+        self.codes.codes.extend(more.codes.codes);
+        self.codes.norms.extend(more.codes.norms);
+    }
+}
+
+/// The search parameters of an IVF index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Probe {
+    /// Lists scanned per query.
+    pub(crate) nprobe: usize,
+    /// IVF-SQ8 re-ranks exactly the best `refine_factor * k` rows its codes nominate.
+    pub(crate) refine_factor: usize,
 }
 
 /// What an index's training found, for `hive-gpu info` and the benchmark.
@@ -55,23 +105,30 @@ pub(crate) struct Trained {
     pub(crate) iterations: usize,
 }
 
-impl IvfFlat {
-    /// Trains `nlist` centroids on a sample of `collection`'s live vectors and assigns every
-    /// live vector to its list.
+impl Ivf {
+    /// Trains `spec`'s centroids (and quantizer) on a sample of `collection`'s live vectors
+    /// and files every live vector in its list. `spec` is an IVF kind or the flat SQ8 index.
     pub(crate) fn build(
         backend: &dyn GpuBackend,
         tuning: &crate::tuning::Tuning,
         collection: &Collection,
-        nlist: usize,
+        spec: IndexSpec,
     ) -> Result<Self> {
+        let (nlist, coded) = match spec {
+            IndexSpec::IvfFlat { nlist } => (nlist, false),
+            IndexSpec::IvfSq8 { nlist } => (nlist, true),
+            IndexSpec::Sq8 => (1, true),
+            IndexSpec::Flat => {
+                return Err(HiveGpuError::Internal("the flat search has no lists to build".into()));
+            }
+        };
         let config = *collection.config();
         let dim = config.dimension;
         let live: Vec<usize> =
             (0..collection.slots()).filter(|&s| !collection.removed().contains(s)).collect();
         if live.len() < nlist {
             return Err(HiveGpuError::InvalidArgument(format!(
-                "{} needs at least {nlist} vectors to train its lists; the collection holds {}",
-                IndexSpec::IvfFlat { nlist },
+                "{spec} needs at least {nlist} vectors to train its lists; the collection holds {}",
                 live.len()
             )));
         }
@@ -99,10 +156,7 @@ impl IvfFlat {
         let mut training = collection.rows().gather(training_slots)?;
         if config.metric == GpuDistanceMetric::Cosine {
             // Cosine compares directions: cluster the unit vectors.
-            for v in training.chunks_exact_mut(dim) {
-                let norm = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
-                v.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
-            }
+            training.chunks_exact_mut(dim).for_each(to_unit);
         }
         let params = KMeansParams {
             clusters: nlist,
@@ -112,36 +166,57 @@ impl IvfFlat {
         };
         let sampled_in = began.elapsed();
         let mut trained = kmeans::train(backend, tuning, &training, dim, &params)?;
-        let trained_in = began.elapsed();
         if config.metric == GpuDistanceMetric::Cosine {
             // Probed by direction: unit centroids. A mean of unit vectors can be (almost) zero,
             // which has no direction: such a centroid takes a training vector's instead.
             for (c, centroid) in trained.centroids.chunks_exact_mut(dim).enumerate() {
-                let norm = centroid.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+                let norm = crate::exact::squared_norm_f64(centroid).sqrt();
                 if norm < 1e-9 {
                     let i = c % (training.len() / dim);
                     centroid.copy_from_slice(&training[i * dim..(i + 1) * dim]);
                 } else {
-                    centroid.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
+                    to_unit(centroid);
                 }
             }
         }
-        drop(training);
         let mut probe = backend.new_rows(dim, StoragePrecision::F32, SearchPrecision::Exact, tuning)?;
         probe.append(&trained.centroids)?;
         let mut index = Self {
+            spec,
             metric: config.metric,
             centroids: trained.centroids,
             probe,
             lists: vec![Vec::new(); nlist],
+            coded: None,
             generation: ListProbes::next_generation(),
             trained: Trained { training_vectors: trained.training_vectors, iterations: trained.iterations },
         };
+        if coded {
+            // The grid spans the training vectors' residuals to their own lists.
+            let lists = index.nearest_lists(&training)?;
+            for (v, &l) in training.chunks_exact_mut(dim).zip(&lists) {
+                index.subtract_centroid(v, l as usize);
+            }
+            index.coded = Some(Coded {
+                quantizer: ScalarQuantizer::train(&training, dim)?,
+                codes: vec![ListCodes::default(); nlist],
+                precision: config.precision,
+            });
+        }
+        drop(training);
+        let trained_in = began.elapsed();
         for piece in live.chunks(ASSIGN_PIECE) {
             let values = collection.rows().gather(piece)?;
-            let assigned = index.assign(&values)?;
-            for (&slot, &list) in piece.iter().zip(&assigned) {
-                index.lists[list as usize].push(slot as u32);
+            // Gathered rows are stored values already: no rounding to do.
+            let assigned = index.assign_stored(values)?;
+            index.file(piece.iter().map(|&s| s as u32), &assigned);
+        }
+        // Filed by pushes, the lists hold up to twice their room: give it back once.
+        index.lists.iter_mut().for_each(Vec::shrink_to_fit);
+        if let Some(coded) = &mut index.coded {
+            for list in &mut coded.codes {
+                list.codes.shrink_to_fit();
+                list.norms.shrink_to_fit();
             }
         }
         if crate::backend::profiling() {
@@ -160,9 +235,14 @@ impl IvfFlat {
         self.lists.len()
     }
 
+    /// Components per vector.
+    fn dim(&self) -> usize {
+        self.centroids.len() / self.nlist()
+    }
+
     /// The spec this index was built from.
     pub(crate) fn spec(&self) -> IndexSpec {
-        IndexSpec::IvfFlat { nlist: self.nlist() }
+        self.spec
     }
 
     /// The centroids, `nlist x dim` row-major.
@@ -175,35 +255,69 @@ impl IvfFlat {
         &self.lists
     }
 
+    /// The scalar quantizer's grid (bases, steps) of a coded index.
+    pub(crate) fn quantizer(&self) -> Option<(&[f32], &[f32])> {
+        self.coded.as_ref().map(|c| (&c.quantizer.base[..], &c.quantizer.step[..]))
+    }
+
     /// The index a collection file saved ([`crate::persist::format::StoredIndex`], checked:
     /// finite centroids of the collection's dimension, every live slot once), its slots
-    /// renumbered by `slot_of` (file slot to collection slot), on `backend`.
+    /// renumbered by `slot_of` (file slot to collection slot), on `backend`. A coded index
+    /// encodes `rows` (the collection's, loaded) again: the codes are a function of the stored
+    /// vectors, the centroids and the grid, so they are not saved.
     pub(crate) fn from_stored(
         backend: &dyn GpuBackend,
         tuning: &crate::tuning::Tuning,
-        metric: GpuDistanceMetric,
-        dim: usize,
+        config: &crate::types::StorageConfig,
+        rows: &dyn RowStore,
         stored: &crate::persist::format::StoredIndex,
         slot_of: impl Fn(u32) -> u32,
     ) -> Result<Self> {
+        let (metric, dim) = (config.metric, config.dimension);
         // Centroids are probed as vectors of the collection are searched: the same checks.
-        let config = crate::types::StorageConfig::new(dim, metric);
+        let probed = crate::types::StorageConfig::new(dim, metric);
         for (c, centroid) in stored.centroids.chunks_exact(dim).enumerate() {
-            crate::collection::check_values(centroid, &config, Subject::Vector(&format!("centroid {c}")))?;
+            crate::collection::check_values(centroid, &probed, Subject::Vector(&format!("centroid {c}")))?;
         }
         let mut probe = backend.new_rows(dim, StoragePrecision::F32, SearchPrecision::Exact, tuning)?;
         probe.append(&stored.centroids)?;
-        Ok(Self {
+        let nlist = stored.lists.len();
+        let mut index = Self {
+            spec: stored.spec,
             metric,
             centroids: stored.centroids.clone(),
             probe,
             lists: stored.lists.iter().map(|l| l.iter().map(|&s| slot_of(s)).collect()).collect(),
+            coded: None,
             generation: ListProbes::next_generation(),
             trained: Trained {
                 training_vectors: stored.training_vectors as usize,
                 iterations: stored.iterations as usize,
             },
-        })
+        };
+        if let Some((base, step)) = &stored.quantizer {
+            if base.len() != dim {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "the scalar quantizer has {} components, the collection {dim}",
+                    base.len()
+                )));
+            }
+            let quantizer = ScalarQuantizer::from_parts(base.clone(), step.clone())?;
+            let mut coded =
+                Coded { quantizer, codes: vec![ListCodes::default(); nlist], precision: config.precision };
+            let mut unit = Vec::new();
+            for (l, list) in index.lists.iter().enumerate() {
+                for piece in list.chunks(ASSIGN_PIECE) {
+                    let slots: Vec<usize> = piece.iter().map(|&s| s as usize).collect();
+                    let values = rows.gather(&slots)?;
+                    for v in values.chunks_exact(dim) {
+                        index.encode_one(&coded.quantizer, v, l, &mut unit, &mut coded.codes[l]);
+                    }
+                }
+            }
+            index.coded = Some(coded);
+        }
+        Ok(index)
     }
 
     /// Each list's length, removed slots included.
@@ -211,11 +325,14 @@ impl IvfFlat {
         self.lists.iter().map(Vec::len).collect()
     }
 
-    /// The list of each vector of `values` (row-major, the collection's dimension): its
-    /// nearest centroid under the collection's metric, as a search probes them.
-    pub(crate) fn assign(&self, values: &[f32]) -> Result<Vec<u32>> {
-        let dim = self.centroids.len() / self.nlist();
+    /// Each vector's nearest centroid under the collection's metric, as a search probes them.
+    fn nearest_lists(&self, values: &[f32]) -> Result<Vec<u32>> {
+        let dim = self.dim();
         let mut assigned = Vec::with_capacity(values.len() / dim);
+        if self.nlist() == 1 {
+            assigned.resize(values.len() / dim, 0);
+            return Ok(assigned);
+        }
         for piece in values.chunks(ASSIGN_PIECE * dim) {
             for found in self.probe.knn(piece, 1, self.metric, None)? {
                 let nearest = found
@@ -225,6 +342,56 @@ impl IvfFlat {
             }
         }
         Ok(assigned)
+    }
+
+    /// `v - centroid l`, in place.
+    fn subtract_centroid(&self, v: &mut [f32], l: usize) {
+        let dim = v.len();
+        v.iter_mut().zip(&self.centroids[l * dim..(l + 1) * dim]).for_each(|(x, &c)| *x -= c);
+    }
+
+    /// Appends the codes of the stored vector `v` of list `l` to `codes` (`scratch` holds its
+    /// residual).
+    fn encode_one(
+        &self,
+        quantizer: &ScalarQuantizer,
+        v: &[f32],
+        l: usize,
+        scratch: &mut Vec<f32>,
+        codes: &mut ListCodes,
+    ) {
+        scratch.clear();
+        scratch.extend_from_slice(v);
+        if self.metric == GpuDistanceMetric::Cosine {
+            // Cosine codes encode directions (the rows are searched as unit vectors).
+            to_unit(scratch);
+        }
+        self.subtract_centroid(scratch, l);
+        quantizer.encode_into(scratch, codes);
+    }
+
+    /// The list of each vector of `values` (row-major, the collection's dimension), and for a
+    /// coded index its codes, as the collection will store it: the fallible half of an add.
+    pub(crate) fn assign(&self, values: &[f32]) -> Result<Assigned> {
+        match self.coded.as_ref().map(|c| c.precision) {
+            Some(StoragePrecision::F16) => {
+                self.assign_stored(values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect())
+            }
+            _ => self.assign_stored(values.to_vec()),
+        }
+    }
+
+    /// [`Ivf::assign`] of values that are stored values already.
+    fn assign_stored(&self, values: Vec<f32>) -> Result<Assigned> {
+        let lists = self.nearest_lists(&values)?;
+        let mut codes = ListCodes::default();
+        if let Some(coded) = &self.coded {
+            let mut scratch = Vec::new();
+            for (v, &l) in values.chunks_exact(self.dim()).zip(&lists) {
+                self.encode_one(&coded.quantizer, v, l as usize, &mut scratch, &mut codes);
+            }
+        }
+        Ok(Assigned { lists, codes })
     }
 
     /// Checks that slots up to `end` fit the lists' 32-bit entries: the fallible half of an add.
@@ -239,12 +406,26 @@ impl IvfFlat {
     }
 
     /// Appends the new slots `first..first + assigned.len()` to their lists (from
-    /// [`IvfFlat::assign`], slots checked by [`IvfFlat::check_slots`]).
-    pub(crate) fn push(&mut self, first: usize, assigned: &[u32]) {
+    /// [`Ivf::assign`], slots checked by [`Ivf::check_slots`]).
+    pub(crate) fn push(&mut self, first: usize, assigned: &Assigned) {
+        let count = assigned.lists.len() as u32;
+        self.file(first as u32..first as u32 + count, assigned);
+    }
+
+    /// Files each slot of `slots` in its list of `assigned`, with its codes.
+    fn file(&mut self, slots: impl Iterator<Item = u32>, assigned: &Assigned) {
         self.generation = ListProbes::next_generation();
-        for (offset, &list) in assigned.iter().enumerate() {
-            if let Some(members) = self.lists.get_mut(list as usize) {
-                members.push((first + offset) as u32);
+        let dim = self.dim();
+        for (i, (slot, &list)) in slots.zip(&assigned.lists).enumerate() {
+            let l = list as usize;
+            if l >= self.lists.len() {
+                continue;
+            }
+            self.lists[l].push(slot);
+            if let Some(coded) = &mut self.coded {
+                let codes = &mut coded.codes[l];
+                codes.codes.extend_from_slice(&assigned.codes.codes[i * dim..(i + 1) * dim]);
+                codes.norms.push(assigned.codes.norms[i]);
             }
         }
     }
@@ -253,60 +434,130 @@ impl IvfFlat {
     pub(crate) fn remap(&mut self, keep: &[usize], old_slots: usize) {
         const GONE: u32 = u32::MAX;
         self.generation = ListProbes::next_generation();
+        let dim = self.dim();
         let mut renumbered = vec![GONE; old_slots];
         for (new, &old) in keep.iter().enumerate() {
             renumbered[old] = new as u32;
         }
-        for list in &mut self.lists {
-            list.retain_mut(|slot| match renumbered.get(*slot as usize) {
-                Some(&new) if new != GONE => {
-                    *slot = new;
-                    true
+        for (l, list) in self.lists.iter_mut().enumerate() {
+            let mut codes = self.coded.as_mut().map(|c| &mut c.codes[l]);
+            let mut kept = 0;
+            for i in 0..list.len() {
+                let Some(&new) = renumbered.get(list[i] as usize).filter(|&&n| n != GONE) else { continue };
+                list[kept] = new;
+                if let Some(codes) = codes.as_deref_mut() {
+                    codes.codes.copy_within(i * dim..(i + 1) * dim, kept * dim);
+                    codes.norms[kept] = codes.norms[i];
                 }
-                _ => false,
-            });
+                kept += 1;
+            }
+            list.truncate(kept);
+            if let Some(codes) = codes {
+                codes.codes.truncate(kept * dim);
+                codes.norms.truncate(kept);
+            }
         }
     }
 
-    /// Empties every list; the centroids stay trained.
+    /// Empties every list; the centroids (and quantizer) stay trained.
     pub(crate) fn clear(&mut self) {
         self.generation = ListProbes::next_generation();
         self.lists.iter_mut().for_each(Vec::clear);
+        if let Some(coded) = &mut self.coded {
+            coded.codes.iter_mut().for_each(|c| *c = ListCodes::default());
+        }
     }
 
-    /// Bytes the index adds to the collection: its lists on the host and its centroids.
+    /// Bytes the index adds to the collection: its lists (and codes) on the host and its
+    /// centroids.
     pub(crate) fn memory_bytes(&self) -> usize {
+        let codes = self.coded.as_ref().map_or(0, |c| {
+            c.codes.iter().map(|l| l.codes.capacity() + l.norms.capacity() * 4).sum::<usize>()
+                + c.quantizer.dim() * 8
+        });
         self.lists.iter().map(|l| l.capacity() * 4).sum::<usize>()
+            + codes
             + self.centroids.len() * 4
             + self.probe.memory_bytes()
     }
 
-    /// The exact `k` nearest of each query among the live rows (in `allowed` where given) of
-    /// its `nprobe` nearest lists.
+    /// The `k` nearest of each query among the live rows (in `allowed` where given) of its
+    /// `nprobe` nearest lists: exactly (IVF-Flat), or the exact re-rank of the best
+    /// `refine_factor * k` by their codes (IVF-SQ8).
     pub(crate) fn search(
         &self,
         rows: &dyn RowStore,
+        removed: &SlotSet,
         queries: &[f32],
         k: usize,
-        nprobe: usize,
+        probe: Probe,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        let nprobe = nprobe.clamp(1, self.nlist());
+        let nprobe = probe.nprobe.clamp(1, self.nlist());
         let began = std::time::Instant::now();
-        let nearest = self.probe.knn(queries, nprobe, self.metric, None)?;
-        let probed = began.elapsed();
-        let mut probes = Vec::with_capacity(nearest.len() * nprobe);
-        for found in &nearest {
-            if found.len() != nprobe {
-                return Err(HiveGpuError::Internal(format!(
-                    "probing found {} of {nprobe} lists",
-                    found.len()
-                )));
+        let mut probes = Vec::with_capacity(queries.len() / self.dim() * nprobe);
+        if self.nlist() == 1 {
+            probes.resize(queries.len() / self.dim(), 0);
+        } else {
+            for found in &self.probe.knn(queries, nprobe, self.metric, None)? {
+                if found.len() != nprobe {
+                    return Err(HiveGpuError::Internal(format!(
+                        "probing found {} of {nprobe} lists",
+                        found.len()
+                    )));
+                }
+                probes.extend(found.iter().map(|n| n.slot as u32));
             }
-            probes.extend(found.iter().map(|n| n.slot as u32));
         }
-        let probes = ListProbes { lists: &self.lists, probes: &probes, nprobe, generation: self.generation };
-        let found = rows.scan_lists(queries, &probes, k, self.metric, allowed);
+        let probed = began.elapsed();
+        let found = match &self.coded {
+            None => {
+                let probes =
+                    ListProbes { lists: &self.lists, probes: &probes, nprobe, generation: self.generation };
+                rows.scan_lists(queries, &probes, k, self.metric, allowed)
+            }
+            Some(coded) => {
+                let dim = self.dim();
+                let unit: Vec<f32>;
+                let scanned_queries = if self.metric == GpuDistanceMetric::Cosine {
+                    unit = queries
+                        .chunks_exact(dim)
+                        .flat_map(|q| {
+                            let mut q = q.to_vec();
+                            to_unit(&mut q);
+                            q
+                        })
+                        .collect();
+                    &unit[..]
+                } else {
+                    queries
+                };
+                let scan = CodeScan {
+                    dim,
+                    metric: self.metric,
+                    queries: scanned_queries,
+                    centroids: &self.centroids,
+                    base: &coded.quantizer.base,
+                    step: &coded.quantizer.step,
+                    slots: &self.lists,
+                    codes: &coded.codes,
+                    probes: &probes,
+                    nprobe,
+                    removed,
+                    allowed,
+                    generation: self.generation,
+                };
+                let nominated = rows.scan_codes(&scan, k.saturating_mul(probe.refine_factor.max(1)))?;
+                let mut candidates = Candidates::new();
+                let mut slots = Vec::new();
+                for found in &nominated {
+                    slots.clear();
+                    slots.extend(found.iter().map(|n| n.slot));
+                    candidates.push(&slots);
+                }
+                rows.refine(queries, &candidates, k, self.metric)
+            }
+        };
         if crate::backend::profiling() {
             eprintln!(
                 "hive-gpu profile (ivf probe, scan; ms): {:.3} {:.3}",
@@ -315,5 +566,13 @@ impl IvfFlat {
             );
         }
         found
+    }
+}
+
+/// Scales `v` to unit length (a zero vector stays as it is).
+fn to_unit(v: &mut [f32]) {
+    let norm = crate::exact::squared_norm_f64(v).sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
     }
 }

@@ -1,5 +1,5 @@
 //! Index specifications as values and as strings: what `hive-gpu bench --index`, a config file
-//! or a Python caller names (`"flat"`, `"ivf-flat:nlist=1024"`).
+//! or a Python caller names (`"flat"`, `"ivf-flat:nlist=1024"`, `"ivf-sq8:nlist=1024"`, `"sq8"`).
 
 use crate::error::{HiveGpuError, Result};
 
@@ -27,15 +27,33 @@ pub enum IndexSpec {
         /// Lists (k-means centroids); at least 1, at most the vectors trained on.
         nlist: usize,
     },
+    /// IVF-SQ8: an inverted file whose lists hold each vector's residual to its centroid as
+    /// one byte per component (an 8-bit grid trained per component); a search ranks the
+    /// probed lists' rows by their codes and re-ranks the best `refine_factor * k` exactly
+    /// against the stored vectors.
+    IvfSq8 {
+        /// Lists (k-means centroids); at least 1, at most the vectors trained on.
+        nlist: usize,
+    },
+    /// The flat SQ8 index: every vector as one byte per component (IVF-SQ8 over a single
+    /// list), searched by its codes with an exact re-rank of the best `refine_factor * k`.
+    Sq8,
 }
 
 impl IndexSpec {
-    /// The spec's kind as its string starts: `flat`, `ivf-flat`.
+    /// The spec's kind as its string starts: `flat`, `ivf-flat`, `ivf-sq8`, `sq8`.
     pub fn kind(&self) -> &'static str {
         match self {
             IndexSpec::Flat => "flat",
             IndexSpec::IvfFlat { .. } => "ivf-flat",
+            IndexSpec::IvfSq8 { .. } => "ivf-sq8",
+            IndexSpec::Sq8 => "sq8",
         }
+    }
+
+    /// Whether searches rank candidates by codes and re-rank the best `refine_factor * k`.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, IndexSpec::IvfSq8 { .. } | IndexSpec::Sq8)
     }
 }
 
@@ -44,6 +62,8 @@ impl std::fmt::Display for IndexSpec {
         match self {
             IndexSpec::Flat => write!(f, "flat"),
             IndexSpec::IvfFlat { nlist } => write!(f, "ivf-flat:nlist={nlist}"),
+            IndexSpec::IvfSq8 { nlist } => write!(f, "ivf-sq8:nlist={nlist}"),
+            IndexSpec::Sq8 => write!(f, "sq8"),
         }
     }
 }
@@ -57,9 +77,11 @@ impl std::str::FromStr for IndexSpec {
         let spec = match kind.trim().to_ascii_lowercase().as_str() {
             "flat" => IndexSpec::Flat,
             "ivf-flat" | "ivfflat" => IndexSpec::IvfFlat { nlist: params.take_count("nlist")? },
+            "ivf-sq8" | "ivfsq8" => IndexSpec::IvfSq8 { nlist: params.take_count("nlist")? },
+            "sq8" => IndexSpec::Sq8,
             other => {
                 return Err(HiveGpuError::InvalidArgument(format!(
-                    "index spec {text:?}: unknown index kind {other:?} (known: flat, ivf-flat:nlist=N)"
+                    "index spec {text:?}: unknown index kind {other:?} (known: flat, ivf-flat:nlist=N, ivf-sq8:nlist=N, sq8)"
                 )));
             }
         };
@@ -133,7 +155,13 @@ mod tests {
 
     #[test]
     fn specs_round_trip_through_their_strings() {
-        for spec in [IndexSpec::Flat, IndexSpec::IvfFlat { nlist: 1 }, IndexSpec::IvfFlat { nlist: 65536 }] {
+        for spec in [
+            IndexSpec::Flat,
+            IndexSpec::IvfFlat { nlist: 1 },
+            IndexSpec::IvfFlat { nlist: 65536 },
+            IndexSpec::IvfSq8 { nlist: 7 },
+            IndexSpec::Sq8,
+        ] {
             assert_eq!(spec.to_string().parse::<IndexSpec>().unwrap(), spec);
         }
         assert_eq!(" IVF-Flat : NLIST = 8 ".parse::<IndexSpec>().unwrap(), IndexSpec::IvfFlat { nlist: 8 });
@@ -149,6 +177,8 @@ mod tests {
             ("ivf-flat:nlist=8,nlist=9", "given twice"),
             ("ivf-flat:nlist=8,m=4", "unknown parameter \"m\""),
             ("flat:nlist=8", "unknown parameter \"nlist\""),
+            ("sq8:nlist=8", "unknown parameter \"nlist\""),
+            ("ivf-sq8", "nlist=N is required"),
             ("hnsw:m=16", "unknown index kind"),
             ("", "unknown index kind"),
         ] {

@@ -221,24 +221,41 @@ pub(crate) struct StoredIndex {
     pub(crate) training_vectors: u64,
     /// Lloyd iterations the training ran.
     pub(crate) iterations: u64,
+    /// The index kind, with its list count.
+    pub(crate) spec: crate::IndexSpec,
+    /// A scalar-quantized index's grid: `dimension` finite bases and steps of at least 0.
+    pub(crate) quantizer: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 /// The code of IVF-Flat in an index section.
 const IVF_FLAT: u32 = 1;
+/// The code of IVF-SQ8 in an index section.
+const IVF_SQ8: u32 = 2;
+/// The code of the flat SQ8 index (IVF-SQ8 over one list) in an index section.
+const SQ8: u32 = 3;
 
-/// The index section's body: its kind (IVF-Flat), list count, training figures, centroids
-/// (f32), list lengths (u64) and the lists' slots (u32), every live slot once.
+/// The index section's body: its kind (1 IVF-Flat, 2 IVF-SQ8, 3 SQ8), list count, training
+/// figures, centroids (f32), list lengths (u64) and the lists' slots (u32), every live slot
+/// once; then, for the SQ8 kinds, the grid's bases and steps (f32, `dim` each). Codes are not
+/// saved: an open encodes the stored vectors again.
 pub(crate) fn encode_index(
+    spec: crate::IndexSpec,
     centroids: &[f32],
     lists: &[Vec<u32>],
     training_vectors: usize,
     iterations: usize,
+    quantizer: Option<(&[f32], &[f32])>,
     removed: &SlotSet,
 ) -> Vec<u8> {
     let live = |slot: &&u32| !removed.contains(**slot as usize);
     let entries: usize = lists.iter().map(|l| l.iter().filter(live).count()).sum();
     let mut out = Vec::with_capacity(32 + centroids.len() * 4 + lists.len() * 8 + entries * 4);
-    out.extend_from_slice(&IVF_FLAT.to_le_bytes());
+    let kind = match spec {
+        crate::IndexSpec::IvfSq8 { .. } => IVF_SQ8,
+        crate::IndexSpec::Sq8 => SQ8,
+        _ => IVF_FLAT,
+    };
+    out.extend_from_slice(&kind.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     for word in [lists.len() as u64, training_vectors as u64, iterations as u64] {
         out.extend_from_slice(&word.to_le_bytes());
@@ -249,6 +266,9 @@ pub(crate) fn encode_index(
     }
     for list in lists {
         list.iter().filter(live).for_each(|slot| out.extend_from_slice(&slot.to_le_bytes()));
+    }
+    if let Some((base, step)) = quantizer {
+        base.iter().chain(step).for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
     }
     out
 }
@@ -266,8 +286,8 @@ fn decode_index(
     let dim = config.dimension;
     let at = c.offset();
     let kind = c.u32("the index kind")?;
-    if kind != IVF_FLAT {
-        return fail("index", at, format!("unknown index kind {kind} (1 is IVF-Flat)"));
+    if !matches!(kind, IVF_FLAT | IVF_SQ8 | SQ8) {
+        return fail("index", at, format!("unknown index kind {kind} (1 is IVF-Flat, 2 IVF-SQ8, 3 SQ8)"));
     }
     c.u32("reserved")?;
     let at = c.offset();
@@ -276,6 +296,9 @@ fn decode_index(
     let iterations = c.u64("the iteration count")?;
     if nlist == 0 || nlist != section.count {
         return fail("index", at, format!("{nlist} lists where the section table counts {}", section.count));
+    }
+    if kind == SQ8 && nlist != 1 {
+        return fail("index", at, format!("a flat SQ8 index has one list, this one {nlist}"));
     }
     let centroid_bytes = (nlist as usize).checked_mul(dim).and_then(|v| v.checked_mul(4));
     let Some(centroid_bytes) = centroid_bytes.filter(|&b| b <= c.remaining()) else {
@@ -320,6 +343,19 @@ fn decode_index(
     }
     let at = c.offset();
     let raw_slots = c.take(total * 4, "the lists' slots")?;
+    let quantizer = if kind == IVF_FLAT {
+        None
+    } else {
+        let grid_at = c.offset();
+        let raw = c.take(dim * 8, "the quantizer's grid")?;
+        let values: Vec<f32> =
+            raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let (base, step) = values.split_at(dim);
+        if let Err(e) = crate::index::sq::ScalarQuantizer::from_parts(base.to_vec(), step.to_vec()) {
+            return fail("index", grid_at, e.to_string());
+        }
+        Some((base.to_vec(), step.to_vec()))
+    };
     c.finish()?;
     let mut seen = SlotSet::empty(slots);
     let mut values = raw_slots.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
@@ -343,7 +379,12 @@ fn decode_index(
         }
         lists.push(list);
     }
-    Ok(StoredIndex { centroids, lists, training_vectors, iterations })
+    let spec = match kind {
+        IVF_SQ8 => crate::IndexSpec::IvfSq8 { nlist },
+        SQ8 => crate::IndexSpec::Sq8,
+        _ => crate::IndexSpec::IvfFlat { nlist },
+    };
+    Ok(StoredIndex { centroids, lists, training_vectors, iterations, spec, quantizer })
 }
 
 impl Snapshot<'_> {

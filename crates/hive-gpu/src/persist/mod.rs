@@ -256,10 +256,12 @@ fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> R
     )?;
     if let Some(index) = index {
         let body = format::encode_index(
+            index.spec(),
             index.centroids(),
             index.lists(),
             index.trained.training_vectors,
             index.trained.iterations,
+            index.quantizer(),
             collection.removed(),
         );
         out.section(Kind::Index, index.nlist(), |w| w(&body).map_err(sink), path)?;
@@ -559,7 +561,7 @@ pub fn inspect(image: &[u8]) -> std::result::Result<FileInfo, FormatError> {
     }
     Ok(FileInfo {
         format_version: snapshot.version,
-        index: snapshot.index.as_ref().map(|i| crate::IndexSpec::IvfFlat { nlist: i.lists.len() }),
+        index: snapshot.index.as_ref().map(|i| i.spec),
         file_bytes: image.len() as u64,
         config: snapshot.config,
         slots: snapshot.slots,
