@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""IVF-Flat recall/QPS curves: hive-gpu (`bench --index ivf-flat:nlist=N --search nprobe=P ...`)
+"""IVF recall/QPS curves: hive-gpu (`bench --index ivf-flat:nlist=N --search nprobe=P ...`)
 against FAISS's IndexIVFFlat (faiss-cpu, or GpuIndexIVFFlat with --faiss-gpu) on the same data,
-the same nlist and nprobe settings, the same queries and threads, in one run. Recall@k for both
+the same nlist and nprobe settings, the same queries and threads, in one run. With --kind sq8:
+hive-gpu's ivf-sq8 (at its default refine, or --refine R) against FAISS's
+IndexIVFScalarQuantizer / GpuIndexIVFScalarQuantizer with QT_8bit codes of the residuals. Recall@k for both
 is against the same ground truth (the .ivecs given, else an exact f64 brute force here).
 
 Run through scripts/bench-ivf-peers (it sets up .venv-bench with faiss-cpu, numpy, matplotlib).
 
     scripts/bench-ivf-peers --base B --query Q [--groundtruth G] --nlist 1024
-        [--nprobe 1,2,4,8,16,32,64] [--backend cpu] [--threads 2] [--png out.png] [--json out]
+        [--nprobe 1,2,4,8,16,32,64] [--kind flat|sq8] [--refine R] [--faiss-refine R]
+        [--backend cpu] [--threads 2]
+        [--png out.png] [--json out]
 
 Prints one row per nprobe and, per target recall (0.9, 0.95, 0.99), the fastest setting of each
 tool that reaches it and the QPS ratio. Build = train + add for FAISS; the add plus
@@ -35,9 +39,23 @@ def faiss_curve(args, xb, xq, gt, k):
     began = time.perf_counter()
     if args.faiss_gpu:
         res = faiss.StandardGpuResources()
-        index = faiss.GpuIndexIVFFlat(res, d, args.nlist, faiss.METRIC_L2)
+        if args.kind == "sq8":
+            index = faiss.GpuIndexIVFScalarQuantizer(res, d, args.nlist, faiss.ScalarQuantizer.QT_8bit,
+                                                     faiss.METRIC_L2, True)
+        else:
+            index = faiss.GpuIndexIVFFlat(res, d, args.nlist, faiss.METRIC_L2)
+    elif args.kind == "sq8":
+        quantizer = faiss.IndexFlatL2(d)
+        index = faiss.IndexIVFScalarQuantizer(quantizer, d, args.nlist, faiss.ScalarQuantizer.QT_8bit,
+                                              faiss.METRIC_L2, True)
     else:
         index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, args.nlist)
+    if args.faiss_refine:
+        # The like-for-like peer of hive-gpu's exact re-rank: FAISS's IndexRefineFlat keeps the
+        # full vectors and re-ranks the best k_factor * k of the codes exactly.
+        coarse = index
+        index = faiss.IndexRefineFlat(coarse)
+        index.k_factor = float(args.faiss_refine)
     index.train(xb)
     trained = time.perf_counter() - began
     index.add(xb)
@@ -45,7 +63,10 @@ def faiss_curve(args, xb, xq, gt, k):
     rows = []
     batch = args.batch or len(xq)
     for p in args.nprobes:
-        index.nprobe = p
+        if args.faiss_refine:
+            faiss.extract_index_ivf(index.base_index).nprobe = p
+        else:
+            index.nprobe = p
         _, ids = index.search(xq, k)
         times = []
         calls = []
@@ -59,7 +80,8 @@ def faiss_curve(args, xb, xq, gt, k):
             times.append(time.perf_counter() - t)
             spent += times[-1]
         rows.append({
-            "tool": "faiss-gpu" if args.faiss_gpu else "faiss-cpu",
+            "tool": ("faiss-gpu" if args.faiss_gpu else "faiss-cpu")
+            + (f" refine {args.faiss_refine}" if args.faiss_refine else ""),
             "nprobe": p,
             "recall": peers.recall_at_k(ids, gt, k),
             "qps": len(xq) / float(np.median(times)),
@@ -72,20 +94,21 @@ def faiss_curve(args, xb, xq, gt, k):
 
 def hive_curve(args, k, gt_path):
     cmd = [args.hive_bin, "bench", "--backend", args.backend, "--base", args.base, "--query", args.query,
-           "--groundtruth", str(gt_path), "-k", str(k), "--index", f"ivf-flat:nlist={args.nlist}", "--json"]
+           "--groundtruth", str(gt_path), "-k", str(k), "--index", f"ivf-{args.kind}:nlist={args.nlist}", "--json"]
     if args.nq:
         cmd += ["--nq", str(args.nq)]
     if args.batch:
         cmd += ["--batch", str(args.batch)]
+    refine = f",refine={args.refine}" if args.refine else ""
     for p in args.nprobes:
-        cmd += ["--search", f"nprobe={p}"]
+        cmd += ["--search", f"nprobe={p}{refine}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = []
     for line in out.splitlines():
         r = json.loads(line)
         rows.append({
             "tool": f"hive-gpu {args.backend}",
-            "nprobe": int(r["search_params"].split("=")[1]),
+            "nprobe": int(r["search_params"].split(",")[0].split("=")[1]),
             "recall": r["recall"],
             "qps": r["qps"],
             "p50_ms": r["p50_ms"],
@@ -108,6 +131,10 @@ def main():
     p.add_argument("--groundtruth")
     p.add_argument("--nlist", type=int, default=1024)
     p.add_argument("--nprobe", default="1,2,4,8,16,32,64")
+    p.add_argument("--kind", choices=["flat", "sq8"], default="flat", help="IVF-Flat or IVF-SQ8 on both sides")
+    p.add_argument("--refine", type=int, default=None, help="hive-gpu's refine factor (ivf-sq8; default its own)")
+    p.add_argument("--faiss-refine", type=int, default=None,
+                   help="wrap FAISS's index in IndexRefineFlat with this k_factor (the like-for-like re-rank)")
     p.add_argument("-k", type=int, default=10)
     p.add_argument("--nq", type=int, default=None, help="use the first N queries")
     p.add_argument("--batch", type=int, default=None,
@@ -120,12 +147,12 @@ def main():
     p.add_argument("--png", help="write the recall/QPS plot here")
     p.add_argument("--json", help="write every row here")
     p.add_argument("--replot", help="only draw --png from the rows of an earlier --json (title: --title)")
-    p.add_argument("--title", default="IVF-Flat")
+    p.add_argument("--title", default=None)
     args = p.parse_args()
     if args.replot:
         rows = [json.loads(line) for line in Path(args.replot).read_text().splitlines() if line.strip()]
         plot([r for r in rows if r["tool"].startswith("hive")], [r for r in rows if r["tool"].startswith("faiss")],
-             args.k, args.title, args.png)
+             args.k, args.title or "IVF", args.png)
         return
     args.nprobes = [int(x) for x in args.nprobe.split(",")]
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
@@ -147,7 +174,7 @@ def main():
         peers.write_vecs(gt_path, gt.astype(np.int32))
     hive = hive_curve(args, k, gt_path)
     faiss_rows = faiss_curve(args, xb, xq, gt, k)
-    print(f"{len(xb)} x {xb.shape[1]} base, {len(xq)} queries, k={k}, nlist={args.nlist}, "
+    print(f"IVF-{args.kind}: {len(xb)} x {xb.shape[1]} base, {len(xq)} queries, k={k}, nlist={args.nlist}, "
           f"{args.threads} threads, hive-gpu --backend {args.backend}")
     print(f"queries per call: {args.batch or len(xq)}")
     print(f"{'nprobe':>6} {'hive recall':>11} {'hive QPS':>10} {'hive p50 ms':>11} {'faiss recall':>12} "
@@ -164,11 +191,12 @@ def main():
                   f"{f['tool']} nprobe={f['nprobe']} {f['qps']:.0f} QPS (recall {f['recall']:.4f}): "
                   f"{h['qps'] / f['qps']:.2f}x")
         else:
-            print(f"recall >= {target}: not reached by {'hive-gpu' if not h else f['tool'] if not f else ''}")
+            missing = [name for name, best in (("hive-gpu", h), ("faiss", f)) if not best]
+            print(f"recall >= {target}: not reached by {' and '.join(missing)}")
     if args.json:
         Path(args.json).write_text("\n".join(json.dumps(r) for r in hive + faiss_rows) + "\n")
     if args.png:
-        title = (f"IVF-Flat nlist={args.nlist}: {Path(args.base).name}, {len(xq)} queries, "
+        title = (f"IVF-{args.kind.upper()} nlist={args.nlist}: {Path(args.base).name}, {len(xq)} queries, "
                  f"{args.threads} threads")
         plot(hive, faiss_rows, k, title, args.png)
 

@@ -149,7 +149,7 @@ struct BuildArgs {
     /// The collection file to write.
     #[arg(long)]
     out: PathBuf,
-    /// Build this index over the vectors and save it with them (`ivf-flat:nlist=N`).
+    /// Build this index over the vectors and save it with them (`ivf-flat:nlist=N`, `ivf-sq8:nlist=N`, `sq8`).
     #[arg(long, default_value = "flat")]
     index: hive_gpu::IndexSpec,
     #[command(flatten)]
@@ -230,15 +230,17 @@ struct BenchArgs {
     #[arg(long)]
     columnar: bool,
     /// Build this index over the vectors before searching: `flat` (exact search, the
-    /// default) or `ivf-flat:nlist=N`. Its build time is reported beside the adds'.
+    /// default), `ivf-flat:nlist=N`, `ivf-sq8:nlist=N` or `sq8`. Its build time is reported beside the adds'.
     #[arg(long, default_value = "flat")]
     index: hive_gpu::IndexSpec,
     /// Search parameters measured in turn on the one built index, e.g. `--search nprobe=8
-    /// --search nprobe=32` (also `exact`); each setting gets its own report or JSON object.
+    /// --search nprobe=32,refine=4` (also `exact`); each setting gets its own report or JSON
+    /// object.
     #[arg(long = "search")]
     search_params: Vec<String>,
     /// Report the cheapest measured setting (highest QPS) whose recall reaches R. Without
-    /// --search, an IVF index is measured at nprobe 1, 2, 4, ... up to its number of lists.
+    /// --search, an IVF index is measured at nprobe 1, 2, 4, ... up to its number of lists (the
+    /// flat SQ8 index at refine 1, 2, 4, ... 32).
     #[arg(long)]
     target_recall: Option<f64>,
     /// Print one JSON object per batch size and k instead of the report.
@@ -265,7 +267,8 @@ struct SearchArgs {
     #[command(flatten)]
     settings: SearchSettings,
     /// Search parameters for a collection with an index: `nprobe=N` (lists scanned per query;
-    /// default 20) or `exact` (every vector, bypassing the index).
+    /// default 20), `refine=N` (a quantized index re-ranks the best N * k exactly; default 2)
+    /// or `exact` (every vector, bypassing the index).
     #[arg(long = "search", default_value = "")]
     search_params: String,
     /// Print JSON lines (one object per query, ids and scores as arrays) instead of text.

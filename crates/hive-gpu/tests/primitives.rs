@@ -8,7 +8,7 @@
 mod common;
 
 use common::{Rng, contexts_with_forced_paths, describe, distance};
-use hive_gpu::backend::{Candidates, ListProbes};
+use hive_gpu::backend::{Candidates, CodeScan, ListCodes, ListProbes};
 use hive_gpu::slots::SlotSet;
 use hive_gpu::{GpuContext, GpuDistanceMetric, Neighbor, RowStore, SearchPrecision, StoragePrecision};
 
@@ -468,5 +468,166 @@ fn knn_whose_first_tile_holds_removed_nearest_rows_and_ties_at_the_kth_stays_exa
                 }
             }
         }
+    }
+}
+
+/// The scan distance `backend::codes` documents, in f64: Euclidean to the decoded vector, or its
+/// negated inner product.
+fn code_distance(
+    metric: GpuDistanceMetric,
+    query: &[f32],
+    centroid: &[f32],
+    base: &[f32],
+    step: &[f32],
+    codes: &[u8],
+) -> f64 {
+    let decoded = (0..query.len())
+        .map(|d| f64::from(centroid[d]) + f64::from(base[d]) + f64::from(step[d]) * f64::from(codes[d]));
+    match metric {
+        GpuDistanceMetric::Euclidean => decoded.zip(query).map(|(x, &q)| (f64::from(q) - x).powi(2)).sum(),
+        _ => -decoded.zip(query).map(|(x, &q)| f64::from(q) * x).sum::<f64>(),
+    }
+}
+
+#[test]
+fn scan_codes_ranks_by_the_documented_code_distance_skipping_removed_and_filtered_rows() {
+    let (lists, nprobe, nq) = (6, 2, 9);
+    let mut rng = Rng::new(91);
+    // Slots dealt round the lists out of order; some lists empty of live rows.
+    let mut slots: Vec<Vec<u32>> = vec![Vec::new(); lists];
+    for s in 0..ROWS as u32 {
+        slots[(s as usize * 7 + 3) % (lists - 1)].push(s);
+    }
+    let centroids = rng.normals(lists * DIM);
+    let base: Vec<f32> = rng.normals(DIM).iter().map(|x| x - 1.0).collect();
+    let step: Vec<f32> = (0..DIM).map(|d| if d == 5 { 0.0 } else { 0.01 + 0.001 * d as f32 }).collect();
+    let codes: Vec<ListCodes> = slots
+        .iter()
+        .map(|list| {
+            let mut out = ListCodes::default();
+            for _ in list {
+                let row: Vec<u8> = (0..DIM).map(|_| rng.below(256) as u8).collect();
+                let norm: f64 = (0..DIM)
+                    .map(|d| (f64::from(base[d]) + f64::from(step[d]) * f64::from(row[d])).powi(2))
+                    .sum();
+                out.codes.extend_from_slice(&row);
+                out.norms.push(norm as f32);
+            }
+            out
+        })
+        .collect();
+    let removed = SlotSet::from_slots(ROWS, REMOVED);
+    let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 3 != 0));
+    let probes: Vec<u32> = (0..nq).flat_map(|q| [(q % lists) as u32, ((q + 2) % lists) as u32]).collect();
+    for context in contexts_with_forced_paths() {
+        let rows = context
+            .backend()
+            .new_rows(DIM, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
+            .expect("a row store opens");
+        for metric in METRICS {
+            for filter in [None, Some(&allowed)] {
+                let mut queries = rng.normals(nq * DIM);
+                if metric == GpuDistanceMetric::Cosine {
+                    for q in queries.chunks_exact_mut(DIM) {
+                        let n = q.iter().map(|x| x * x).sum::<f32>().sqrt();
+                        q.iter_mut().for_each(|x| *x /= n);
+                    }
+                }
+                for k in [1, 7, 400] {
+                    let what =
+                        format!("{} {metric:?} filtered {} k {k}", describe(&context), filter.is_some());
+                    let scan = CodeScan {
+                        dim: DIM,
+                        metric,
+                        queries: &queries,
+                        centroids: &centroids,
+                        base: &base,
+                        step: &step,
+                        slots: &slots,
+                        codes: &codes,
+                        probes: &probes,
+                        nprobe,
+                        removed: &removed,
+                        allowed: filter,
+                        generation: 0,
+                    };
+                    let found = rows.scan_codes(&scan, k).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(found.len(), nq, "{what}");
+                    for (q, got) in found.iter().enumerate() {
+                        let query = &queries[q * DIM..(q + 1) * DIM];
+                        let mut want: Vec<(usize, f64)> = Vec::new();
+                        for &l in &probes[q * nprobe..(q + 1) * nprobe] {
+                            let l = l as usize;
+                            for (i, &slot) in slots[l].iter().enumerate() {
+                                let s = slot as usize;
+                                if removed.contains(s) || filter.is_some_and(|a| !a.contains(s)) {
+                                    continue;
+                                }
+                                let c = &codes[l].codes[i * DIM..(i + 1) * DIM];
+                                want.push((
+                                    s,
+                                    code_distance(
+                                        metric,
+                                        query,
+                                        &centroids[l * DIM..(l + 1) * DIM],
+                                        &base,
+                                        &step,
+                                        c,
+                                    ),
+                                ));
+                            }
+                        }
+                        want.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+                        want.truncate(k);
+                        assert_eq!(got.len(), want.len(), "{what}: query {q}");
+                        let scale = want.iter().map(|w| w.1.abs()).fold(1.0, f64::max);
+                        let tolerance = 1e-5 * scale;
+                        let kth = want.last().map_or(f64::INFINITY, |w| w.1);
+                        for (n, w) in got.iter().zip(&want) {
+                            assert!(
+                                (n.distance - w.1).abs() <= tolerance,
+                                "{what}: query {q}: {} vs {}",
+                                n.distance,
+                                w.1
+                            );
+                            assert!(
+                                !removed.contains(n.slot) && filter.is_none_or(|a| a.contains(n.slot)),
+                                "{what}: slot {}",
+                                n.slot
+                            );
+                            let own = want.iter().find(|x| x.0 == n.slot).map_or(kth + 1.0, |x| x.1);
+                            assert!(
+                                own <= kth + tolerance,
+                                "{what}: query {q}: slot {} is not among the best",
+                                n.slot
+                            );
+                        }
+                        assert!(
+                            got.windows(2).all(|p| p[0].distance <= p[1].distance),
+                            "{what}: out of order"
+                        );
+                    }
+                }
+            }
+        }
+        // Shapes that do not fit are refused by name.
+        let bad_probe = [lists as u32; 2];
+        let scan = CodeScan {
+            dim: DIM,
+            metric: GpuDistanceMetric::Euclidean,
+            queries: &rng.normals(DIM),
+            centroids: &centroids,
+            base: &base,
+            step: &step,
+            slots: &slots,
+            codes: &codes,
+            probes: &bad_probe,
+            nprobe,
+            removed: &removed,
+            allowed: None,
+            generation: 0,
+        };
+        let e = rows.scan_codes(&scan, 3).unwrap_err().to_string();
+        assert!(e.contains("scan_codes") && e.contains("list 6"), "{e}");
     }
 }
