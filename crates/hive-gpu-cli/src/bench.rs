@@ -268,7 +268,7 @@ fn build_index(
 
 /// The search settings to measure, each as its label and its parameter text: `--search` as
 /// given; else, for `--target-recall` on an IVF index, nprobe 1, 2, 4, ... up to every list
-/// (on the flat SQ8 index refine 1, 2, 4, ... 32);
+/// (on the flat SQ8 index refine 1, 2, 4, ... 32, on the binary index 1, 4, 16, ... 1,024);
 /// else the defaults.
 fn search_settings(
     storage: &GpuVectorStorage,
@@ -291,11 +291,14 @@ fn search_settings(
         (hive_gpu::IndexSpec::Sq8, Some(_)) => {
             Ok([1, 2, 4, 8, 16, 32].into_iter().map(|r| setting(format!("refine={r}"))).collect())
         }
+        (hive_gpu::IndexSpec::Binary, Some(_)) => {
+            Ok([1, 4, 16, 64, 256, 1024].into_iter().map(|r| setting(format!("refine={r}"))).collect())
+        }
         (hive_gpu::IndexSpec::IvfFlat { .. } | hive_gpu::IndexSpec::IvfSq8 { .. }, None) => {
             Ok(vec![(format!("nprobe={} (default)", hive_gpu::DEFAULT_NPROBE), String::new())])
         }
-        (hive_gpu::IndexSpec::Sq8, None) => {
-            Ok(vec![(format!("refine={} (default)", hive_gpu::DEFAULT_REFINE_FACTOR), String::new())])
+        (spec @ (hive_gpu::IndexSpec::Sq8 | hive_gpu::IndexSpec::Binary), None) => {
+            Ok(vec![(format!("refine={} (default)", spec.default_refine_factor()), String::new())])
         }
         _ => Ok(vec![("exact".into(), String::new())]),
     }

@@ -223,8 +223,9 @@ pub struct SearchOptions {
     /// default, [`DEFAULT_NPROBE`] or every list when there are fewer. Ignored without an
     /// index.
     pub nprobe: Option<usize>,
-    /// A quantized index (IVF-SQ8, SQ8) re-ranks exactly the best `refine_factor * k` rows
-    /// its codes nominate; None for [`DEFAULT_REFINE_FACTOR`]. Larger finds more of the true
+    /// A quantized index (IVF-SQ8, SQ8, binary) re-ranks exactly the best `refine_factor * k`
+    /// rows its codes nominate; None for the index's default ([`DEFAULT_REFINE_FACTOR`] for
+    /// SQ8, [`DEFAULT_BINARY_REFINE_FACTOR`] for binary). Larger finds more of the true
     /// neighbours its codes misrank, at the cost of more exact distances. Ignored by other
     /// indexes.
     pub refine_factor: Option<usize>,
@@ -239,6 +240,11 @@ pub const DEFAULT_NPROBE: usize = 20;
 /// `refine_factor`: twice k, which recovers most of the order its 8-bit codes lose at the
 /// cost of 2k exact distances per query (docs/PERFORMANCE.md, IVF-SQ8).
 pub const DEFAULT_REFINE_FACTOR: usize = 2;
+
+/// Candidates per result the binary index re-ranks exactly when the call names no
+/// `refine_factor`: a bit per component ranks coarsely, so 16k rows are scored exactly
+/// (docs/PERFORMANCE.md, binary).
+pub const DEFAULT_BINARY_REFINE_FACTOR: usize = 16;
 
 /// The shape of a collection's index ([`crate::GpuVectorStorage::index_stats`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

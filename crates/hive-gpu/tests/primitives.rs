@@ -8,7 +8,7 @@
 mod common;
 
 use common::{Rng, contexts_with_forced_paths, describe, distance};
-use hive_gpu::backend::{Candidates, CodeScan, ListCodes, ListProbes};
+use hive_gpu::backend::{BitScan, Candidates, CodeScan, ListCodes, ListProbes, bits};
 use hive_gpu::slots::SlotSet;
 use hive_gpu::{GpuContext, GpuDistanceMetric, Neighbor, RowStore, SearchPrecision, StoragePrecision};
 
@@ -629,5 +629,98 @@ fn scan_codes_ranks_by_the_documented_code_distance_skipping_removed_and_filtere
         };
         let e = rows.scan_codes(&scan, 3).unwrap_err().to_string();
         assert!(e.contains("scan_codes") && e.contains("list 6"), "{e}");
+    }
+}
+
+#[test]
+fn scan_bits_ranks_by_hamming_distance_ties_by_slot_skipping_removed_and_filtered_rows() {
+    let (lists, nprobe, nq) = (4, 2, 7);
+    let mut rng = Rng::new(93);
+    let mut slots: Vec<Vec<u32>> = vec![Vec::new(); lists];
+    for s in (0..ROWS as u32).rev() {
+        slots[(s as usize * 5 + 1) % (lists - 1)].push(s);
+    }
+    let centroids = rng.normals(lists * DIM);
+    // Rows near a few patterns, so that Hamming distances tie often.
+    let patterns: Vec<Vec<f32>> = (0..6).map(|_| rng.normals(DIM)).collect();
+    let mut values: Vec<Vec<f32>> = vec![Vec::new(); ROWS];
+    let codes: Vec<Vec<u64>> = slots
+        .iter()
+        .enumerate()
+        .map(|(l, list)| {
+            let mut out = Vec::new();
+            for &s in list {
+                let v: Vec<f32> =
+                    patterns[s as usize % 6].iter().zip(rng.normals(DIM)).map(|(p, e)| p + 0.2 * e).collect();
+                bits::pack(&v, &centroids[l * DIM..(l + 1) * DIM], &mut out);
+                values[s as usize] = v;
+            }
+            out
+        })
+        .collect();
+    let removed = SlotSet::from_slots(ROWS, REMOVED);
+    let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 4 != 1));
+    let probes: Vec<u32> = (0..nq).flat_map(|q| [(q % lists) as u32, ((q + 1) % lists) as u32]).collect();
+    let queries = rng.normals(nq * DIM);
+    for context in contexts_with_forced_paths() {
+        let rows = context
+            .backend()
+            .new_rows(DIM, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
+            .expect("a row store opens");
+        for filter in [None, Some(&allowed)] {
+            for k in [1, 9, 500] {
+                let what = format!("{} filtered {} k {k}", describe(&context), filter.is_some());
+                let scan = BitScan {
+                    dim: DIM,
+                    queries: &queries,
+                    centroids: &centroids,
+                    slots: &slots,
+                    codes: &codes,
+                    probes: &probes,
+                    nprobe,
+                    removed: &removed,
+                    allowed: filter,
+                    generation: 0,
+                };
+                let found = rows.scan_bits(&scan, k).unwrap_or_else(|e| panic!("{what}: {e}"));
+                for (q, got) in found.iter().enumerate() {
+                    let query = &queries[q * DIM..(q + 1) * DIM];
+                    let mut want: Vec<(f64, usize)> = Vec::new();
+                    for &l in &probes[q * nprobe..(q + 1) * nprobe] {
+                        let centroid = &centroids[l as usize * DIM..(l as usize + 1) * DIM];
+                        for &s in &slots[l as usize] {
+                            let s = s as usize;
+                            if removed.contains(s) || filter.is_some_and(|a| !a.contains(s)) {
+                                continue;
+                            }
+                            // Components on different sides of the centroid, counted one by one.
+                            let differ = (0..DIM)
+                                .filter(|&d| (values[s][d] > centroid[d]) != (query[d] > centroid[d]))
+                                .count();
+                            want.push((differ as f64, s));
+                        }
+                    }
+                    want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    want.truncate(k);
+                    let got: Vec<(f64, usize)> = got.iter().map(|n| (n.distance, n.slot)).collect();
+                    assert_eq!(got, want, "{what}: query {q}");
+                }
+            }
+        }
+        let short = [codes[0].clone(), Vec::new(), Vec::new(), Vec::new()];
+        let scan = BitScan {
+            dim: DIM,
+            queries: &queries,
+            centroids: &centroids,
+            slots: &slots,
+            codes: &short,
+            probes: &probes,
+            nprobe,
+            removed: &removed,
+            allowed: None,
+            generation: 0,
+        };
+        let e = rows.scan_bits(&scan, 3).unwrap_err().to_string();
+        assert!(e.contains("scan_bits") && e.contains("list 1"), "{e}");
     }
 }

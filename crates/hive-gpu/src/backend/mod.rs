@@ -32,6 +32,7 @@
 
 // The CPU backend's kernels stay inside the crate: they trust the instruction-set level they are
 // given (`cpu::simd::SimdLevel`), which only `SimdLevel::detect` may produce.
+pub mod bits;
 pub mod candidates;
 pub mod codes;
 pub(crate) mod cpu;
@@ -43,6 +44,7 @@ pub(crate) mod gpu;
 #[cfg(feature = "vulkan")]
 pub(crate) mod wgpu;
 
+pub use bits::BitScan;
 pub use candidates::{Candidates, ListProbes};
 pub use codes::{CodeScan, ListCodes};
 
@@ -245,6 +247,14 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// CPU backend's path, and every GPU backend's until its kernel lands).
     fn scan_codes(&self, scan: &CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         crate::exec::run(|| codes::scan_on_host(scan, k))?
+    }
+    /// The `k` smallest Hamming distances of each query among the binary codes of its probed
+    /// lists (the distance is [`bits`]'s), skipping `scan.removed` and, with `scan.allowed`,
+    /// the slots it does not hold: ascending, ties by slot, fewer where the lists hold fewer.
+    /// What the binary index runs before its exact [`RowStore::refine`]; this default scans the
+    /// codes on the host's threads (every backend's path until a device kernel lands).
+    fn scan_bits(&self, scan: &BitScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        crate::exec::run(|| bits::scan_on_host(scan, k))?
     }
     /// The `k` smallest of each row of `scores` (row-major, `width` per row; lower is better),
     /// ascending, ties by column: a [`Neighbor`] per pick with the column as `slot` and the

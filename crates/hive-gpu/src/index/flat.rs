@@ -121,7 +121,7 @@ impl<'f> Plan<'f> {
             Some(_) if options.exact => None,
             Some(_) => Some(crate::index::ivf::Probe {
                 nprobe: options.nprobe.unwrap_or(crate::types::DEFAULT_NPROBE),
-                refine_factor: options.refine_factor.unwrap_or(crate::types::DEFAULT_REFINE_FACTOR),
+                refine_factor: options.refine_factor,
             }),
             None => None,
         };

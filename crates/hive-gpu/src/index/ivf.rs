@@ -21,6 +21,7 @@
 //! live on the host beside the lists; every backend scans them through
 //! [`RowStore::scan_codes`].
 
+use crate::backend::bits::{self, BitScan};
 use crate::backend::{Candidates, CodeScan, GpuBackend, ListCodes, ListProbes, Neighbor, RowStore};
 use crate::collection::{Collection, Subject};
 use crate::error::{HiveGpuError, Result};
@@ -32,6 +33,9 @@ use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 
 /// Training vectors per list at most (FAISS's default, 256 per centroid).
 const TRAINING_PER_LIST: usize = 256;
+/// Training vectors a quantized index samples at least (when the collection has them): what
+/// its code ranges and centers are trained on.
+const QUANTIZER_TRAINING: usize = 1 << 16;
 /// Lloyd iterations of the coarse quantizer's training (FAISS's IVF default is 10).
 const TRAINING_ITERATIONS: usize = 10;
 /// Seed of the training sample and k-means.
@@ -51,8 +55,11 @@ pub(crate) struct Ivf {
     probe: Box<dyn RowStore>,
     /// List `l` holds these slots, ascending. Removed slots stay until a compaction.
     lists: Vec<Vec<u32>>,
-    /// IVF-SQ8's quantizer and each list's codes, row `i` of list `l` for `lists[l][i]`.
+    /// A quantized index's codes.
     coded: Option<Coded>,
+    /// The collection's storage precision: new vectors are encoded as they will be stored,
+    /// so that a reopened collection, which encodes its stored rows, finds the same codes.
+    precision: StoragePrecision,
     /// Renewed whenever `lists` change ([`ListProbes::generation`]): a GPU backend keeps the
     /// lists in device memory while it holds.
     generation: u64,
@@ -60,30 +67,31 @@ pub(crate) struct Ivf {
     pub(crate) trained: Trained,
 }
 
-/// The codes of a scalar-quantized IVF index.
+/// The codes of a quantized index, list by list (row `i` of list `l` for `lists[l][i]`).
 #[derive(Debug)]
-struct Coded {
-    quantizer: ScalarQuantizer,
-    codes: Vec<ListCodes>,
-    /// The collection's storage precision: new vectors are encoded as they will be stored,
-    /// so that a reopened collection, which encodes its stored rows, finds the same codes.
-    precision: StoragePrecision,
+enum Coded {
+    /// A byte per component on the quantizer's grid, with each row's decoded norm.
+    Sq8 { quantizer: ScalarQuantizer, codes: Vec<ListCodes> },
+    /// A bit per component ([`crate::backend::bits`]): `bits::words(dim)` words per row.
+    Bits { codes: Vec<Vec<u64>> },
 }
 
-/// New vectors' lists and, for a coded index, their codes (row-major) and decoded norms: what
-/// an add computes before the collection changes.
+/// New vectors' lists and, for a quantized index, their codes (row-major; SQ8's with their
+/// decoded norms): what an add computes before the collection changes.
 #[derive(Debug, Default)]
 pub(crate) struct Assigned {
     lists: Vec<u32>,
-    codes: ListCodes,
+    sq: ListCodes,
+    bits: Vec<u64>,
 }
 
 impl Assigned {
     /// Appends `more`'s vectors after these.
     pub(crate) fn append(&mut self, more: Assigned) {
         self.lists.extend(more.lists);
-        self.codes.codes.extend(more.codes.codes);
-        self.codes.norms.extend(more.codes.norms);
+        self.sq.codes.extend(more.sq.codes);
+        self.sq.norms.extend(more.sq.norms);
+        self.bits.extend(more.bits);
     }
 }
 
@@ -92,8 +100,9 @@ impl Assigned {
 pub(crate) struct Probe {
     /// Lists scanned per query.
     pub(crate) nprobe: usize,
-    /// IVF-SQ8 re-ranks exactly the best `refine_factor * k` rows its codes nominate.
-    pub(crate) refine_factor: usize,
+    /// A quantized index re-ranks exactly the best `refine_factor * k` rows its codes
+    /// nominate; None for the index's default ([`IndexSpec::default_refine_factor`]).
+    pub(crate) refine_factor: Option<usize>,
 }
 
 /// What an index's training found, for `hive-gpu info` and the benchmark.
@@ -114,10 +123,9 @@ impl Ivf {
         collection: &Collection,
         spec: IndexSpec,
     ) -> Result<Self> {
-        let (nlist, coded) = match spec {
-            IndexSpec::IvfFlat { nlist } => (nlist, false),
-            IndexSpec::IvfSq8 { nlist } => (nlist, true),
-            IndexSpec::Sq8 => (1, true),
+        let nlist = match spec {
+            IndexSpec::IvfFlat { nlist } | IndexSpec::IvfSq8 { nlist } => nlist,
+            IndexSpec::Sq8 | IndexSpec::Binary => 1,
             IndexSpec::Flat => {
                 return Err(HiveGpuError::Internal("the flat search has no lists to build".into()));
             }
@@ -140,7 +148,10 @@ impl Ivf {
             )));
         }
         let began = std::time::Instant::now();
-        let wanted = nlist.saturating_mul(TRAINING_PER_LIST).min(live.len());
+        // A quantizer's ranges want more of the data than 256 vectors per list where lists are
+        // few (the flat SQ8 and binary indexes have one).
+        let floor = if spec.is_quantized() { QUANTIZER_TRAINING } else { 0 };
+        let wanted = nlist.saturating_mul(TRAINING_PER_LIST).max(floor).min(live.len());
         let sampled: Vec<usize>;
         let training_slots: &[usize] = if wanted < live.len() {
             let mut chosen: Vec<usize> = kmeans::sample(&mut SplitMix(SEED), live.len(), wanted)
@@ -188,19 +199,21 @@ impl Ivf {
             probe,
             lists: vec![Vec::new(); nlist],
             coded: None,
+            precision: config.precision,
             generation: ListProbes::next_generation(),
             trained: Trained { training_vectors: trained.training_vectors, iterations: trained.iterations },
         };
-        if coded {
+        if spec == IndexSpec::Binary {
+            index.coded = Some(Coded::Bits { codes: vec![Vec::new(); nlist] });
+        } else if spec.is_quantized() {
             // The grid spans the training vectors' residuals to their own lists.
             let lists = index.nearest_lists(&training)?;
             for (v, &l) in training.chunks_exact_mut(dim).zip(&lists) {
                 index.subtract_centroid(v, l as usize);
             }
-            index.coded = Some(Coded {
+            index.coded = Some(Coded::Sq8 {
                 quantizer: ScalarQuantizer::train(&training, dim)?,
                 codes: vec![ListCodes::default(); nlist],
-                precision: config.precision,
             });
         }
         drop(training);
@@ -213,11 +226,13 @@ impl Ivf {
         }
         // Filed by pushes, the lists hold up to twice their room: give it back once.
         index.lists.iter_mut().for_each(Vec::shrink_to_fit);
-        if let Some(coded) = &mut index.coded {
-            for list in &mut coded.codes {
+        match &mut index.coded {
+            Some(Coded::Sq8 { codes, .. }) => codes.iter_mut().for_each(|list| {
                 list.codes.shrink_to_fit();
                 list.norms.shrink_to_fit();
-            }
+            }),
+            Some(Coded::Bits { codes }) => codes.iter_mut().for_each(Vec::shrink_to_fit),
+            None => {}
         }
         if crate::backend::profiling() {
             eprintln!(
@@ -257,7 +272,10 @@ impl Ivf {
 
     /// The scalar quantizer's grid (bases, steps) of a coded index.
     pub(crate) fn quantizer(&self) -> Option<(&[f32], &[f32])> {
-        self.coded.as_ref().map(|c| (&c.quantizer.base[..], &c.quantizer.step[..]))
+        match &self.coded {
+            Some(Coded::Sq8 { quantizer, .. }) => Some((&quantizer.base[..], &quantizer.step[..])),
+            _ => None,
+        }
     }
 
     /// The index a collection file saved ([`crate::persist::format::StoredIndex`], checked:
@@ -289,33 +307,37 @@ impl Ivf {
             probe,
             lists: stored.lists.iter().map(|l| l.iter().map(|&s| slot_of(s)).collect()).collect(),
             coded: None,
+            precision: config.precision,
             generation: ListProbes::next_generation(),
             trained: Trained {
                 training_vectors: stored.training_vectors as usize,
                 iterations: stored.iterations as usize,
             },
         };
-        if let Some((base, step)) = &stored.quantizer {
-            if base.len() != dim {
-                return Err(HiveGpuError::InvalidArgument(format!(
-                    "the scalar quantizer has {} components, the collection {dim}",
-                    base.len()
-                )));
+        index.coded = match (&stored.quantizer, stored.spec) {
+            (Some((base, step)), _) => {
+                if base.len() != dim {
+                    return Err(HiveGpuError::InvalidArgument(format!(
+                        "the scalar quantizer has {} components, the collection {dim}",
+                        base.len()
+                    )));
+                }
+                let quantizer = ScalarQuantizer::from_parts(base.clone(), step.clone())?;
+                Some(Coded::Sq8 { quantizer, codes: vec![ListCodes::default(); nlist] })
             }
-            let quantizer = ScalarQuantizer::from_parts(base.clone(), step.clone())?;
-            let mut coded =
-                Coded { quantizer, codes: vec![ListCodes::default(); nlist], precision: config.precision };
-            let mut unit = Vec::new();
-            for (l, list) in index.lists.iter().enumerate() {
-                for piece in list.chunks(ASSIGN_PIECE) {
+            (None, IndexSpec::Binary) => Some(Coded::Bits { codes: vec![Vec::new(); nlist] }),
+            (None, _) => None,
+        };
+        if index.coded.is_some() {
+            // The stored vectors, encoded list by list as a build files them.
+            for l in 0..nlist {
+                for piece in index.lists[l].clone().chunks(ASSIGN_PIECE) {
                     let slots: Vec<usize> = piece.iter().map(|&s| s as usize).collect();
                     let values = rows.gather(&slots)?;
-                    for v in values.chunks_exact(dim) {
-                        index.encode_one(&coded.quantizer, v, l, &mut unit, &mut coded.codes[l]);
-                    }
+                    let assigned = index.encode(values, vec![l as u32; piece.len()]);
+                    index.append_codes(&assigned);
                 }
             }
-            index.coded = Some(coded);
         }
         Ok(index)
     }
@@ -350,31 +372,37 @@ impl Ivf {
         v.iter_mut().zip(&self.centroids[l * dim..(l + 1) * dim]).for_each(|(x, &c)| *x -= c);
     }
 
-    /// Appends the codes of the stored vector `v` of list `l` to `codes` (`scratch` holds its
-    /// residual).
-    fn encode_one(
-        &self,
-        quantizer: &ScalarQuantizer,
-        v: &[f32],
-        l: usize,
-        scratch: &mut Vec<f32>,
-        codes: &mut ListCodes,
-    ) {
-        scratch.clear();
-        scratch.extend_from_slice(v);
-        if self.metric == GpuDistanceMetric::Cosine {
-            // Cosine codes encode directions (the rows are searched as unit vectors).
-            to_unit(scratch);
+    /// `lists` (each vector's) with the codes of the stored vectors `values` in them.
+    fn encode(&self, values: Vec<f32>, lists: Vec<u32>) -> Assigned {
+        let dim = self.dim();
+        let mut assigned = Assigned { lists, ..Assigned::default() };
+        let Some(coded) = &self.coded else { return assigned };
+        let mut residual = Vec::with_capacity(dim);
+        for (v, &l) in values.chunks_exact(dim).zip(&assigned.lists) {
+            let l = l as usize;
+            residual.clear();
+            residual.extend_from_slice(v);
+            if self.metric == GpuDistanceMetric::Cosine {
+                // Cosine codes encode directions (the rows are searched as unit vectors).
+                to_unit(&mut residual);
+            }
+            let centroid = &self.centroids[l * dim..(l + 1) * dim];
+            match coded {
+                Coded::Sq8 { quantizer, .. } => {
+                    residual.iter_mut().zip(centroid).for_each(|(x, &c)| *x -= c);
+                    quantizer.encode_into(&residual, &mut assigned.sq);
+                }
+                Coded::Bits { .. } => bits::pack(&residual, centroid, &mut assigned.bits),
+            }
         }
-        self.subtract_centroid(scratch, l);
-        quantizer.encode_into(scratch, codes);
+        assigned
     }
 
     /// The list of each vector of `values` (row-major, the collection's dimension), and for a
     /// coded index its codes, as the collection will store it: the fallible half of an add.
     pub(crate) fn assign(&self, values: &[f32]) -> Result<Assigned> {
-        match self.coded.as_ref().map(|c| c.precision) {
-            Some(StoragePrecision::F16) => {
+        match (&self.coded, self.precision) {
+            (Some(_), StoragePrecision::F16) => {
                 self.assign_stored(values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect())
             }
             _ => self.assign_stored(values.to_vec()),
@@ -384,14 +412,7 @@ impl Ivf {
     /// [`Ivf::assign`] of values that are stored values already.
     fn assign_stored(&self, values: Vec<f32>) -> Result<Assigned> {
         let lists = self.nearest_lists(&values)?;
-        let mut codes = ListCodes::default();
-        if let Some(coded) = &self.coded {
-            let mut scratch = Vec::new();
-            for (v, &l) in values.chunks_exact(self.dim()).zip(&lists) {
-                self.encode_one(&coded.quantizer, v, l as usize, &mut scratch, &mut codes);
-            }
-        }
-        Ok(Assigned { lists, codes })
+        Ok(self.encode(values, lists))
     }
 
     /// Checks that slots up to `end` fit the lists' 32-bit entries: the fallible half of an add.
@@ -415,18 +436,35 @@ impl Ivf {
     /// Files each slot of `slots` in its list of `assigned`, with its codes.
     fn file(&mut self, slots: impl Iterator<Item = u32>, assigned: &Assigned) {
         self.generation = ListProbes::next_generation();
+        let nlist = self.lists.len();
+        for (slot, &list) in slots.zip(&assigned.lists) {
+            if let Some(members) = self.lists.get_mut(list as usize) {
+                members.push(slot);
+            }
+        }
+        if assigned.lists.iter().all(|&l| (l as usize) < nlist) {
+            self.append_codes(assigned);
+        }
+    }
+
+    /// Appends the codes of `assigned`'s vectors to their lists.
+    fn append_codes(&mut self, assigned: &Assigned) {
         let dim = self.dim();
-        for (i, (slot, &list)) in slots.zip(&assigned.lists).enumerate() {
-            let l = list as usize;
-            if l >= self.lists.len() {
-                continue;
+        match &mut self.coded {
+            Some(Coded::Sq8 { codes, .. }) => {
+                for (i, &l) in assigned.lists.iter().enumerate() {
+                    let list = &mut codes[l as usize];
+                    list.codes.extend_from_slice(&assigned.sq.codes[i * dim..(i + 1) * dim]);
+                    list.norms.push(assigned.sq.norms[i]);
+                }
             }
-            self.lists[l].push(slot);
-            if let Some(coded) = &mut self.coded {
-                let codes = &mut coded.codes[l];
-                codes.codes.extend_from_slice(&assigned.codes.codes[i * dim..(i + 1) * dim]);
-                codes.norms.push(assigned.codes.norms[i]);
+            Some(Coded::Bits { codes }) => {
+                let words = bits::words(dim);
+                for (i, &l) in assigned.lists.iter().enumerate() {
+                    codes[l as usize].extend_from_slice(&assigned.bits[i * words..(i + 1) * words]);
+                }
             }
+            None => {}
         }
     }
 
@@ -439,22 +477,32 @@ impl Ivf {
         for (new, &old) in keep.iter().enumerate() {
             renumbered[old] = new as u32;
         }
+        let words = bits::words(dim);
         for (l, list) in self.lists.iter_mut().enumerate() {
-            let mut codes = self.coded.as_mut().map(|c| &mut c.codes[l]);
             let mut kept = 0;
             for i in 0..list.len() {
                 let Some(&new) = renumbered.get(list[i] as usize).filter(|&&n| n != GONE) else { continue };
                 list[kept] = new;
-                if let Some(codes) = codes.as_deref_mut() {
-                    codes.codes.copy_within(i * dim..(i + 1) * dim, kept * dim);
-                    codes.norms[kept] = codes.norms[i];
+                match &mut self.coded {
+                    Some(Coded::Sq8 { codes, .. }) => {
+                        codes[l].codes.copy_within(i * dim..(i + 1) * dim, kept * dim);
+                        codes[l].norms[kept] = codes[l].norms[i];
+                    }
+                    Some(Coded::Bits { codes }) => {
+                        codes[l].copy_within(i * words..(i + 1) * words, kept * words)
+                    }
+                    None => {}
                 }
                 kept += 1;
             }
             list.truncate(kept);
-            if let Some(codes) = codes {
-                codes.codes.truncate(kept * dim);
-                codes.norms.truncate(kept);
+            match &mut self.coded {
+                Some(Coded::Sq8 { codes, .. }) => {
+                    codes[l].codes.truncate(kept * dim);
+                    codes[l].norms.truncate(kept);
+                }
+                Some(Coded::Bits { codes }) => codes[l].truncate(kept * words),
+                None => {}
             }
         }
     }
@@ -463,18 +511,24 @@ impl Ivf {
     pub(crate) fn clear(&mut self) {
         self.generation = ListProbes::next_generation();
         self.lists.iter_mut().for_each(Vec::clear);
-        if let Some(coded) = &mut self.coded {
-            coded.codes.iter_mut().for_each(|c| *c = ListCodes::default());
+        match &mut self.coded {
+            Some(Coded::Sq8 { codes, .. }) => codes.iter_mut().for_each(|c| *c = ListCodes::default()),
+            Some(Coded::Bits { codes }) => codes.iter_mut().for_each(|c| *c = Vec::new()),
+            None => {}
         }
     }
 
     /// Bytes the index adds to the collection: its lists (and codes) on the host and its
     /// centroids.
     pub(crate) fn memory_bytes(&self) -> usize {
-        let codes = self.coded.as_ref().map_or(0, |c| {
-            c.codes.iter().map(|l| l.codes.capacity() + l.norms.capacity() * 4).sum::<usize>()
-                + c.quantizer.dim() * 8
-        });
+        let codes = match &self.coded {
+            Some(Coded::Sq8 { quantizer, codes }) => {
+                codes.iter().map(|l| l.codes.capacity() + l.norms.capacity() * 4).sum::<usize>()
+                    + quantizer.dim() * 8
+            }
+            Some(Coded::Bits { codes }) => codes.iter().map(|l| l.capacity() * 8).sum::<usize>(),
+            None => 0,
+        };
         self.lists.iter().map(|l| l.capacity() * 4).sum::<usize>()
             + codes
             + self.centroids.len() * 4
@@ -532,22 +586,43 @@ impl Ivf {
                 } else {
                     queries
                 };
-                let scan = CodeScan {
-                    dim,
-                    metric: self.metric,
-                    queries: scanned_queries,
-                    centroids: &self.centroids,
-                    base: &coded.quantizer.base,
-                    step: &coded.quantizer.step,
-                    slots: &self.lists,
-                    codes: &coded.codes,
-                    probes: &probes,
-                    nprobe,
-                    removed,
-                    allowed,
-                    generation: self.generation,
+                let wanted =
+                    k.saturating_mul(probe.refine_factor.unwrap_or(self.spec.default_refine_factor()).max(1));
+                let nominated = match coded {
+                    Coded::Sq8 { quantizer, codes } => rows.scan_codes(
+                        &CodeScan {
+                            dim,
+                            metric: self.metric,
+                            queries: scanned_queries,
+                            centroids: &self.centroids,
+                            base: &quantizer.base,
+                            step: &quantizer.step,
+                            slots: &self.lists,
+                            codes,
+                            probes: &probes,
+                            nprobe,
+                            removed,
+                            allowed,
+                            generation: self.generation,
+                        },
+                        wanted,
+                    )?,
+                    Coded::Bits { codes } => rows.scan_bits(
+                        &BitScan {
+                            dim,
+                            queries: scanned_queries,
+                            centroids: &self.centroids,
+                            slots: &self.lists,
+                            codes,
+                            probes: &probes,
+                            nprobe,
+                            removed,
+                            allowed,
+                            generation: self.generation,
+                        },
+                        wanted,
+                    )?,
                 };
-                let nominated = rows.scan_codes(&scan, k.saturating_mul(probe.refine_factor.max(1)))?;
                 let mut candidates = Candidates::new();
                 let mut slots = Vec::new();
                 for found in &nominated {

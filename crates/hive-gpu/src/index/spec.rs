@@ -1,5 +1,6 @@
 //! Index specifications as values and as strings: what `hive-gpu bench --index`, a config file
-//! or a Python caller names (`"flat"`, `"ivf-flat:nlist=1024"`, `"ivf-sq8:nlist=1024"`, `"sq8"`).
+//! or a Python caller names (`"flat"`, `"ivf-flat:nlist=1024"`, `"ivf-sq8:nlist=1024"`, `"sq8"`,
+//! `"binary"`).
 
 use crate::error::{HiveGpuError, Result};
 
@@ -38,6 +39,11 @@ pub enum IndexSpec {
     /// The flat SQ8 index: every vector as one byte per component (IVF-SQ8 over a single
     /// list), searched by its codes with an exact re-rank of the best `refine_factor * k`.
     Sq8,
+    /// Binary quantization: every vector as one bit per component (on which side of the
+    /// collection's mean it lies), ranked by Hamming distance as a first pass, then the best
+    /// `refine_factor * k` re-ranked exactly. 32x smaller than f32 codes, and coarse: it
+    /// needs a larger refine factor than SQ8 (its default is 16).
+    Binary,
 }
 
 impl IndexSpec {
@@ -48,12 +54,24 @@ impl IndexSpec {
             IndexSpec::IvfFlat { .. } => "ivf-flat",
             IndexSpec::IvfSq8 { .. } => "ivf-sq8",
             IndexSpec::Sq8 => "sq8",
+            IndexSpec::Binary => "binary",
         }
     }
 
     /// Whether searches rank candidates by codes and re-rank the best `refine_factor * k`.
     pub fn is_quantized(&self) -> bool {
-        matches!(self, IndexSpec::IvfSq8 { .. } | IndexSpec::Sq8)
+        matches!(self, IndexSpec::IvfSq8 { .. } | IndexSpec::Sq8 | IndexSpec::Binary)
+    }
+
+    /// The refine factor a search uses when it names none: [`crate::DEFAULT_REFINE_FACTOR`]
+    /// for SQ8 codes, [`crate::DEFAULT_BINARY_REFINE_FACTOR`] for binary ones (1 for an index
+    /// that does not re-rank).
+    pub fn default_refine_factor(&self) -> usize {
+        match self {
+            IndexSpec::IvfSq8 { .. } | IndexSpec::Sq8 => crate::DEFAULT_REFINE_FACTOR,
+            IndexSpec::Binary => crate::DEFAULT_BINARY_REFINE_FACTOR,
+            IndexSpec::Flat | IndexSpec::IvfFlat { .. } => 1,
+        }
     }
 }
 
@@ -64,6 +82,7 @@ impl std::fmt::Display for IndexSpec {
             IndexSpec::IvfFlat { nlist } => write!(f, "ivf-flat:nlist={nlist}"),
             IndexSpec::IvfSq8 { nlist } => write!(f, "ivf-sq8:nlist={nlist}"),
             IndexSpec::Sq8 => write!(f, "sq8"),
+            IndexSpec::Binary => write!(f, "binary"),
         }
     }
 }
@@ -79,9 +98,10 @@ impl std::str::FromStr for IndexSpec {
             "ivf-flat" | "ivfflat" => IndexSpec::IvfFlat { nlist: params.take_count("nlist")? },
             "ivf-sq8" | "ivfsq8" => IndexSpec::IvfSq8 { nlist: params.take_count("nlist")? },
             "sq8" => IndexSpec::Sq8,
+            "binary" => IndexSpec::Binary,
             other => {
                 return Err(HiveGpuError::InvalidArgument(format!(
-                    "index spec {text:?}: unknown index kind {other:?} (known: flat, ivf-flat:nlist=N, ivf-sq8:nlist=N, sq8)"
+                    "index spec {text:?}: unknown index kind {other:?} (known: flat, ivf-flat:nlist=N, ivf-sq8:nlist=N, sq8, binary)"
                 )));
             }
         };
@@ -161,6 +181,7 @@ mod tests {
             IndexSpec::IvfFlat { nlist: 65536 },
             IndexSpec::IvfSq8 { nlist: 7 },
             IndexSpec::Sq8,
+            IndexSpec::Binary,
         ] {
             assert_eq!(spec.to_string().parse::<IndexSpec>().unwrap(), spec);
         }

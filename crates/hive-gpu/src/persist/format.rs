@@ -233,8 +233,10 @@ const IVF_FLAT: u32 = 1;
 const IVF_SQ8: u32 = 2;
 /// The code of the flat SQ8 index (IVF-SQ8 over one list) in an index section.
 const SQ8: u32 = 3;
+/// The code of the binary index (one list, a bit per component) in an index section.
+const BINARY: u32 = 4;
 
-/// The index section's body: its kind (1 IVF-Flat, 2 IVF-SQ8, 3 SQ8), list count, training
+/// The index section's body: its kind (1 IVF-Flat, 2 IVF-SQ8, 3 SQ8, 4 binary), list count, training
 /// figures, centroids (f32), list lengths (u64) and the lists' slots (u32), every live slot
 /// once; then, for the SQ8 kinds, the grid's bases and steps (f32, `dim` each). Codes are not
 /// saved: an open encodes the stored vectors again.
@@ -253,6 +255,7 @@ pub(crate) fn encode_index(
     let kind = match spec {
         crate::IndexSpec::IvfSq8 { .. } => IVF_SQ8,
         crate::IndexSpec::Sq8 => SQ8,
+        crate::IndexSpec::Binary => BINARY,
         _ => IVF_FLAT,
     };
     out.extend_from_slice(&kind.to_le_bytes());
@@ -286,8 +289,12 @@ fn decode_index(
     let dim = config.dimension;
     let at = c.offset();
     let kind = c.u32("the index kind")?;
-    if !matches!(kind, IVF_FLAT | IVF_SQ8 | SQ8) {
-        return fail("index", at, format!("unknown index kind {kind} (1 is IVF-Flat, 2 IVF-SQ8, 3 SQ8)"));
+    if !matches!(kind, IVF_FLAT | IVF_SQ8 | SQ8 | BINARY) {
+        return fail(
+            "index",
+            at,
+            format!("unknown index kind {kind} (1 is IVF-Flat, 2 IVF-SQ8, 3 SQ8, 4 binary)"),
+        );
     }
     c.u32("reserved")?;
     let at = c.offset();
@@ -297,8 +304,9 @@ fn decode_index(
     if nlist == 0 || nlist != section.count {
         return fail("index", at, format!("{nlist} lists where the section table counts {}", section.count));
     }
-    if kind == SQ8 && nlist != 1 {
-        return fail("index", at, format!("a flat SQ8 index has one list, this one {nlist}"));
+    if matches!(kind, SQ8 | BINARY) && nlist != 1 {
+        let name = if kind == SQ8 { "a flat SQ8" } else { "a binary" };
+        return fail("index", at, format!("{name} index has one list, this one {nlist}"));
     }
     let centroid_bytes = (nlist as usize).checked_mul(dim).and_then(|v| v.checked_mul(4));
     let Some(centroid_bytes) = centroid_bytes.filter(|&b| b <= c.remaining()) else {
@@ -343,7 +351,7 @@ fn decode_index(
     }
     let at = c.offset();
     let raw_slots = c.take(total * 4, "the lists' slots")?;
-    let quantizer = if kind == IVF_FLAT {
+    let quantizer = if matches!(kind, IVF_FLAT | BINARY) {
         None
     } else {
         let grid_at = c.offset();
@@ -382,6 +390,7 @@ fn decode_index(
     let spec = match kind {
         IVF_SQ8 => crate::IndexSpec::IvfSq8 { nlist },
         SQ8 => crate::IndexSpec::Sq8,
+        BINARY => crate::IndexSpec::Binary,
         _ => crate::IndexSpec::IvfFlat { nlist },
     };
     Ok(StoredIndex { centroids, lists, training_vectors, iterations, spec, quantizer })
