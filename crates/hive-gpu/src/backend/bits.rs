@@ -17,6 +17,7 @@
 use rayon::prelude::*;
 
 use crate::backend::Neighbor;
+use crate::backend::codes::check_probed;
 use crate::error::{HiveGpuError, Result};
 use crate::slots::SlotSet;
 
@@ -65,42 +66,26 @@ pub struct BitScan<'a> {
 impl BitScan<'_> {
     /// Number of queries, once the shapes are checked.
     pub(crate) fn check(&self, k: usize) -> Result<usize> {
-        let (dim, lists) = (self.dim, self.slots.len());
-        let bad = |what: String| Err(HiveGpuError::InvalidArgument(format!("scan_bits: {what}")));
-        if dim == 0 || k == 0 || self.nprobe == 0 {
-            return bad(format!(
-                "dim, k and nprobe must be at least 1 (dim {dim}, k {k}, nprobe {})",
-                self.nprobe
-            ));
-        }
-        if !self.queries.len().is_multiple_of(dim) {
-            return bad(format!("{} values are not whole {dim}-dimensional queries", self.queries.len()));
-        }
-        let nq = self.queries.len() / dim;
-        if self.probes.len() != nq * self.nprobe {
-            return bad(format!(
-                "{nq} queries of {} probes need {} list numbers, got {}",
-                self.nprobe,
-                nq * self.nprobe,
-                self.probes.len()
-            ));
-        }
-        if self.codes.len() != lists || self.centroids.len() != lists * dim {
-            return bad(format!(
-                "{lists} lists need {lists} code lists and {} centroid values, got {} and {}",
-                lists * dim,
-                self.codes.len(),
-                self.centroids.len()
-            ));
-        }
-        let words = words(dim);
+        let nq = check_probed(
+            "scan_bits",
+            self.dim,
+            k,
+            self.queries,
+            self.probes,
+            self.nprobe,
+            self.slots.len(),
+            self.codes.len(),
+            self.centroids.len(),
+        )?;
+        let words = words(self.dim);
         for (l, (slots, codes)) in self.slots.iter().zip(self.codes).enumerate() {
             if codes.len() != slots.len() * words {
-                return bad(format!("list {l} has {} slots but {} code words", slots.len(), codes.len()));
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "scan_bits: list {l} has {} slots but {} code words",
+                    slots.len(),
+                    codes.len()
+                )));
             }
-        }
-        if let Some(&list) = self.probes.iter().find(|&&l| l as usize >= lists) {
-            return bad(format!("probe of list {list}, but there are {lists} lists"));
         }
         Ok(nq)
     }

@@ -91,35 +91,19 @@ impl CodeScan<'_> {
     /// Number of queries, once the shapes are checked: whole queries, `nprobe` existing lists
     /// each, centroids and quantizer of the dimension, and lists whose codes match their slots.
     pub(crate) fn check(&self, k: usize) -> Result<usize> {
-        let dim = self.dim;
-        let lists = self.slots.len();
-        let bad = |what: String| Err(HiveGpuError::InvalidArgument(format!("scan_codes: {what}")));
-        if dim == 0 || k == 0 || self.nprobe == 0 {
-            return bad(format!(
-                "dim, k and nprobe must be at least 1 (dim {dim}, k {k}, nprobe {})",
-                self.nprobe
-            ));
-        }
-        if !self.queries.len().is_multiple_of(dim) {
-            return bad(format!("{} values are not whole {dim}-dimensional queries", self.queries.len()));
-        }
-        let nq = self.queries.len() / dim;
-        if self.probes.len() != nq * self.nprobe {
-            return bad(format!(
-                "{nq} queries of {} probes need {} list numbers, got {}",
-                self.nprobe,
-                nq * self.nprobe,
-                self.probes.len()
-            ));
-        }
-        if self.codes.len() != lists || self.centroids.len() != lists * dim {
-            return bad(format!(
-                "{lists} lists need {lists} code lists and {} centroid values, got {} and {}",
-                lists * dim,
-                self.codes.len(),
-                self.centroids.len()
-            ));
-        }
+        let nq = check_probed(
+            "scan_codes",
+            self.dim,
+            k,
+            self.queries,
+            self.probes,
+            self.nprobe,
+            self.slots.len(),
+            self.codes.len(),
+            self.centroids.len(),
+        )?;
+        let (dim, bad) =
+            (self.dim, |what: String| Err(HiveGpuError::InvalidArgument(format!("scan_codes: {what}"))));
         if self.base.len() != dim || self.step.len() != dim {
             return bad(format!(
                 "the quantizer needs {dim} bases and steps, got {} and {}",
@@ -136,9 +120,6 @@ impl CodeScan<'_> {
                     codes.codes.len()
                 ));
             }
-        }
-        if let Some(&list) = self.probes.iter().find(|&&l| l as usize >= lists) {
-            return bad(format!("probe of list {list}, but there are {lists} lists"));
         }
         Ok(nq)
     }
@@ -173,6 +154,48 @@ impl CodeScan<'_> {
     fn extra(&self, norm: f32) -> f32 {
         if self.metric == GpuDistanceMetric::Euclidean { norm } else { 0.0 }
     }
+}
+
+/// The checks every code scan (`scan`: its name in errors) starts with: dim, k and nprobe of at
+/// least 1, whole queries, `nprobe` probes each, as many code lists and `lists x dim` centroid
+/// values as there are lists, and only lists that exist probed. Returns the number of queries.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_probed(
+    scan: &str,
+    dim: usize,
+    k: usize,
+    queries: &[f32],
+    probes: &[u32],
+    nprobe: usize,
+    lists: usize,
+    code_lists: usize,
+    centroid_values: usize,
+) -> Result<usize> {
+    let bad = |what: String| Err(HiveGpuError::InvalidArgument(format!("{scan}: {what}")));
+    if dim == 0 || k == 0 || nprobe == 0 {
+        return bad(format!("dim, k and nprobe must be at least 1 (dim {dim}, k {k}, nprobe {nprobe})"));
+    }
+    if !queries.len().is_multiple_of(dim) {
+        return bad(format!("{} values are not whole {dim}-dimensional queries", queries.len()));
+    }
+    let nq = queries.len() / dim;
+    if probes.len() != nq * nprobe {
+        return bad(format!(
+            "{nq} queries of {nprobe} probes need {} list numbers, got {}",
+            nq * nprobe,
+            probes.len()
+        ));
+    }
+    if code_lists != lists || centroid_values != lists * dim {
+        return bad(format!(
+            "{lists} lists need {lists} code lists and {} centroid values, got {code_lists} and {centroid_values}",
+            lists * dim
+        ));
+    }
+    if let Some(&list) = probes.iter().find(|&&l| l as usize >= lists) {
+        return bad(format!("probe of list {list}, but there are {lists} lists"));
+    }
+    Ok(nq)
 }
 
 /// Rows of a list widened to f32 per tile.

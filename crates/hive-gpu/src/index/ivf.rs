@@ -221,7 +221,7 @@ impl Ivf {
         for piece in live.chunks(ASSIGN_PIECE) {
             let values = collection.rows().gather(piece)?;
             // Gathered rows are stored values already: no rounding to do.
-            let assigned = index.assign_stored(values)?;
+            let assigned = index.assign_stored(&values)?;
             index.file(piece.iter().map(|&s| s as u32), &assigned);
         }
         // Filed by pushes, the lists hold up to twice their room: give it back once.
@@ -334,7 +334,7 @@ impl Ivf {
                 for piece in index.lists[l].clone().chunks(ASSIGN_PIECE) {
                     let slots: Vec<usize> = piece.iter().map(|&s| s as usize).collect();
                     let values = rows.gather(&slots)?;
-                    let assigned = index.encode(values, vec![l as u32; piece.len()]);
+                    let assigned = index.encode(&values, vec![l as u32; piece.len()]);
                     index.append_codes(&assigned);
                 }
             }
@@ -373,7 +373,7 @@ impl Ivf {
     }
 
     /// `lists` (each vector's) with the codes of the stored vectors `values` in them.
-    fn encode(&self, values: Vec<f32>, lists: Vec<u32>) -> Assigned {
+    fn encode(&self, values: &[f32], lists: Vec<u32>) -> Assigned {
         let dim = self.dim();
         let mut assigned = Assigned { lists, ..Assigned::default() };
         let Some(coded) = &self.coded else { return assigned };
@@ -403,15 +403,18 @@ impl Ivf {
     pub(crate) fn assign(&self, values: &[f32]) -> Result<Assigned> {
         match (&self.coded, self.precision) {
             (Some(_), StoragePrecision::F16) => {
-                self.assign_stored(values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect())
+                let stored: Vec<f32> = values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+                self.assign_stored(&stored)
             }
-            _ => self.assign_stored(values.to_vec()),
+            // IVF-Flat files vectors without encoding them, and f32 storage keeps them as given:
+            // no copy.
+            _ => self.assign_stored(values),
         }
     }
 
     /// [`Ivf::assign`] of values that are stored values already.
-    fn assign_stored(&self, values: Vec<f32>) -> Result<Assigned> {
-        let lists = self.nearest_lists(&values)?;
+    fn assign_stored(&self, values: &[f32]) -> Result<Assigned> {
+        let lists = self.nearest_lists(values)?;
         Ok(self.encode(values, lists))
     }
 
