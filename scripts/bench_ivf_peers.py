@@ -3,13 +3,16 @@
 against FAISS's IndexIVFFlat (faiss-cpu, or GpuIndexIVFFlat with --faiss-gpu) on the same data,
 the same nlist and nprobe settings, the same queries and threads, in one run. With --kind sq8:
 hive-gpu's ivf-sq8 (at its default refine, or --refine R) against FAISS's
-IndexIVFScalarQuantizer / GpuIndexIVFScalarQuantizer with QT_8bit codes of the residuals. Recall@k for both
+IndexIVFScalarQuantizer / GpuIndexIVFScalarQuantizer with QT_8bit codes of the residuals. With
+--kind pq --m M --bits B: hive-gpu's ivf-pq against FAISS's IndexIVFPQ / GpuIndexIVFPQ with the
+same sub-quantizers and bits (the same code size). Recall@k for both
 is against the same ground truth (the .ivecs given, else an exact f64 brute force here).
 
 Run through scripts/bench-ivf-peers (it sets up .venv-bench with faiss-cpu, numpy, matplotlib).
 
     scripts/bench-ivf-peers --base B --query Q [--groundtruth G] --nlist 1024
-        [--nprobe 1,2,4,8,16,32,64] [--kind flat|sq8] [--refine R] [--faiss-refine R]
+        [--nprobe 1,2,4,8,16,32,64] [--kind flat|sq8|pq] [--m M] [--bits 8|4]
+        [--refine R] [--faiss-refine R]
         [--backend cpu] [--threads 2]
         [--png out.png] [--json out]
 
@@ -42,8 +45,12 @@ def faiss_curve(args, xb, xq, gt, k):
         if args.kind == "sq8":
             index = faiss.GpuIndexIVFScalarQuantizer(res, d, args.nlist, faiss.ScalarQuantizer.QT_8bit,
                                                      faiss.METRIC_L2, True)
+        elif args.kind == "pq":
+            index = faiss.GpuIndexIVFPQ(res, d, args.nlist, args.m, args.bits, faiss.METRIC_L2)
         else:
             index = faiss.GpuIndexIVFFlat(res, d, args.nlist, faiss.METRIC_L2)
+    elif args.kind == "pq":
+        index = faiss.IndexIVFPQ(faiss.IndexFlatL2(d), d, args.nlist, args.m, args.bits)
     elif args.kind == "sq8":
         quantizer = faiss.IndexFlatL2(d)
         index = faiss.IndexIVFScalarQuantizer(quantizer, d, args.nlist, faiss.ScalarQuantizer.QT_8bit,
@@ -92,9 +99,15 @@ def faiss_curve(args, xb, xq, gt, k):
     return rows
 
 
+def hive_spec(args):
+    if args.kind == "pq":
+        return f"ivf-pq:nlist={args.nlist},m={args.m},bits={args.bits}"
+    return f"ivf-{args.kind}:nlist={args.nlist}"
+
+
 def hive_curve(args, k, gt_path):
     cmd = [args.hive_bin, "bench", "--backend", args.backend, "--base", args.base, "--query", args.query,
-           "--groundtruth", str(gt_path), "-k", str(k), "--index", f"ivf-{args.kind}:nlist={args.nlist}", "--json"]
+           "--groundtruth", str(gt_path), "-k", str(k), "--index", hive_spec(args), "--json"]
     if args.nq:
         cmd += ["--nq", str(args.nq)]
     if args.batch:
@@ -131,8 +144,12 @@ def main():
     p.add_argument("--groundtruth")
     p.add_argument("--nlist", type=int, default=1024)
     p.add_argument("--nprobe", default="1,2,4,8,16,32,64")
-    p.add_argument("--kind", choices=["flat", "sq8"], default="flat", help="IVF-Flat or IVF-SQ8 on both sides")
-    p.add_argument("--refine", type=int, default=None, help="hive-gpu's refine factor (ivf-sq8; default its own)")
+    p.add_argument("--kind", choices=["flat", "sq8", "pq"], default="flat",
+                   help="IVF-Flat, IVF-SQ8 or IVF-PQ on both sides")
+    p.add_argument("--m", type=int, default=16, help="IVF-PQ's sub-quantizers (--kind pq)")
+    p.add_argument("--bits", type=int, default=8, help="IVF-PQ's bits per code (--kind pq)")
+    p.add_argument("--refine", type=int, default=None,
+                   help="hive-gpu's refine factor (ivf-sq8, ivf-pq; default its own)")
     p.add_argument("--faiss-refine", type=int, default=None,
                    help="wrap FAISS's index in IndexRefineFlat with this k_factor (the like-for-like re-rank)")
     p.add_argument("-k", type=int, default=10)
@@ -174,7 +191,7 @@ def main():
         peers.write_vecs(gt_path, gt.astype(np.int32))
     hive = hive_curve(args, k, gt_path)
     faiss_rows = faiss_curve(args, xb, xq, gt, k)
-    print(f"IVF-{args.kind}: {len(xb)} x {xb.shape[1]} base, {len(xq)} queries, k={k}, nlist={args.nlist}, "
+    print(f"{hive_spec(args)}: {len(xb)} x {xb.shape[1]} base, {len(xq)} queries, k={k}, nlist={args.nlist}, "
           f"{args.threads} threads, hive-gpu --backend {args.backend}")
     print(f"queries per call: {args.batch or len(xq)}")
     print(f"{'nprobe':>6} {'hive recall':>11} {'hive QPS':>10} {'hive p50 ms':>11} {'faiss recall':>12} "
@@ -196,7 +213,7 @@ def main():
     if args.json:
         Path(args.json).write_text("\n".join(json.dumps(r) for r in hive + faiss_rows) + "\n")
     if args.png:
-        title = (f"IVF-{args.kind.upper()} nlist={args.nlist}: {Path(args.base).name}, {len(xq)} queries, "
+        title = (f"{hive_spec(args)}: {Path(args.base).name}, {len(xq)} queries, "
                  f"{args.threads} threads")
         plot(hive, faiss_rows, k, title, args.png)
 

@@ -268,8 +268,9 @@ fn build_index(
 
 /// The search settings to measure, each as its label and its parameter text: `--search` as
 /// given; else, for `--target-recall` on an IVF index, nprobe 1, 2, 4, ... up to every list
-/// (on the flat SQ8 index refine 1, 2, 4, ... 32, on the binary index 1, 4, 16, ... 1,024);
-/// else the defaults.
+/// (on IVF-PQ each with refine 2, 8 and 32; on the flat SQ8 index refine 1, 2, 4, ... 32, on
+/// the flat PQ index 1, 2, 4, ... 128, on the binary index 1, 4, 16, ... 1,024); else the
+/// defaults.
 fn search_settings(
     storage: &GpuVectorStorage,
     args: &BenchArgs,
@@ -281,12 +282,22 @@ fn search_settings(
         return Ok(args.search_params.iter().map(|p| (p.clone(), p.clone())).collect());
     }
     let setting = |p: String| (p.clone(), p);
+    let probes = |nlist: usize| {
+        let mut probes: Vec<usize> =
+            std::iter::successors(Some(1usize), |&p| (p < nlist).then(|| (2 * p).min(nlist))).collect();
+        probes.dedup();
+        probes
+    };
     match (storage.index_spec(), args.target_recall) {
         (hive_gpu::IndexSpec::IvfFlat { nlist } | hive_gpu::IndexSpec::IvfSq8 { nlist }, Some(_)) => {
-            let mut probes: Vec<usize> =
-                std::iter::successors(Some(1usize), |&p| (p < nlist).then(|| (2 * p).min(nlist))).collect();
-            probes.dedup();
-            Ok(probes.into_iter().map(|p| setting(format!("nprobe={p}"))).collect())
+            Ok(probes(nlist).into_iter().map(|p| setting(format!("nprobe={p}"))).collect())
+        }
+        (hive_gpu::IndexSpec::IvfPq { nlist, .. }, Some(_)) => Ok(probes(nlist)
+            .into_iter()
+            .flat_map(|p| [2, 8, 32].map(|r| setting(format!("nprobe={p},refine={r}"))))
+            .collect()),
+        (hive_gpu::IndexSpec::Pq { .. }, Some(_)) => {
+            Ok([1, 2, 4, 8, 16, 32, 64, 128].into_iter().map(|r| setting(format!("refine={r}"))).collect())
         }
         (hive_gpu::IndexSpec::Sq8, Some(_)) => {
             Ok([1, 2, 4, 8, 16, 32].into_iter().map(|r| setting(format!("refine={r}"))).collect())
@@ -297,9 +308,14 @@ fn search_settings(
         (hive_gpu::IndexSpec::IvfFlat { .. } | hive_gpu::IndexSpec::IvfSq8 { .. }, None) => {
             Ok(vec![(format!("nprobe={} (default)", hive_gpu::DEFAULT_NPROBE), String::new())])
         }
-        (spec @ (hive_gpu::IndexSpec::Sq8 | hive_gpu::IndexSpec::Binary), None) => {
-            Ok(vec![(format!("refine={} (default)", spec.default_refine_factor()), String::new())])
-        }
+        (spec @ hive_gpu::IndexSpec::IvfPq { .. }, None) => Ok(vec![(
+            format!("nprobe={},refine={} (default)", hive_gpu::DEFAULT_NPROBE, spec.default_refine_factor()),
+            String::new(),
+        )]),
+        (
+            spec @ (hive_gpu::IndexSpec::Sq8 | hive_gpu::IndexSpec::Binary | hive_gpu::IndexSpec::Pq { .. }),
+            None,
+        ) => Ok(vec![(format!("refine={} (default)", spec.default_refine_factor()), String::new())]),
         _ => Ok(vec![("exact".into(), String::new())]),
     }
 }

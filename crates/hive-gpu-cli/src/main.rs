@@ -149,7 +149,8 @@ struct BuildArgs {
     /// The collection file to write.
     #[arg(long)]
     out: PathBuf,
-    /// Build this index over the vectors and save it with them (`ivf-flat:nlist=N`, `ivf-sq8:nlist=N`, `sq8`, `binary`).
+    /// Build this index over the vectors and save it with them (`ivf-flat:nlist=N`,
+    /// `ivf-sq8:nlist=N`, `sq8`, `ivf-pq:nlist=N,m=M,bits=8|4`, `pq:m=M,bits=8|4`, `binary`).
     #[arg(long, default_value = "flat")]
     index: hive_gpu::IndexSpec,
     #[command(flatten)]
@@ -230,7 +231,8 @@ struct BenchArgs {
     #[arg(long)]
     columnar: bool,
     /// Build this index over the vectors before searching: `flat` (exact search, the
-    /// default), `ivf-flat:nlist=N`, `ivf-sq8:nlist=N`, `sq8` or `binary`. Its build time is reported beside the adds'.
+    /// default), `ivf-flat:nlist=N`, `ivf-sq8:nlist=N`, `sq8`, `ivf-pq:nlist=N,m=M,bits=8|4`,
+    /// `pq:m=M,bits=8|4` or `binary`. Its build time is reported beside the adds'.
     #[arg(long, default_value = "flat")]
     index: hive_gpu::IndexSpec,
     /// Search parameters measured in turn on the one built index, e.g. `--search nprobe=8
@@ -239,8 +241,9 @@ struct BenchArgs {
     #[arg(long = "search")]
     search_params: Vec<String>,
     /// Report the cheapest measured setting (highest QPS) whose recall reaches R. Without
-    /// --search, an IVF index is measured at nprobe 1, 2, 4, ... up to its number of lists (the
-    /// flat SQ8 index at refine 1, 2, 4, ... 32, the binary index at 1, 4, 16, ... 1,024).
+    /// --search, an IVF index is measured at nprobe 1, 2, 4, ... up to its number of lists
+    /// (IVF-PQ each at refine 2, 8 and 32; the flat SQ8 index at refine 1, 2, 4, ... 32, the
+    /// flat PQ index at 1, 2, 4, ... 128, the binary index at 1, 4, 16, ... 1,024).
     #[arg(long)]
     target_recall: Option<f64>,
     /// Print one JSON object per batch size and k instead of the report.
@@ -267,9 +270,8 @@ struct SearchArgs {
     #[command(flatten)]
     settings: SearchSettings,
     /// Search parameters for a collection with an index: `nprobe=N` (lists scanned per query;
-    /// default 20), `refine=N` (a quantized index re-ranks the best N * k exactly; default 2,
-    /// 16 for binary)
-    /// or `exact` (every vector, bypassing the index).
+    /// default 20), `refine=N` (a quantized index re-ranks the best N * k exactly; default 2
+    /// for SQ8, 8 for PQ, 16 for binary) or `exact` (every vector, bypassing the index).
     #[arg(long = "search", default_value = "")]
     search_params: String,
     /// Print JSON lines (one object per query, ids and scores as arrays) instead of text.

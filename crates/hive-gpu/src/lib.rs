@@ -80,9 +80,9 @@ pub use persist::{Durability, DurableOptions, LogStats};
 pub use results::{ResultRow, SearchResults};
 pub use tuning::Tuning;
 pub use types::{
-    BackendStatus, DEFAULT_BINARY_REFINE_FACTOR, DEFAULT_NPROBE, DEFAULT_REFINE_FACTOR, GpuBackendType,
-    GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector, IndexStats, Metadata, SearchOptions,
-    SearchPrecision, SmolStr, StorageConfig, StoragePrecision,
+    BackendStatus, DEFAULT_BINARY_REFINE_FACTOR, DEFAULT_NPROBE, DEFAULT_PQ_REFINE_FACTOR,
+    DEFAULT_REFINE_FACTOR, GpuBackendType, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector,
+    IndexStats, Metadata, SearchOptions, SearchPrecision, SmolStr, StorageConfig, StoragePrecision,
 };
 
 use collection::Collection;
@@ -590,6 +590,8 @@ impl GpuVectorStorage {
             training_vectors: index.trained.training_vectors,
             iterations: index.trained.iterations,
             memory_bytes: index.memory_bytes(),
+            code_size: index.code_size(),
+            quantizer_bytes: index.quantizer_bytes(),
         })
     }
 

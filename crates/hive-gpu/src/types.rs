@@ -223,9 +223,10 @@ pub struct SearchOptions {
     /// default, [`DEFAULT_NPROBE`] or every list when there are fewer. Ignored without an
     /// index.
     pub nprobe: Option<usize>,
-    /// A quantized index (IVF-SQ8, SQ8, binary) re-ranks exactly the best `refine_factor * k`
-    /// rows its codes nominate; None for the index's default ([`DEFAULT_REFINE_FACTOR`] for
-    /// SQ8, [`DEFAULT_BINARY_REFINE_FACTOR`] for binary). Larger finds more of the true
+    /// A quantized index (IVF-SQ8, SQ8, IVF-PQ, PQ, binary) re-ranks exactly the best
+    /// `refine_factor * k` rows its codes nominate; None for the index's default
+    /// ([`DEFAULT_REFINE_FACTOR`] for SQ8, [`DEFAULT_PQ_REFINE_FACTOR`] for PQ,
+    /// [`DEFAULT_BINARY_REFINE_FACTOR`] for binary). Larger finds more of the true
     /// neighbours its codes misrank, at the cost of more exact distances. Ignored by other
     /// indexes.
     pub refine_factor: Option<usize>,
@@ -246,6 +247,11 @@ pub const DEFAULT_REFINE_FACTOR: usize = 2;
 /// (docs/PERFORMANCE.md, binary).
 pub const DEFAULT_BINARY_REFINE_FACTOR: usize = 16;
 
+/// Candidates per result a product-quantized index re-ranks exactly when the call names no
+/// `refine_factor`: PQ's codes lose more of the order than SQ8's (16 bytes for 128 components
+/// against 128), so 8k rows are scored exactly (docs/PERFORMANCE.md, IVF-PQ).
+pub const DEFAULT_PQ_REFINE_FACTOR: usize = 8;
+
 /// The shape of a collection's index ([`crate::GpuVectorStorage::index_stats`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -258,8 +264,15 @@ pub struct IndexStats {
     pub training_vectors: usize,
     /// Lloyd iterations the training ran.
     pub iterations: usize,
-    /// Bytes the index adds to the collection (its lists and centroids).
+    /// Bytes the index adds to the collection (its lists and centroids, codes and quantizer).
     pub memory_bytes: usize,
+    /// Bytes of codes each vector has in a quantized index (the codes and any per-row term
+    /// its scan reads: `dim + 4` for SQ8, `m * bits / 8 + 4` for PQ, whole 64-bit words of
+    /// bits for binary), 0 for IVF-Flat; beside the 4-byte list entry every index has.
+    pub code_size: usize,
+    /// Bytes the trained quantizer takes whatever the number of vectors (the SQ8 grid, the
+    /// PQ codebooks on the host and the backend), within `memory_bytes`.
+    pub quantizer_bytes: usize,
 }
 
 impl SearchOptions {

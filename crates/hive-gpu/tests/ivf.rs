@@ -1,4 +1,5 @@
-//! IVF-Flat (`GpuVectorStorage::build_index`, issue 21 item 2) on every backend: recall floors
+//! IVF-Flat (`GpuVectorStorage::build_index`, issue 21 item 2), and the quantized indexes
+//! (IVF-SQ8, SQ8, binary, IVF-PQ, PQ: items 3 to 5) on every backend: recall floors
 //! on real data against their ground truth, exactness when every list is probed (for every
 //! metric and storage precision, batches and single queries), adds, upserts, removals,
 //! compactions and filters after training against a model, and refusals of bad requests.
@@ -9,8 +10,8 @@ use std::collections::HashMap;
 
 use common::{Rng, assert_exact, contexts, data_dir, describe, reference};
 use hive_gpu::{
-    Filter, GpuDistanceMetric, GpuSearchResult, GpuVector, GpuVectorStorage, IndexSpec, SearchOptions,
-    StorageConfig, StoragePrecision, io,
+    Filter, GpuContext, GpuDistanceMetric, GpuSearchResult, GpuVector, GpuVectorStorage, IndexSpec,
+    SearchOptions, StorageConfig, StoragePrecision, io,
 };
 
 /// Vectors around `centers` random centers (sd 0.3 around centers of sd 1), ids `v0..`.
@@ -454,10 +455,44 @@ fn a_damaged_index_section_is_refused_by_name_never_opened_half_checked() {
 // IVF-SQ8, the flat SQ8 index and the binary index (issue 21 items 3 and 5): codes nominate,
 // the stored vectors decide.
 
-/// The quantized specs measured: IVF-SQ8 over `nlist` lists, the flat SQ8 index and the binary
-/// index.
-fn quantized(nlist: usize) -> [IndexSpec; 3] {
-    [IndexSpec::IvfSq8 { nlist }, IndexSpec::Sq8, IndexSpec::Binary]
+/// The quantized specs measured on `dim`-dimensional vectors: IVF-SQ8 over `nlist` lists, the
+/// flat SQ8 index, the binary index, IVF-PQ with 8-bit codes (at most 16 of them) and the flat
+/// PQ index with 4-bit codes (at most 32), each `m` the largest divisor of `dim` allowed.
+fn quantized(nlist: usize, dim: usize) -> [IndexSpec; 5] {
+    let divisor = |most: usize| (1..=most.min(dim)).rev().find(|m| dim.is_multiple_of(*m)).unwrap_or(1);
+    [
+        IndexSpec::IvfSq8 { nlist },
+        IndexSpec::Sq8,
+        IndexSpec::Binary,
+        IndexSpec::IvfPq { nlist, m: divisor(16.min(dim / 4)), bits: 8 },
+        IndexSpec::Pq { m: divisor(32.min(dim / 2)), bits: 4 },
+    ]
+}
+
+/// [`quantized`] as `context` runs it: on a software Vulkan adapter (Lavapipe, CI's), whose
+/// every k-NN call costs about 0.1 s whatever its size, the PQ specs are left out, since
+/// training trains 25 Lloyd iterations per sub-quantizer, each a k-NN call (minutes per
+/// test). The PQ path there is the same host code over that adapter's k-NN, which
+/// `every_backend_builds_the_same_sq8_and_pq_indexes_and_returns_the_same_approximate_results`
+/// checks against the CPU backend's; a hardware adapter runs them all.
+fn quantized_on(context: &GpuContext, nlist: usize, dim: usize) -> Vec<IndexSpec> {
+    let software = context.device_info().software;
+    let specs = quantized(nlist, dim);
+    if software && specs.iter().any(|s| s.product_codes().is_some()) {
+        eprintln!("{}: PQ specs left out on a software adapter", describe(context));
+    }
+    specs.into_iter().filter(|s| !(software && s.product_codes().is_some())).collect()
+}
+
+/// Bytes a vector's codes take beyond IVF-Flat's index: a byte per component and the decoded
+/// norm (SQ8), the packed product codes and the row's own distance term (PQ), a bit per
+/// component in whole 64-bit words (binary).
+fn code_bytes(spec: IndexSpec, dim: usize) -> usize {
+    match spec.product_codes() {
+        Some((m, bits)) => (m * bits).div_ceil(8) + 4,
+        None if spec == IndexSpec::Binary => dim.div_ceil(64) * 8,
+        None => dim + 4,
+    }
 }
 
 /// Options that probe every list and re-rank every row they scan (of `rows` in all): the
@@ -474,7 +509,7 @@ fn sq8_recall_on_real_data_meets_its_floor_and_re_ranking_every_row_makes_it_exa
         let queries = io::read_fvecs(&dir.join(format!("{name}_query.fvecs"))).expect("queries");
         let truth = io::read_ivecs(&dir.join(format!("{name}_groundtruth.ivecs"))).expect("ground truth");
         for context in contexts() {
-            for spec in quantized(nlist) {
+            for spec in quantized_on(&context, nlist, base.dim) {
                 let what = format!("{} {name} {spec}", describe(&context));
                 let storage =
                     context.create_storage(base.dim, GpuDistanceMetric::Euclidean).expect("storage");
@@ -482,10 +517,7 @@ fn sq8_recall_on_real_data_meets_its_floor_and_re_ranking_every_row_makes_it_exa
                 storage.add_vectors_flat(&ids, &base.data).expect("add");
                 // What the codes add: the index's memory beyond IVF-Flat's with as many lists (the
                 // same centroids on the host and the device, the same slots).
-                let lists = match spec {
-                    IndexSpec::IvfSq8 { nlist } => nlist,
-                    _ => 1,
-                };
+                let lists = spec.nlist();
                 storage
                     .build_index(IndexSpec::IvfFlat { nlist: lists })
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -498,11 +530,11 @@ fn sq8_recall_on_real_data_meets_its_floor_and_re_ranking_every_row_makes_it_exa
                     base.rows,
                     "{what}: every vector filed once"
                 );
-                // A byte per component and the decoded norm (a bit per component for binary):
-                // no copy of the vectors.
-                let code_bytes =
-                    if spec == IndexSpec::Binary { base.dim.div_ceil(64) * 8 } else { base.dim + 4 };
-                let per_vector = stats.memory_bytes.saturating_sub(uncoded) as f64 / base.rows as f64;
+                // The codes and no copy of the vectors, beside the quantizer's fixed bytes.
+                let code_bytes = code_bytes(spec, base.dim);
+                assert_eq!(stats.code_size, code_bytes, "{what}");
+                let per_vector = stats.memory_bytes.saturating_sub(uncoded + stats.quantizer_bytes) as f64
+                    / base.rows as f64;
                 eprintln!("{what}: the codes take {per_vector:.1} bytes per vector");
                 assert!(
                     per_vector >= code_bytes as f64
@@ -531,10 +563,15 @@ fn sq8_recall_on_real_data_meets_its_floor_and_re_ranking_every_row_makes_it_exa
                     "{what}: recall@10 at nprobe {nprobe} refine 1 / default, all lists refine 8 / all: \
                      {one:.4} / {default:.4}, {many:.4} / {everything:.4}"
                 );
-                // SQ8's codes alone (refine 1) already rank well, binary's coarsely; each index's
-                // default re-rank recovers more, and a wider one nearly all.
-                // (A random pick would find 10 in 10,000 rows: recall 0.001 alone, 0.016 at refine 16.)
-                let (alone, by_default) = if spec == IndexSpec::Binary { (0.2, 0.8) } else { (0.9, 0.95) };
+                // SQ8's codes alone (refine 1) already rank well, PQ's (16 to 32 bytes) less so,
+                // binary's coarsely; each index's default re-rank recovers more, and a wider one
+                // nearly all. (A random pick would find 10 in 10,000 rows: recall 0.001 alone,
+                // 0.016 at refine 16.)
+                let (alone, by_default) = match spec {
+                    IndexSpec::Binary => (0.2, 0.8),
+                    IndexSpec::IvfPq { .. } | IndexSpec::Pq { .. } => (0.4, 0.9),
+                    _ => (0.9, 0.95),
+                };
                 assert!(
                     one >= alone && default >= one && default >= by_default,
                     "{what}: {one} then {default}"
@@ -557,7 +594,7 @@ fn sq8_with_every_row_re_ranked_equals_the_exact_search_for_every_metric_and_pre
         for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine]
         {
             for precision in [StoragePrecision::F32, StoragePrecision::F16] {
-                for spec in quantized(nlist) {
+                for spec in quantized_on(&context, nlist, dim) {
                     let what = format!("{} {metric:?} {precision:?} {spec}", describe(&context));
                     let config = StorageConfig::new(dim, metric).with_precision(precision);
                     let storage = context.create_storage_with(config).expect("storage");
@@ -623,7 +660,7 @@ fn sq8_adds_upserts_removals_compactions_and_clears_after_training_need_no_retra
         v
     };
     for context in contexts() {
-        for spec in quantized(nlist) {
+        for spec in quantized_on(&context, nlist, dim) {
             let what = format!("{} {spec}", describe(&context));
             let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
             add_all(&storage, &model[..1000]);
@@ -699,7 +736,7 @@ fn filtered_sq8_search_returns_only_passing_vectors_and_re_ranking_all_equals_th
     let passing: Vec<String> = vectors.iter().step_by(7).map(|(id, _)| id.clone()).collect();
     let model: Vec<(String, Vec<f32>)> = vectors.iter().step_by(7).cloned().collect();
     for context in contexts() {
-        for spec in quantized(nlist) {
+        for spec in quantized_on(&context, nlist, dim) {
             let what = format!("{} {spec}", describe(&context));
             let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
             add_all(&storage, &vectors);
@@ -730,27 +767,31 @@ fn filtered_sq8_search_returns_only_passing_vectors_and_re_ranking_all_equals_th
 }
 
 #[test]
-fn every_backend_builds_the_same_sq8_index_and_returns_the_same_approximate_results() {
+fn every_backend_builds_the_same_sq8_and_pq_indexes_and_returns_the_same_approximate_results() {
     let (dim, nlist, k) = (20, 16, 10);
     let vectors = clustered(2000, dim, 25, 61);
     let mut rng = Rng::new(62);
     let flat: Vec<f32> = (0..30).flat_map(|_| rng.normals(dim)).collect();
     let options = SearchOptions::default().with_nprobe(3).with_refine_factor(1);
-    let mut first: Option<(String, Ranked)> = None;
-    for context in contexts() {
-        let what = describe(&context);
-        let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
-        add_all(&storage, &vectors);
-        storage.build_index(IndexSpec::IvfSq8 { nlist }).expect("build");
-        let found = ranked(&storage.search_batch_with(&flat, k, &options).expect("search"));
-        match &first {
-            None => first = Some((what, found)),
-            Some((other, want)) => {
-                for (q, (a, b)) in found.iter().zip(want).enumerate() {
-                    let ids = |l: &[(String, f32)]| l.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
-                    assert_eq!(ids(a), ids(b), "{what} vs {other}: query {q}");
-                    for (x, y) in a.iter().zip(b) {
-                        assert!((x.1 - y.1).abs() <= 1e-4 * y.1.abs().max(1e-6), "{what} vs {other}");
+    // k-means trains the same centroids and codebooks bit for bit on every backend (ties by
+    // slot), so the codes and the order they give are the same too.
+    for spec in [IndexSpec::IvfSq8 { nlist }, IndexSpec::IvfPq { nlist, m: 5, bits: 8 }] {
+        let mut first: Option<(String, Ranked)> = None;
+        for context in contexts() {
+            let what = format!("{} {spec}", describe(&context));
+            let storage = context.create_storage(dim, GpuDistanceMetric::Euclidean).expect("storage");
+            add_all(&storage, &vectors);
+            storage.build_index(spec).expect("build");
+            let found = ranked(&storage.search_batch_with(&flat, k, &options).expect("search"));
+            match &first {
+                None => first = Some((what, found)),
+                Some((other, want)) => {
+                    for (q, (a, b)) in found.iter().zip(want).enumerate() {
+                        let ids = |l: &[(String, f32)]| l.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
+                        assert_eq!(ids(a), ids(b), "{what} vs {other}: query {q}");
+                        for (x, y) in a.iter().zip(b) {
+                            assert!((x.1 - y.1).abs() <= 1e-4 * y.1.abs().max(1e-6), "{what} vs {other}");
+                        }
                     }
                 }
             }
@@ -770,7 +811,7 @@ fn a_saved_sq8_index_opens_with_the_same_codes_copied_mapped_and_durable() {
     let dir = common::stored::scratch_dir("sq8-saved");
     for context in contexts() {
         for precision in [StoragePrecision::F32, StoragePrecision::F16] {
-            for spec in quantized(nlist) {
+            for spec in quantized_on(&context, nlist, dim) {
                 let what = format!("{} {precision:?} {spec}", describe(&context));
                 let config = StorageConfig::new(dim, GpuDistanceMetric::DotProduct).with_precision(precision);
                 let storage = context.create_storage_with(config).expect("storage");
@@ -867,5 +908,53 @@ fn a_damaged_sq8_grid_or_a_flat_sq8_or_binary_index_of_many_lists_is_refused_by_
             assert!(e.contains("index") && e.contains(needle), "{spec} {name}: {e}");
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_pq_codebook_or_shape_or_a_flat_pq_index_of_many_lists_is_refused_by_name() {
+    use common::stored::reseal_section_of;
+    let dir = common::stored::scratch_dir("pq-hostile");
+    let cpu = hive_gpu::GpuContext::with_backend(hive_gpu::GpuBackendType::Cpu, 0).unwrap();
+    let (dim, nlist, m) = (4, 3, 2);
+    let storage = cpu.create_storage(dim, GpuDistanceMetric::Euclidean).unwrap();
+    add_all(&storage, &clustered(40, dim, 3, 83));
+    storage.build_index(IndexSpec::IvfPq { nlist, m, bits: 4 }).unwrap();
+    let good = dir.join("good.hgc");
+    storage.save(&good).unwrap();
+    let image = std::fs::read(&good).unwrap();
+    let entry = 64 + 6 * 40;
+    assert_eq!(u32::from_le_bytes(image[entry..entry + 4].try_into().unwrap()), 7, "the index is last");
+    let at = u64::from_le_bytes(image[entry + 8..entry + 16].try_into().unwrap()) as usize;
+    let length = u64::from_le_bytes(image[entry + 16..entry + 24].try_into().unwrap()) as usize;
+    // The section ends with m, bits and 16 codebook centroids of the dimension.
+    let books = at + length - 16 * dim * 4;
+    let shape = books - 8;
+    assert_eq!(u32::from_le_bytes(image[shape..shape + 4].try_into().unwrap()), m as u32);
+    let put_u32 = |img: &mut Vec<u8>, at: usize, v: u32| img[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    type Damage<'a> = Box<dyn Fn(&mut Vec<u8>) + 'a>;
+    let cases: Vec<(&str, Damage<'_>, &str)> = vec![
+        ("m not dividing", Box::new(|i| put_u32(i, shape, 3)), "m dividing the dimension"),
+        ("m zero", Box::new(|i| put_u32(i, shape, 0)), "m dividing the dimension"),
+        ("6 bits", Box::new(|i| put_u32(i, shape + 4, 6)), "4 or 8 bits"),
+        // 8-bit codebooks are 16 times longer than the section holds.
+        ("8 bits", Box::new(|i| put_u32(i, shape + 4, 8)), "codebooks"),
+        ("nan centroid", Box::new(|i| put_u32(i, books + 20, f32::NAN.to_bits())), "non-finite"),
+        ("many-list flat pq", Box::new(|i| put_u32(i, at, 6)), "one list"),
+        ("as ivf-flat", Box::new(|i| put_u32(i, at, 1)), "past the section's last record"),
+        ("unknown kind", Box::new(|i| put_u32(i, at, 7)), "unknown index kind 7"),
+    ];
+    let bad = dir.join("bad.hgc");
+    for (name, damage, needle) in cases {
+        let mut damaged = image.clone();
+        damage(&mut damaged);
+        reseal_section_of(&mut damaged, at);
+        std::fs::write(&bad, &damaged).unwrap();
+        let e = cpu.open_storage(&bad).expect_err(name).to_string();
+        assert!(e.contains("index") && e.contains(needle), "{name}: {e}");
+    }
+    // The undamaged file opens with its spec and searches as before.
+    let opened = cpu.open_storage(&good).unwrap();
+    assert_eq!(opened.index_spec(), IndexSpec::IvfPq { nlist, m, bits: 4 });
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,5 +1,6 @@
 //! The backend primitives on their own, below any planner or collection: `refine`,
-//! `scan_lists`, `select_k`, `gather` and `knn` restricted to a slot set, on every backend and every forced engine path,
+//! `scan_lists`, `select_k`, `gather`, `knn` restricted to a slot set and the code scans
+//! (`scan_codes`, `scan_bits`, `scan_pq`), on every backend and every forced engine path,
 //! f32 and f16 storage, every metric, against an f64 brute force over the stored values.
 //! The data has exact duplicates (ties must go to the lower slot), removed rows (never
 //! returned by refine or knn) and candidate lists with repeats, removed slots, fewer than k
@@ -8,7 +9,7 @@
 mod common;
 
 use common::{Rng, contexts_with_forced_paths, describe, distance};
-use hive_gpu::backend::{BitScan, Candidates, CodeScan, ListCodes, ListProbes, bits};
+use hive_gpu::backend::{BitScan, Candidates, CodeScan, ListCodes, ListProbes, PqScan, bits, pq};
 use hive_gpu::slots::SlotSet;
 use hive_gpu::{GpuContext, GpuDistanceMetric, Neighbor, RowStore, SearchPrecision, StoragePrecision};
 
@@ -722,5 +723,178 @@ fn scan_bits_ranks_by_hamming_distance_ties_by_slot_skipping_removed_and_filtere
         };
         let e = rows.scan_bits(&scan, 3).unwrap_err().to_string();
         assert!(e.contains("scan_bits") && e.contains("list 1"), "{e}");
+    }
+}
+
+#[test]
+fn scan_pq_ranks_by_the_documented_lookup_table_distance_for_4_and_8_bit_codes() {
+    let (dim, lists, nprobe, nq) = (36, 5, 2, 8);
+    let mut rng = Rng::new(95);
+    let mut slots: Vec<Vec<u32>> = vec![Vec::new(); lists];
+    for s in 0..ROWS as u32 {
+        slots[(s as usize * 3 + 2) % (lists - 1)].push(s);
+    }
+    let centroids = rng.normals(lists * dim);
+    let removed = SlotSet::from_slots(ROWS, REMOVED);
+    let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 5 != 2));
+    let probes: Vec<u32> = (0..nq).flat_map(|q| [(q % lists) as u32, ((q + 3) % lists) as u32]).collect();
+    for (m, bits) in [(9, 8), (12, 4), (36, 4), (1, 8)] {
+        let (sub, ksub) = (dim / m, 1usize << bits);
+        let codebooks = rng.normals(ksub * dim);
+        // Each row's codes and its decoded residual (the codebook centroids its codes name).
+        let mut decoded: Vec<Vec<f32>> = vec![Vec::new(); ROWS];
+        let codes: Vec<ListCodes> = slots
+            .iter()
+            .enumerate()
+            .map(|(l, list)| {
+                let mut out = ListCodes::default();
+                for &s in list {
+                    let named: Vec<usize> = (0..m).map(|_| rng.below(ksub)).collect();
+                    let mut row = vec![0u8; pq::code_bytes(m, bits)];
+                    for (j, &c) in named.iter().enumerate() {
+                        if bits == 4 {
+                            row[j / 2] |= (c as u8) << (4 * (j % 2));
+                        } else {
+                            row[j] = c as u8;
+                        }
+                    }
+                    let r: Vec<f32> = named
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(j, &c)| {
+                            codebooks[(j * ksub + c) * sub..(j * ksub + c + 1) * sub].to_vec()
+                        })
+                        .collect();
+                    let centroid = &centroids[l * dim..(l + 1) * dim];
+                    let term: f64 = r
+                        .iter()
+                        .zip(centroid)
+                        .map(|(&x, &c)| f64::from(x) * f64::from(x) + 2.0 * f64::from(c) * f64::from(x))
+                        .sum();
+                    out.codes.extend_from_slice(&row);
+                    out.norms.push(term as f32);
+                    decoded[s as usize] = r;
+                }
+                out
+            })
+            .collect();
+        for context in contexts_with_forced_paths() {
+            let rows = context
+                .backend()
+                .new_rows(dim, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
+                .expect("a row store opens");
+            for metric in METRICS {
+                let mut queries = rng.normals(nq * dim);
+                if metric == GpuDistanceMetric::Cosine {
+                    for q in queries.chunks_exact_mut(dim) {
+                        let n = q.iter().map(|x| x * x).sum::<f32>().sqrt();
+                        q.iter_mut().for_each(|x| *x /= n);
+                    }
+                }
+                for filter in [None, Some(&allowed)] {
+                    for k in [1, 6, 400] {
+                        let what = format!(
+                            "{} m {m} bits {bits} {metric:?} filtered {} k {k}",
+                            describe(&context),
+                            filter.is_some()
+                        );
+                        let scan = PqScan {
+                            dim,
+                            metric,
+                            queries: &queries,
+                            centroids: &centroids,
+                            m,
+                            bits,
+                            codebooks: &codebooks,
+                            slots: &slots,
+                            codes: &codes,
+                            probes: &probes,
+                            nprobe,
+                            removed: &removed,
+                            allowed: filter,
+                            generation: 0,
+                        };
+                        let found = rows.scan_pq(&scan, k).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!(found.len(), nq, "{what}");
+                        for (q, got) in found.iter().enumerate() {
+                            let query = &queries[q * dim..(q + 1) * dim];
+                            let mut want: Vec<(usize, f64)> = Vec::new();
+                            for &l in &probes[q * nprobe..(q + 1) * nprobe] {
+                                let centroid = &centroids[l as usize * dim..(l as usize + 1) * dim];
+                                for &slot in &slots[l as usize] {
+                                    let s = slot as usize;
+                                    if removed.contains(s) || filter.is_some_and(|a| !a.contains(s)) {
+                                        continue;
+                                    }
+                                    // The row as the vector it stands for, scored in f64.
+                                    let x = centroid
+                                        .iter()
+                                        .zip(&decoded[s])
+                                        .map(|(&c, &r)| f64::from(c) + f64::from(r));
+                                    let d = match metric {
+                                        GpuDistanceMetric::Euclidean => {
+                                            x.zip(query).map(|(x, &q)| (f64::from(q) - x).powi(2)).sum()
+                                        }
+                                        _ => -x.zip(query).map(|(x, &q)| f64::from(q) * x).sum::<f64>(),
+                                    };
+                                    want.push((s, d));
+                                }
+                            }
+                            want.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+                            want.truncate(k);
+                            assert_eq!(got.len(), want.len(), "{what}: query {q}");
+                            let scale = want.iter().map(|w| w.1.abs()).fold(1.0, f64::max);
+                            let tolerance = 1e-5 * scale;
+                            let kth = want.last().map_or(f64::INFINITY, |w| w.1);
+                            for (n, w) in got.iter().zip(&want) {
+                                assert!(
+                                    (n.distance - w.1).abs() <= tolerance,
+                                    "{what}: query {q}: {} vs {}",
+                                    n.distance,
+                                    w.1
+                                );
+                                let own = want.iter().find(|x| x.0 == n.slot).map_or(kth + 1.0, |x| x.1);
+                                assert!(
+                                    own <= kth + tolerance,
+                                    "{what}: query {q}: slot {} is not among the best",
+                                    n.slot
+                                );
+                            }
+                            assert!(
+                                got.windows(2).all(|p| p[0].distance <= p[1].distance),
+                                "{what}: out of order"
+                            );
+                        }
+                    }
+                }
+            }
+            // Shapes that do not fit are refused by name: m not dividing the dimension, a short
+            // list of codes.
+            let queries = rng.normals(nq * dim);
+            let mut scan = PqScan {
+                dim,
+                metric: GpuDistanceMetric::Euclidean,
+                queries: &queries,
+                centroids: &centroids,
+                m: 7,
+                bits,
+                codebooks: &codebooks,
+                slots: &slots,
+                codes: &codes,
+                probes: &probes,
+                nprobe,
+                removed: &removed,
+                allowed: None,
+                generation: 0,
+            };
+            let e = rows.scan_pq(&scan, 3).unwrap_err().to_string();
+            assert!(e.contains("scan_pq") && e.contains("divide"), "{e}");
+            scan.m = m;
+            let mut short = codes.clone();
+            short[2].codes.pop();
+            scan.codes = &short;
+            let e = rows.scan_pq(&scan, 3).unwrap_err().to_string();
+            assert!(e.contains("scan_pq") && e.contains("list 2"), "{e}");
+        }
     }
 }

@@ -39,7 +39,8 @@ use crate::types::GpuDistanceMetric;
 pub struct ListCodes {
     /// `rows x dim` codes, row-major.
     pub codes: Vec<u8>,
-    /// Each row's `|base + step * c|^2` (its decoded residual's squared norm).
+    /// Each row's term that depends on the row alone: under SQ8 `|base + step * c|^2` (its
+    /// decoded residual's squared norm), under PQ [`super::pq`]'s.
     pub norms: Vec<f32>,
 }
 
@@ -332,18 +333,18 @@ impl Ord for Entry {
 }
 
 /// The `k` best (distance, slot) pairs offered, ties by slot.
-struct Best {
+pub(crate) struct Best {
     k: usize,
     heap: BinaryHeap<Entry>,
 }
 
 impl Best {
-    fn new(k: usize) -> Self {
+    pub(crate) fn new(k: usize) -> Self {
         Self { k, heap: BinaryHeap::with_capacity(k + 1) }
     }
 
     /// Offers above this distance cannot enter.
-    fn gate(&self) -> f32 {
+    pub(crate) fn gate(&self) -> f32 {
         if self.heap.len() < self.k {
             f32::INFINITY
         } else {
@@ -351,7 +352,7 @@ impl Best {
         }
     }
 
-    fn push(&mut self, distance: f32, slot: u32) {
+    pub(crate) fn push(&mut self, distance: f32, slot: u32) {
         let entry = Entry { distance, slot };
         if self.heap.len() < self.k {
             self.heap.push(entry);
@@ -361,7 +362,7 @@ impl Best {
         }
     }
 
-    fn into_neighbors(self) -> Vec<Neighbor> {
+    pub(crate) fn into_neighbors(self) -> Vec<Neighbor> {
         self.heap
             .into_sorted_vec()
             .into_iter()

@@ -40,6 +40,7 @@ pub(crate) mod cpu;
 // but only the CUDA and ROCm backends call it.
 #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) mod gpu;
+pub mod pq;
 
 #[cfg(feature = "vulkan")]
 pub(crate) mod wgpu;
@@ -47,6 +48,7 @@ pub(crate) mod wgpu;
 pub use bits::BitScan;
 pub use candidates::{Candidates, ListProbes};
 pub use codes::{CodeScan, ListCodes};
+pub use pq::PqScan;
 
 use crate::error::{HiveGpuError, Result};
 use crate::persist::MappedRows;
@@ -255,6 +257,15 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// codes on the host's threads (every backend's path until a device kernel lands).
     fn scan_bits(&self, scan: &BitScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         crate::exec::run(|| bits::scan_on_host(scan, k))?
+    }
+    /// The `k` smallest approximate distances of each query among the product-quantized rows
+    /// of its probed lists (the distance is [`pq`]'s, from one lookup table per query),
+    /// skipping `scan.removed` and, with `scan.allowed`, the slots it does not hold: ascending,
+    /// ties by slot, fewer where the lists hold fewer. What IVF-PQ runs before its exact
+    /// [`RowStore::refine`]; this default scans the codes on the host's threads (every
+    /// backend's path until a device kernel lands).
+    fn scan_pq(&self, scan: &PqScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        crate::exec::run(|| pq::scan_on_host(scan, k))?
     }
     /// The `k` smallest of each row of `scores` (row-major, `width` per row; lower is better),
     /// ascending, ties by column: a [`Neighbor`] per pick with the column as `slot` and the

@@ -1,8 +1,9 @@
-//! IVF-Flat and IVF-SQ8 (and the flat SQ8 index, IVF-SQ8 over one list): the collection's
-//! vectors grouped into inverted lists by their nearest k-means centroid; a search probes the
-//! `nprobe` centroids nearest each query and scans the rows of those lists, exactly (IVF-Flat)
-//! or through their 8-bit codes ([`crate::index::sq`]) with an exact re-rank of the best
-//! `refine_factor * k` of them (IVF-SQ8).
+//! IVF-Flat, IVF-SQ8 and IVF-PQ (and the flat SQ8, PQ and binary indexes, each over one list):
+//! the collection's vectors grouped into inverted lists by their nearest k-means centroid; a
+//! search probes the `nprobe` centroids nearest each query and scans the rows of those lists,
+//! exactly (IVF-Flat) or through their codes (8-bit scalar codes, [`crate::index::sq`];
+//! product-quantizer codes, [`crate::index::pq`]; one bit per component) with an exact re-rank
+//! of the best `refine_factor * k` of them.
 //!
 //! Written once over the backend op set: the centroids are a flat row store of the
 //! collection's backend, so probing (and assigning new vectors) is its exact k-NN, and the
@@ -17,17 +18,21 @@
 //! ones of the stored vectors, and with `refine_factor * k` covering every row scanned its
 //! results equal IVF-Flat's.
 //!
-//! The codes add `dim + 4` bytes per vector (a byte per component and the decoded norm) and
-//! live on the host beside the lists; every backend scans them through
-//! [`RowStore::scan_codes`].
+//! SQ8 codes add `dim + 4` bytes per vector (a byte per component and the decoded norm), PQ
+//! codes `m * bits / 8 + 4` (the codes and each row's own distance term), binary codes
+//! `dim / 8` rounded up to whole 64-bit words. They live on the host beside the lists; every
+//! backend scans them through [`RowStore::scan_codes`], [`RowStore::scan_pq`] and
+//! [`RowStore::scan_bits`].
 
 use crate::backend::bits::{self, BitScan};
-use crate::backend::{Candidates, CodeScan, GpuBackend, ListCodes, ListProbes, Neighbor, RowStore};
+use crate::backend::{Candidates, CodeScan, GpuBackend, ListCodes, ListProbes, Neighbor, PqScan, RowStore};
 use crate::collection::{Collection, Subject};
 use crate::error::{HiveGpuError, Result};
 use crate::index::kmeans::{self, KMeansParams, SplitMix};
+use crate::index::pq::ProductQuantizer;
 use crate::index::spec::IndexSpec;
 use crate::index::sq::ScalarQuantizer;
+use crate::persist::format::StoredQuantizer;
 use crate::slots::SlotSet;
 use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 
@@ -46,7 +51,7 @@ const ASSIGN_PIECE: usize = 1 << 16;
 /// A trained IVF index over one collection's slots.
 #[derive(Debug)]
 pub(crate) struct Ivf {
-    /// What was built (IVF-Flat, IVF-SQ8 or the flat SQ8 index).
+    /// What was built.
     spec: IndexSpec,
     metric: GpuDistanceMetric,
     /// `nlist x dim` centroids, kept on the host for saving and describing.
@@ -74,14 +79,31 @@ enum Coded {
     Sq8 { quantizer: ScalarQuantizer, codes: Vec<ListCodes> },
     /// A bit per component ([`crate::backend::bits`]): `bits::words(dim)` words per row.
     Bits { codes: Vec<Vec<u64>> },
+    /// `m` product-quantizer codes per row ([`crate::backend::pq`]'s layout), with each
+    /// row's own term of the scan's Euclidean distance.
+    Pq { quantizer: ProductQuantizer, codes: Vec<ListCodes> },
 }
 
-/// New vectors' lists and, for a quantized index, their codes (row-major; SQ8's with their
-/// decoded norms): what an add computes before the collection changes.
+impl Coded {
+    /// The byte codes of an SQ8 or PQ index, with the bytes of one row.
+    fn byte_codes(&mut self, dim: usize) -> Option<(&mut Vec<ListCodes>, usize)> {
+        match self {
+            Coded::Sq8 { codes, .. } => Some((codes, dim)),
+            Coded::Pq { quantizer, codes } => {
+                let bytes = quantizer.code_bytes();
+                Some((codes, bytes))
+            }
+            Coded::Bits { .. } => None,
+        }
+    }
+}
+
+/// New vectors' lists and, for a quantized index, their codes (row-major; SQ8's and PQ's with
+/// each row's own term): what an add computes before the collection changes.
 #[derive(Debug, Default)]
 pub(crate) struct Assigned {
     lists: Vec<u32>,
-    sq: ListCodes,
+    codes: ListCodes,
     bits: Vec<u64>,
 }
 
@@ -89,8 +111,8 @@ impl Assigned {
     /// Appends `more`'s vectors after these.
     pub(crate) fn append(&mut self, more: Assigned) {
         self.lists.extend(more.lists);
-        self.sq.codes.extend(more.sq.codes);
-        self.sq.norms.extend(more.sq.norms);
+        self.codes.codes.extend(more.codes.codes);
+        self.codes.norms.extend(more.codes.norms);
         self.bits.extend(more.bits);
     }
 }
@@ -123,13 +145,10 @@ impl Ivf {
         collection: &Collection,
         spec: IndexSpec,
     ) -> Result<Self> {
-        let nlist = match spec {
-            IndexSpec::IvfFlat { nlist } | IndexSpec::IvfSq8 { nlist } => nlist,
-            IndexSpec::Sq8 | IndexSpec::Binary => 1,
-            IndexSpec::Flat => {
-                return Err(HiveGpuError::Internal("the flat search has no lists to build".into()));
-            }
-        };
+        let nlist = spec.nlist();
+        if nlist == 0 {
+            return Err(HiveGpuError::Internal("the flat search has no lists to build".into()));
+        }
         let config = *collection.config();
         let dim = config.dimension;
         let live: Vec<usize> =
@@ -139,6 +158,17 @@ impl Ivf {
                 "{spec} needs at least {nlist} vectors to train its lists; the collection holds {}",
                 live.len()
             )));
+        }
+        if let Some((m, bits)) = spec.product_codes() {
+            ProductQuantizer::check_shape(dim, m, bits)
+                .map_err(|e| HiveGpuError::InvalidArgument(format!("{spec}: {e}")))?;
+            if live.len() < 1 << bits {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "{spec} trains {} centroids per sub-quantizer: it needs at least that many vectors; the collection holds {}",
+                    1 << bits,
+                    live.len()
+                )));
+            }
         }
         if collection.slots() > u32::MAX as usize {
             return Err(HiveGpuError::InvalidArgument(format!(
@@ -211,9 +241,15 @@ impl Ivf {
             for (v, &l) in training.chunks_exact_mut(dim).zip(&lists) {
                 index.subtract_centroid(v, l as usize);
             }
-            index.coded = Some(Coded::Sq8 {
-                quantizer: ScalarQuantizer::train(&training, dim)?,
-                codes: vec![ListCodes::default(); nlist],
+            index.coded = Some(match spec.product_codes() {
+                Some((m, bits)) => Coded::Pq {
+                    quantizer: ProductQuantizer::train(backend, tuning, &training, dim, m, bits)?,
+                    codes: vec![ListCodes::default(); nlist],
+                },
+                None => Coded::Sq8 {
+                    quantizer: ScalarQuantizer::train(&training, dim)?,
+                    codes: vec![ListCodes::default(); nlist],
+                },
             });
         }
         drop(training);
@@ -227,11 +263,15 @@ impl Ivf {
         // Filed by pushes, the lists hold up to twice their room: give it back once.
         index.lists.iter_mut().for_each(Vec::shrink_to_fit);
         match &mut index.coded {
-            Some(Coded::Sq8 { codes, .. }) => codes.iter_mut().for_each(|list| {
-                list.codes.shrink_to_fit();
-                list.norms.shrink_to_fit();
-            }),
             Some(Coded::Bits { codes }) => codes.iter_mut().for_each(Vec::shrink_to_fit),
+            Some(coded) => {
+                if let Some((codes, _)) = coded.byte_codes(dim) {
+                    codes.iter_mut().for_each(|list| {
+                        list.codes.shrink_to_fit();
+                        list.norms.shrink_to_fit();
+                    });
+                }
+            }
             None => {}
         }
         if crate::backend::profiling() {
@@ -270,11 +310,18 @@ impl Ivf {
         &self.lists
     }
 
-    /// The scalar quantizer's grid (bases, steps) of a coded index.
-    pub(crate) fn quantizer(&self) -> Option<(&[f32], &[f32])> {
+    /// What a collection file keeps of the quantizer: the SQ8 grid or the PQ codebooks.
+    pub(crate) fn stored_quantizer(&self) -> Option<StoredQuantizer> {
         match &self.coded {
-            Some(Coded::Sq8 { quantizer, .. }) => Some((&quantizer.base[..], &quantizer.step[..])),
-            _ => None,
+            Some(Coded::Sq8 { quantizer, .. }) => {
+                Some(StoredQuantizer::Scalar { base: quantizer.base.clone(), step: quantizer.step.clone() })
+            }
+            Some(Coded::Pq { quantizer, .. }) => Some(StoredQuantizer::Product {
+                m: quantizer.m(),
+                bits: quantizer.bits(),
+                codebooks: quantizer.codebooks().to_vec(),
+            }),
+            Some(Coded::Bits { .. }) | None => None,
         }
     }
 
@@ -315,7 +362,7 @@ impl Ivf {
             },
         };
         index.coded = match (&stored.quantizer, stored.spec) {
-            (Some((base, step)), _) => {
+            (Some(StoredQuantizer::Scalar { base, step }), _) => {
                 if base.len() != dim {
                     return Err(HiveGpuError::InvalidArgument(format!(
                         "the scalar quantizer has {} components, the collection {dim}",
@@ -324,6 +371,11 @@ impl Ivf {
                 }
                 let quantizer = ScalarQuantizer::from_parts(base.clone(), step.clone())?;
                 Some(Coded::Sq8 { quantizer, codes: vec![ListCodes::default(); nlist] })
+            }
+            (Some(StoredQuantizer::Product { m, bits, codebooks }), _) => {
+                let quantizer =
+                    ProductQuantizer::from_parts(backend, tuning, dim, *m, *bits, codebooks.clone())?;
+                Some(Coded::Pq { quantizer, codes: vec![ListCodes::default(); nlist] })
             }
             (None, IndexSpec::Binary) => Some(Coded::Bits { codes: vec![Vec::new(); nlist] }),
             (None, _) => None,
@@ -334,7 +386,7 @@ impl Ivf {
                 for piece in index.lists[l].clone().chunks(ASSIGN_PIECE) {
                     let slots: Vec<usize> = piece.iter().map(|&s| s as usize).collect();
                     let values = rows.gather(&slots)?;
-                    let assigned = index.encode(&values, vec![l as u32; piece.len()]);
+                    let assigned = index.encode(&values, vec![l as u32; piece.len()])?;
                     index.append_codes(&assigned);
                 }
             }
@@ -373,29 +425,59 @@ impl Ivf {
     }
 
     /// `lists` (each vector's) with the codes of the stored vectors `values` in them.
-    fn encode(&self, values: &[f32], lists: Vec<u32>) -> Assigned {
+    fn encode(&self, values: &[f32], lists: Vec<u32>) -> Result<Assigned> {
         let dim = self.dim();
         let mut assigned = Assigned { lists, ..Assigned::default() };
-        let Some(coded) = &self.coded else { return assigned };
+        let Some(coded) = &self.coded else { return Ok(assigned) };
         let mut residual = Vec::with_capacity(dim);
-        for (v, &l) in values.chunks_exact(dim).zip(&assigned.lists) {
-            let l = l as usize;
-            residual.clear();
-            residual.extend_from_slice(v);
-            if self.metric == GpuDistanceMetric::Cosine {
-                // Cosine codes encode directions (the rows are searched as unit vectors).
-                to_unit(&mut residual);
-            }
-            let centroid = &self.centroids[l * dim..(l + 1) * dim];
-            match coded {
-                Coded::Sq8 { quantizer, .. } => {
-                    residual.iter_mut().zip(centroid).for_each(|(x, &c)| *x -= c);
-                    quantizer.encode_into(&residual, &mut assigned.sq);
+        match coded {
+            Coded::Pq { quantizer, .. } => {
+                // Product codes are found a batch at a time (a 1-NN per sub-quantizer).
+                let mut residuals = values.to_vec();
+                for (v, &l) in residuals.chunks_exact_mut(dim).zip(&assigned.lists) {
+                    self.residual_in_place(v, l as usize);
                 }
-                Coded::Bits { .. } => bits::pack(&residual, centroid, &mut assigned.bits),
+                assigned.codes.codes = quantizer.encode(&residuals)?;
+                residual.resize(dim, 0.0);
+                let rows = assigned.codes.codes.chunks_exact(quantizer.code_bytes());
+                assigned.codes.norms = rows
+                    .zip(&assigned.lists)
+                    .map(|(row, &l)| {
+                        let l = l as usize;
+                        quantizer.row_term(row, &self.centroids[l * dim..(l + 1) * dim], &mut residual)
+                    })
+                    .collect();
+            }
+            Coded::Sq8 { quantizer, .. } => {
+                for (v, &l) in values.chunks_exact(dim).zip(&assigned.lists) {
+                    residual.clear();
+                    residual.extend_from_slice(v);
+                    self.residual_in_place(&mut residual, l as usize);
+                    quantizer.encode_into(&residual, &mut assigned.codes);
+                }
+            }
+            Coded::Bits { .. } => {
+                for (v, &l) in values.chunks_exact(dim).zip(&assigned.lists) {
+                    let l = l as usize;
+                    residual.clear();
+                    residual.extend_from_slice(v);
+                    if self.metric == GpuDistanceMetric::Cosine {
+                        to_unit(&mut residual);
+                    }
+                    bits::pack(&residual, &self.centroids[l * dim..(l + 1) * dim], &mut assigned.bits);
+                }
             }
         }
-        assigned
+        Ok(assigned)
+    }
+
+    /// A stored vector `v` of list `l` made the residual its codes encode: `v - centroid_l`,
+    /// of `v` as a unit vector under cosine (the rows are searched as directions).
+    fn residual_in_place(&self, v: &mut [f32], l: usize) {
+        if self.metric == GpuDistanceMetric::Cosine {
+            to_unit(v);
+        }
+        self.subtract_centroid(v, l);
     }
 
     /// The list of each vector of `values` (row-major, the collection's dimension), and for a
@@ -415,7 +497,7 @@ impl Ivf {
     /// [`Ivf::assign`] of values that are stored values already.
     fn assign_stored(&self, values: &[f32]) -> Result<Assigned> {
         let lists = self.nearest_lists(values)?;
-        Ok(self.encode(values, lists))
+        self.encode(values, lists)
     }
 
     /// Checks that slots up to `end` fit the lists' 32-bit entries: the fallible half of an add.
@@ -454,17 +536,19 @@ impl Ivf {
     fn append_codes(&mut self, assigned: &Assigned) {
         let dim = self.dim();
         match &mut self.coded {
-            Some(Coded::Sq8 { codes, .. }) => {
-                for (i, &l) in assigned.lists.iter().enumerate() {
-                    let list = &mut codes[l as usize];
-                    list.codes.extend_from_slice(&assigned.sq.codes[i * dim..(i + 1) * dim]);
-                    list.norms.push(assigned.sq.norms[i]);
-                }
-            }
             Some(Coded::Bits { codes }) => {
                 let words = bits::words(dim);
                 for (i, &l) in assigned.lists.iter().enumerate() {
                     codes[l as usize].extend_from_slice(&assigned.bits[i * words..(i + 1) * words]);
+                }
+            }
+            Some(coded) => {
+                if let Some((codes, bytes)) = coded.byte_codes(dim) {
+                    for (i, &l) in assigned.lists.iter().enumerate() {
+                        let list = &mut codes[l as usize];
+                        list.codes.extend_from_slice(&assigned.codes.codes[i * bytes..(i + 1) * bytes]);
+                        list.norms.push(assigned.codes.norms[i]);
+                    }
                 }
             }
             None => {}
@@ -487,12 +571,14 @@ impl Ivf {
                 let Some(&new) = renumbered.get(list[i] as usize).filter(|&&n| n != GONE) else { continue };
                 list[kept] = new;
                 match &mut self.coded {
-                    Some(Coded::Sq8 { codes, .. }) => {
-                        codes[l].codes.copy_within(i * dim..(i + 1) * dim, kept * dim);
-                        codes[l].norms[kept] = codes[l].norms[i];
-                    }
                     Some(Coded::Bits { codes }) => {
                         codes[l].copy_within(i * words..(i + 1) * words, kept * words)
+                    }
+                    Some(coded) => {
+                        if let Some((codes, bytes)) = coded.byte_codes(dim) {
+                            codes[l].codes.copy_within(i * bytes..(i + 1) * bytes, kept * bytes);
+                            codes[l].norms[kept] = codes[l].norms[i];
+                        }
                     }
                     None => {}
                 }
@@ -500,11 +586,13 @@ impl Ivf {
             }
             list.truncate(kept);
             match &mut self.coded {
-                Some(Coded::Sq8 { codes, .. }) => {
-                    codes[l].codes.truncate(kept * dim);
-                    codes[l].norms.truncate(kept);
-                }
                 Some(Coded::Bits { codes }) => codes[l].truncate(kept * words),
+                Some(coded) => {
+                    if let Some((codes, bytes)) = coded.byte_codes(dim) {
+                        codes[l].codes.truncate(kept * bytes);
+                        codes[l].norms.truncate(kept);
+                    }
+                }
                 None => {}
             }
         }
@@ -515,9 +603,30 @@ impl Ivf {
         self.generation = ListProbes::next_generation();
         self.lists.iter_mut().for_each(Vec::clear);
         match &mut self.coded {
-            Some(Coded::Sq8 { codes, .. }) => codes.iter_mut().for_each(|c| *c = ListCodes::default()),
+            Some(Coded::Sq8 { codes, .. } | Coded::Pq { codes, .. }) => {
+                codes.iter_mut().for_each(|c| *c = ListCodes::default())
+            }
             Some(Coded::Bits { codes }) => codes.iter_mut().for_each(|c| *c = Vec::new()),
             None => {}
+        }
+    }
+
+    /// Bytes of codes per vector (0 without codes).
+    pub(crate) fn code_size(&self) -> usize {
+        match &self.coded {
+            Some(Coded::Sq8 { .. }) => self.dim() + 4,
+            Some(Coded::Pq { quantizer, .. }) => quantizer.code_bytes() + 4,
+            Some(Coded::Bits { .. }) => bits::words(self.dim()) * 8,
+            None => 0,
+        }
+    }
+
+    /// Bytes of the trained quantizer, whatever the number of vectors.
+    pub(crate) fn quantizer_bytes(&self) -> usize {
+        match &self.coded {
+            Some(Coded::Sq8 { quantizer, .. }) => quantizer.dim() * 8,
+            Some(Coded::Pq { quantizer, .. }) => quantizer.memory_bytes(),
+            Some(Coded::Bits { .. }) | None => 0,
         }
     }
 
@@ -525,13 +634,12 @@ impl Ivf {
     /// centroids.
     pub(crate) fn memory_bytes(&self) -> usize {
         let codes = match &self.coded {
-            Some(Coded::Sq8 { quantizer, codes }) => {
+            Some(Coded::Sq8 { codes, .. } | Coded::Pq { codes, .. }) => {
                 codes.iter().map(|l| l.codes.capacity() + l.norms.capacity() * 4).sum::<usize>()
-                    + quantizer.dim() * 8
             }
             Some(Coded::Bits { codes }) => codes.iter().map(|l| l.capacity() * 8).sum::<usize>(),
             None => 0,
-        };
+        } + self.quantizer_bytes();
         self.lists.iter().map(|l| l.capacity() * 4).sum::<usize>()
             + codes
             + self.centroids.len() * 4
@@ -600,6 +708,25 @@ impl Ivf {
                             centroids: &self.centroids,
                             base: &quantizer.base,
                             step: &quantizer.step,
+                            slots: &self.lists,
+                            codes,
+                            probes: &probes,
+                            nprobe,
+                            removed,
+                            allowed,
+                            generation: self.generation,
+                        },
+                        wanted,
+                    )?,
+                    Coded::Pq { quantizer, codes } => rows.scan_pq(
+                        &PqScan {
+                            dim,
+                            metric: self.metric,
+                            queries: scanned_queries,
+                            centroids: &self.centroids,
+                            m: quantizer.m(),
+                            bits: quantizer.bits(),
+                            codebooks: quantizer.codebooks(),
                             slots: &self.lists,
                             codes,
                             probes: &probes,

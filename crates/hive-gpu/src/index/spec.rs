@@ -44,10 +44,32 @@ pub enum IndexSpec {
     /// `refine_factor * k` re-ranked exactly. 32x smaller than f32 codes, and coarse: it
     /// needs a larger refine factor than SQ8 (its default is 16).
     Binary,
+    /// IVF-PQ: an inverted file whose lists hold each vector's residual to its centroid as
+    /// `m` codes of `bits` bits, one per sub-vector of `dim / m` components (each code names
+    /// the nearest of `2^bits` centroids trained for that sub-space); a search ranks the
+    /// probed lists' rows by asymmetric distances read from per-query lookup tables and
+    /// re-ranks the best `refine_factor * k` exactly against the stored vectors.
+    IvfPq {
+        /// Lists (k-means centroids); at least 1, at most the vectors trained on.
+        nlist: usize,
+        /// Sub-quantizers; must divide the collection's dimension.
+        m: usize,
+        /// Bits per code: 4 or 8.
+        bits: usize,
+    },
+    /// The flat PQ index: every vector as `m` product-quantizer codes of `bits` bits (IVF-PQ
+    /// over a single list), searched by its codes with an exact re-rank.
+    Pq {
+        /// Sub-quantizers; must divide the collection's dimension.
+        m: usize,
+        /// Bits per code: 4 or 8.
+        bits: usize,
+    },
 }
 
 impl IndexSpec {
-    /// The spec's kind as its string starts: `flat`, `ivf-flat`, `ivf-sq8`, `sq8`.
+    /// The spec's kind as its string starts: `flat`, `ivf-flat`, `ivf-sq8`, `sq8`, `binary`,
+    /// `ivf-pq`, `pq`.
     pub fn kind(&self) -> &'static str {
         match self {
             IndexSpec::Flat => "flat",
@@ -55,21 +77,44 @@ impl IndexSpec {
             IndexSpec::IvfSq8 { .. } => "ivf-sq8",
             IndexSpec::Sq8 => "sq8",
             IndexSpec::Binary => "binary",
+            IndexSpec::IvfPq { .. } => "ivf-pq",
+            IndexSpec::Pq { .. } => "pq",
+        }
+    }
+
+    /// Inverted lists the index keeps (1 for the flat quantized indexes, 0 for `flat`).
+    pub fn nlist(&self) -> usize {
+        match *self {
+            IndexSpec::Flat => 0,
+            IndexSpec::IvfFlat { nlist } | IndexSpec::IvfSq8 { nlist } | IndexSpec::IvfPq { nlist, .. } => {
+                nlist
+            }
+            IndexSpec::Sq8 | IndexSpec::Binary | IndexSpec::Pq { .. } => 1,
+        }
+    }
+
+    /// A product-quantized index's sub-quantizers and bits per code.
+    pub fn product_codes(&self) -> Option<(usize, usize)> {
+        match *self {
+            IndexSpec::IvfPq { m, bits, .. } | IndexSpec::Pq { m, bits } => Some((m, bits)),
+            _ => None,
         }
     }
 
     /// Whether searches rank candidates by codes and re-rank the best `refine_factor * k`.
     pub fn is_quantized(&self) -> bool {
-        matches!(self, IndexSpec::IvfSq8 { .. } | IndexSpec::Sq8 | IndexSpec::Binary)
+        !matches!(self, IndexSpec::Flat | IndexSpec::IvfFlat { .. })
     }
 
     /// The refine factor a search uses when it names none: [`crate::DEFAULT_REFINE_FACTOR`]
-    /// for SQ8 codes, [`crate::DEFAULT_BINARY_REFINE_FACTOR`] for binary ones (1 for an index
-    /// that does not re-rank).
+    /// for SQ8 codes, [`crate::DEFAULT_PQ_REFINE_FACTOR`] for PQ codes,
+    /// [`crate::DEFAULT_BINARY_REFINE_FACTOR`] for binary ones (1 for an index that does not
+    /// re-rank).
     pub fn default_refine_factor(&self) -> usize {
         match self {
             IndexSpec::IvfSq8 { .. } | IndexSpec::Sq8 => crate::DEFAULT_REFINE_FACTOR,
             IndexSpec::Binary => crate::DEFAULT_BINARY_REFINE_FACTOR,
+            IndexSpec::IvfPq { .. } | IndexSpec::Pq { .. } => crate::DEFAULT_PQ_REFINE_FACTOR,
             IndexSpec::Flat | IndexSpec::IvfFlat { .. } => 1,
         }
     }
@@ -83,6 +128,8 @@ impl std::fmt::Display for IndexSpec {
             IndexSpec::IvfSq8 { nlist } => write!(f, "ivf-sq8:nlist={nlist}"),
             IndexSpec::Sq8 => write!(f, "sq8"),
             IndexSpec::Binary => write!(f, "binary"),
+            IndexSpec::IvfPq { nlist, m, bits } => write!(f, "ivf-pq:nlist={nlist},m={m},bits={bits}"),
+            IndexSpec::Pq { m, bits } => write!(f, "pq:m={m},bits={bits}"),
         }
     }
 }
@@ -99,15 +146,43 @@ impl std::str::FromStr for IndexSpec {
             "ivf-sq8" | "ivfsq8" => IndexSpec::IvfSq8 { nlist: params.take_count("nlist")? },
             "sq8" => IndexSpec::Sq8,
             "binary" => IndexSpec::Binary,
+            "ivf-pq" | "ivfpq" => {
+                let nlist = params.take_count("nlist")?;
+                let (m, bits) = take_product_codes(&mut params)?;
+                IndexSpec::IvfPq { nlist, m, bits }
+            }
+            "pq" => {
+                let (m, bits) = take_product_codes(&mut params)?;
+                IndexSpec::Pq { m, bits }
+            }
             other => {
                 return Err(HiveGpuError::InvalidArgument(format!(
-                    "index spec {text:?}: unknown index kind {other:?} (known: flat, ivf-flat:nlist=N, ivf-sq8:nlist=N, sq8, binary)"
+                    "index spec {text:?}: unknown index kind {other:?} (known: flat, ivf-flat:nlist=N, ivf-sq8:nlist=N, sq8, binary, ivf-pq:nlist=N,m=M[,bits=8|4], pq:m=M[,bits=8|4])"
                 )));
             }
         };
         params.finish()?;
         Ok(spec)
     }
+}
+
+/// Bits per product-quantizer code when a spec names none (FAISS's and cuVS's default).
+const DEFAULT_PQ_BITS: usize = 8;
+
+/// A PQ spec's `m` (required) and `bits` (4 or 8, default 8).
+fn take_product_codes(params: &mut Params<'_>) -> Result<(usize, usize)> {
+    let m = params.take_count("m")?;
+    let text = params.text;
+    let bits = match params.take("bits") {
+        Some(value) => parse_count(text, "bits", value)?,
+        None => DEFAULT_PQ_BITS,
+    };
+    if !matches!(bits, 4 | 8) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "{text:?}: bits must be 4 or 8 (a code indexes 16 or 256 sub-centroids), got {bits}"
+        )));
+    }
+    Ok((m, bits))
 }
 
 /// `name=value` parameters of a spec, taken one by one; what is left over is an error.
@@ -182,10 +257,17 @@ mod tests {
             IndexSpec::IvfSq8 { nlist: 7 },
             IndexSpec::Sq8,
             IndexSpec::Binary,
+            IndexSpec::IvfPq { nlist: 1024, m: 16, bits: 8 },
+            IndexSpec::IvfPq { nlist: 3, m: 25, bits: 4 },
+            IndexSpec::Pq { m: 8, bits: 4 },
         ] {
             assert_eq!(spec.to_string().parse::<IndexSpec>().unwrap(), spec);
         }
         assert_eq!(" IVF-Flat : NLIST = 8 ".parse::<IndexSpec>().unwrap(), IndexSpec::IvfFlat { nlist: 8 });
+        assert_eq!(
+            "ivf-pq:m=16,nlist=64".parse::<IndexSpec>().unwrap(),
+            IndexSpec::IvfPq { nlist: 64, m: 16, bits: 8 }
+        );
     }
 
     #[test]
@@ -200,6 +282,11 @@ mod tests {
             ("flat:nlist=8", "unknown parameter \"nlist\""),
             ("sq8:nlist=8", "unknown parameter \"nlist\""),
             ("ivf-sq8", "nlist=N is required"),
+            ("ivf-pq:nlist=8", "m=N is required"),
+            ("ivf-pq:m=8", "nlist=N is required"),
+            ("pq:m=8,bits=6", "bits must be 4 or 8"),
+            ("pq:m=0", "at least 1"),
+            ("pq:m=8,nlist=4", "unknown parameter \"nlist\""),
             ("hnsw:m=16", "unknown index kind"),
             ("", "unknown index kind"),
         ] {

@@ -223,8 +223,30 @@ pub(crate) struct StoredIndex {
     pub(crate) iterations: u64,
     /// The index kind, with its list count.
     pub(crate) spec: crate::IndexSpec,
-    /// A scalar-quantized index's grid: `dimension` finite bases and steps of at least 0.
-    pub(crate) quantizer: Option<(Vec<f32>, Vec<f32>)>,
+    /// A quantized index's quantizer (checked as [`decode_index`] says).
+    pub(crate) quantizer: Option<StoredQuantizer>,
+}
+
+/// What an index section keeps of a quantizer (binary codes need none).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StoredQuantizer {
+    /// An SQ8 grid: `dimension` finite bases and steps of at least 0.
+    Scalar {
+        /// Per component, the value of code 0.
+        base: Vec<f32>,
+        /// Per component, one code step.
+        step: Vec<f32>,
+    },
+    /// PQ codebooks: `m` dividing the dimension, 4 or 8 bits, `2^bits x dimension` finite
+    /// values (codebook after codebook).
+    Product {
+        /// Sub-quantizers.
+        m: usize,
+        /// Bits per code.
+        bits: usize,
+        /// The codebooks.
+        codebooks: Vec<f32>,
+    },
 }
 
 /// The code of IVF-Flat in an index section.
@@ -235,18 +257,23 @@ const IVF_SQ8: u32 = 2;
 const SQ8: u32 = 3;
 /// The code of the binary index (one list, a bit per component) in an index section.
 const BINARY: u32 = 4;
+/// The code of IVF-PQ in an index section.
+const IVF_PQ: u32 = 5;
+/// The code of the flat PQ index (IVF-PQ over one list) in an index section.
+const PQ: u32 = 6;
 
-/// The index section's body: its kind (1 IVF-Flat, 2 IVF-SQ8, 3 SQ8, 4 binary), list count, training
-/// figures, centroids (f32), list lengths (u64) and the lists' slots (u32), every live slot
-/// once; then, for the SQ8 kinds, the grid's bases and steps (f32, `dim` each). Codes are not
-/// saved: an open encodes the stored vectors again.
+/// The index section's body: its kind (1 IVF-Flat, 2 IVF-SQ8, 3 SQ8, 4 binary, 5 IVF-PQ,
+/// 6 PQ), list count, training figures, centroids (f32), list lengths (u64) and the lists'
+/// slots (u32), every live slot once; then, for the SQ8 kinds, the grid's bases and steps
+/// (f32, `dim` each), for the PQ kinds `m` and `bits` (u32 each) and the codebooks (f32,
+/// `2^bits x dim`). Codes are not saved: an open encodes the stored vectors again.
 pub(crate) fn encode_index(
     spec: crate::IndexSpec,
     centroids: &[f32],
     lists: &[Vec<u32>],
     training_vectors: usize,
     iterations: usize,
-    quantizer: Option<(&[f32], &[f32])>,
+    quantizer: Option<&StoredQuantizer>,
     removed: &SlotSet,
 ) -> Vec<u8> {
     let live = |slot: &&u32| !removed.contains(**slot as usize);
@@ -256,6 +283,8 @@ pub(crate) fn encode_index(
         crate::IndexSpec::IvfSq8 { .. } => IVF_SQ8,
         crate::IndexSpec::Sq8 => SQ8,
         crate::IndexSpec::Binary => BINARY,
+        crate::IndexSpec::IvfPq { .. } => IVF_PQ,
+        crate::IndexSpec::Pq { .. } => PQ,
         _ => IVF_FLAT,
     };
     out.extend_from_slice(&kind.to_le_bytes());
@@ -270,8 +299,16 @@ pub(crate) fn encode_index(
     for list in lists {
         list.iter().filter(live).for_each(|slot| out.extend_from_slice(&slot.to_le_bytes()));
     }
-    if let Some((base, step)) = quantizer {
-        base.iter().chain(step).for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    match quantizer {
+        Some(StoredQuantizer::Scalar { base, step }) => {
+            base.iter().chain(step).for_each(|x| out.extend_from_slice(&x.to_le_bytes()))
+        }
+        Some(StoredQuantizer::Product { m, bits, codebooks }) => {
+            out.extend_from_slice(&(*m as u32).to_le_bytes());
+            out.extend_from_slice(&(*bits as u32).to_le_bytes());
+            codebooks.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        }
+        None => {}
     }
     out
 }
@@ -289,11 +326,11 @@ fn decode_index(
     let dim = config.dimension;
     let at = c.offset();
     let kind = c.u32("the index kind")?;
-    if !matches!(kind, IVF_FLAT | IVF_SQ8 | SQ8 | BINARY) {
+    if !matches!(kind, IVF_FLAT | IVF_SQ8 | SQ8 | BINARY | IVF_PQ | PQ) {
         return fail(
             "index",
             at,
-            format!("unknown index kind {kind} (1 is IVF-Flat, 2 IVF-SQ8, 3 SQ8, 4 binary)"),
+            format!("unknown index kind {kind} (1 is IVF-Flat, 2 IVF-SQ8, 3 SQ8, 4 binary, 5 IVF-PQ, 6 PQ)"),
         );
     }
     c.u32("reserved")?;
@@ -304,8 +341,12 @@ fn decode_index(
     if nlist == 0 || nlist != section.count {
         return fail("index", at, format!("{nlist} lists where the section table counts {}", section.count));
     }
-    if matches!(kind, SQ8 | BINARY) && nlist != 1 {
-        let name = if kind == SQ8 { "a flat SQ8" } else { "a binary" };
+    if matches!(kind, SQ8 | BINARY | PQ) && nlist != 1 {
+        let name = match kind {
+            SQ8 => "a flat SQ8",
+            PQ => "a flat PQ",
+            _ => "a binary",
+        };
         return fail("index", at, format!("{name} index has one list, this one {nlist}"));
     }
     let centroid_bytes = (nlist as usize).checked_mul(dim).and_then(|v| v.checked_mul(4));
@@ -351,18 +392,40 @@ fn decode_index(
     }
     let at = c.offset();
     let raw_slots = c.take(total * 4, "the lists' slots")?;
-    let quantizer = if matches!(kind, IVF_FLAT | BINARY) {
-        None
-    } else {
-        let grid_at = c.offset();
-        let raw = c.take(dim * 8, "the quantizer's grid")?;
-        let values: Vec<f32> =
-            raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        let (base, step) = values.split_at(dim);
-        if let Err(e) = crate::index::sq::ScalarQuantizer::from_parts(base.to_vec(), step.to_vec()) {
-            return fail("index", grid_at, e.to_string());
+    let quantizer = match kind {
+        IVF_SQ8 | SQ8 => {
+            let grid_at = c.offset();
+            let raw = c.take(dim * 8, "the quantizer's grid")?;
+            let values: Vec<f32> =
+                raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let (base, step) = values.split_at(dim);
+            if let Err(e) = crate::index::sq::ScalarQuantizer::from_parts(base.to_vec(), step.to_vec()) {
+                return fail("index", grid_at, e.to_string());
+            }
+            Some(StoredQuantizer::Scalar { base: base.to_vec(), step: step.to_vec() })
         }
-        Some((base.to_vec(), step.to_vec()))
+        IVF_PQ | PQ => {
+            let shape_at = c.offset();
+            let m = c.u32("the sub-quantizer count")? as usize;
+            let bits = c.u32("the bits per code")? as usize;
+            if let Err(e) = crate::index::pq::ProductQuantizer::check_shape(dim, m, bits) {
+                return fail("index", shape_at, e.to_string());
+            }
+            // 4 or 8 bits: at most 256 centroids of the dimension, checked against the section.
+            let books_at = c.offset();
+            let raw = c.take((1usize << bits) * dim * 4, "the codebooks")?;
+            let codebooks: Vec<f32> =
+                raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            if let Some(bad) = codebooks.iter().position(|x| !x.is_finite()) {
+                return fail(
+                    "index",
+                    books_at + 4 * bad as u64,
+                    String::from("a codebook has a non-finite value"),
+                );
+            }
+            Some(StoredQuantizer::Product { m, bits, codebooks })
+        }
+        _ => None,
     };
     c.finish()?;
     let mut seen = SlotSet::empty(slots);
@@ -391,6 +454,16 @@ fn decode_index(
         IVF_SQ8 => crate::IndexSpec::IvfSq8 { nlist },
         SQ8 => crate::IndexSpec::Sq8,
         BINARY => crate::IndexSpec::Binary,
+        IVF_PQ | PQ => {
+            let Some(StoredQuantizer::Product { m, bits, .. }) = quantizer else {
+                return fail("index", at, String::from("a PQ index without its codebooks"));
+            };
+            if kind == PQ {
+                crate::IndexSpec::Pq { m, bits }
+            } else {
+                crate::IndexSpec::IvfPq { nlist, m, bits }
+            }
+        }
         _ => crate::IndexSpec::IvfFlat { nlist },
     };
     Ok(StoredIndex { centroids, lists, training_vectors, iterations, spec, quantizer })

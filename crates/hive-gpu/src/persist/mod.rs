@@ -261,7 +261,7 @@ fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> R
             index.lists(),
             index.trained.training_vectors,
             index.trained.iterations,
-            index.quantizer(),
+            index.stored_quantizer().as_ref(),
             collection.removed(),
         );
         out.section(Kind::Index, index.nlist(), |w| w(&body).map_err(sink), path)?;
