@@ -35,6 +35,7 @@ use rayon::prelude::*;
 use crate::backend::codes::{Best, check_probed};
 use crate::backend::{ListCodes, Neighbor};
 use crate::error::{HiveGpuError, Result};
+use crate::exact::products::inner_products;
 use crate::slots::SlotSet;
 use crate::types::GpuDistanceMetric;
 
@@ -135,19 +136,26 @@ impl PqScan<'_> {
         Ok(nq)
     }
 
-    /// Query `q`'s lookup table: entry `j * 2^bits + c` is `-w q_j . codebook_j[c]`, with
-    /// `w` 2 under Euclidean and 1 otherwise.
-    pub(crate) fn table(&self, q: usize, table: &mut [f32]) {
-        let (dim, ksub) = (self.dim, self.codebook_size());
-        let sub = dim / self.m;
+    /// The lookup tables of the queries `first..first + count`, `m x 2^bits` each (query
+    /// after query): entry `j * 2^bits + c` of query `q` is `-w q_j . codebook_j[c]`, with `w`
+    /// 2 under Euclidean and 1 otherwise. One GEMM per sub-quantizer over the block.
+    pub(crate) fn tables(&self, first: usize, count: usize, tables: &mut Vec<f32>) {
+        let (dim, m, ksub) = (self.dim, self.m, self.codebook_size());
+        let sub = dim / m;
         let weight = if self.metric == GpuDistanceMetric::Euclidean { -2.0 } else { -1.0 };
-        let query = &self.queries[q * dim..(q + 1) * dim];
-        for j in 0..self.m {
-            let part = &query[j * sub..(j + 1) * sub];
+        let queries = &self.queries[first * dim..(first + count) * dim];
+        tables.clear();
+        tables.resize(count * m * ksub, 0.0);
+        let mut part = Vec::with_capacity(count * sub);
+        let mut products = vec![0.0f32; count * ksub];
+        for j in 0..m {
+            part.clear();
+            part.extend(queries.chunks_exact(dim).flat_map(|q| q[j * sub..(j + 1) * sub].iter().copied()));
             let book = &self.codebooks[j * ksub * sub..(j + 1) * ksub * sub];
-            for (entry, centroid) in table[j * ksub..(j + 1) * ksub].iter_mut().zip(book.chunks_exact(sub)) {
-                let dot: f64 = part.iter().zip(centroid).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
-                *entry = (weight * dot) as f32;
+            inner_products(&part, book, sub, count, ksub, &mut products);
+            for (q, row) in products.chunks_exact(ksub).enumerate() {
+                let table = &mut tables[(q * m + j) * ksub..(q * m + j + 1) * ksub];
+                table.iter_mut().zip(row).for_each(|(t, &p)| *t = weight * p);
             }
         }
     }
@@ -169,53 +177,72 @@ impl PqScan<'_> {
     }
 }
 
+/// Queries whose tables one task computes together (one GEMM per sub-quantizer): 64 tables
+/// of 16 x 256 f32 are 1 MiB, within a core's L2 beside the codes it scans.
+const QUERY_BLOCK: usize = 64;
+
 /// [`RowStore::scan_pq`](super::RowStore::scan_pq) on the host's threads (call it on the
 /// library's pool): the `k` smallest approximate distances of each query among the live
 /// (allowed) rows of its lists, ascending, ties by slot; fewer where the lists hold fewer.
-/// Queries run in parallel, each with its table in cache while it reads its lists.
+/// Blocks of queries run in parallel, each query's table in cache while it reads its lists.
 pub(crate) fn scan_on_host(scan: &PqScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
     let nq = scan.check(k)?;
-    let (m, bits, ksub) = (scan.m, scan.bits, scan.codebook_size());
+    let (m, ksub) = (scan.m, scan.codebook_size());
+    let block = QUERY_BLOCK.min(nq.div_ceil(rayon::current_num_threads()).max(1));
+    Ok((0..nq.div_ceil(block))
+        .into_par_iter()
+        .map_init(Vec::new, |tables, b| {
+            let first = b * block;
+            let count = block.min(nq - first);
+            scan.tables(first, count, tables);
+            (0..count)
+                .map(|i| scan_query(scan, first + i, &tables[i * m * ksub..(i + 1) * m * ksub], k))
+                .collect::<Vec<_>>()
+        })
+        .flatten_iter()
+        .collect())
+}
+
+/// Query `q`'s best `k` rows of its lists, by its lookup `table`.
+fn scan_query(scan: &PqScan<'_>, q: usize, table: &[f32], k: usize) -> Vec<Neighbor> {
+    let (m, bits) = (scan.m, scan.bits);
     let bytes = code_bytes(m, bits);
     let euclidean = scan.metric == GpuDistanceMetric::Euclidean;
-    Ok((0..nq)
-        .into_par_iter()
-        .map_init(
-            || vec![0.0f32; m * ksub],
-            |table, q| {
-                scan.table(q, table);
-                let mut best = Best::new(k);
-                for &l in &scan.probes[q * scan.nprobe..(q + 1) * scan.nprobe] {
-                    let l = l as usize;
-                    let offset = scan.offset(q, l);
-                    let list = &scan.codes[l];
-                    for (i, (&slot, row)) in
-                        scan.slots[l].iter().zip(list.codes.chunks_exact(bytes)).enumerate()
-                    {
-                        let mut distance = offset + if euclidean { list.norms[i] } else { 0.0 };
-                        if bits == 8 {
-                            for (j, &c) in row.iter().enumerate() {
-                                distance += table[j * ksub + usize::from(c)];
-                            }
-                        } else {
-                            for j in 0..m {
-                                distance += table[j * ksub + code_at(row, j, 4)];
-                            }
-                        }
-                        if distance > best.gate() {
-                            continue;
-                        }
-                        let s = slot as usize;
-                        if scan.removed.contains(s) || scan.allowed.is_some_and(|a| !a.contains(s)) {
-                            continue;
-                        }
-                        best.push(distance, slot);
+    // Fixed-size rows of the table: a code (a byte, or a nibble) indexes them without a check.
+    let fixed = |size: usize| {
+        if (bits == 8) == (size == 256) { table.chunks_exact(size) } else { [].chunks_exact(size) }
+    };
+    let wide: Vec<&[f32; 256]> = fixed(256).filter_map(|t| t.try_into().ok()).collect();
+    let narrow: Vec<&[f32; 16]> = fixed(16).filter_map(|t| t.try_into().ok()).collect();
+    let mut best = Best::new(k);
+    for &l in &scan.probes[q * scan.nprobe..(q + 1) * scan.nprobe] {
+        let l = l as usize;
+        let offset = scan.offset(q, l);
+        let list = &scan.codes[l];
+        let rows = scan.slots[l].iter().zip(list.codes.chunks_exact(bytes)).zip(&list.norms);
+        for ((&slot, row), &norm) in rows {
+            let mut distance = offset + if euclidean { norm } else { 0.0 };
+            if bits == 8 {
+                distance += row.iter().zip(&wide).map(|(&c, t)| t[usize::from(c)]).sum::<f32>();
+            } else {
+                for (&byte, pair) in row.iter().zip(narrow.chunks(2)) {
+                    distance += pair[0][usize::from(byte & 0xF)];
+                    if let Some(high) = pair.get(1) {
+                        distance += high[usize::from(byte >> 4)];
                     }
                 }
-                best.into_neighbors()
-            },
-        )
-        .collect())
+            }
+            if distance > best.gate() {
+                continue;
+            }
+            let s = slot as usize;
+            if scan.removed.contains(s) || scan.allowed.is_some_and(|a| !a.contains(s)) {
+                continue;
+            }
+            best.push(distance, slot);
+        }
+    }
+    best.into_neighbors()
 }
 
 #[cfg(test)]
