@@ -57,6 +57,7 @@ def faiss_curve(args, xb, xq, gt, k):
                                               faiss.METRIC_L2, True)
     else:
         index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, args.nlist)
+    ivf = index
     if args.faiss_refine:
         # The like-for-like peer of hive-gpu's exact re-rank: FAISS's IndexRefineFlat keeps the
         # full vectors and re-ranks the best k_factor * k of the codes exactly.
@@ -70,10 +71,10 @@ def faiss_curve(args, xb, xq, gt, k):
     rows = []
     batch = args.batch or len(xq)
     for p in args.nprobes:
-        if args.faiss_refine:
-            faiss.extract_index_ivf(index.base_index).nprobe = p
+        if args.faiss_gpu:
+            faiss.GpuParameterSpace().set_index_parameter(ivf, "nprobe", p)
         else:
-            index.nprobe = p
+            faiss.extract_index_ivf(ivf).nprobe = p
         _, ids = index.search(xq, k)
         times = []
         calls = []

@@ -116,12 +116,34 @@ fn bench_measures_each_search_setting_of_one_ivf_index_and_finds_the_cheapest_re
         lines[2]
     );
 
+    // IVF-PQ: its codes nominate, the exact re-rank decides; re-ranking every row of every
+    // list is the exact search.
+    let pq = run(
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--index",
+            "ivf-pq:nlist=16,m=8,bits=8",
+            "--search",
+            "nprobe=16,refine=1000",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(pq.status.success(), "{}", stderr(&pq));
+    let line = stdout(&pq);
+    assert!(line.contains("\"index\":\"ivf-pq:nlist=16,m=8,bits=8\""), "{line}");
+    assert_eq!(field(&line, "recall"), 1.0, "{line}");
+
     let human = run(&["bench", "--backend", "cpu", "--index", "ivf-flat:nlist=16"], &[]);
     assert!(human.status.success(), "{}", stderr(&human));
     assert!(stdout(&human).contains("ivf-flat:nlist=16 (nprobe=20 (default))"), "{}", stdout(&human));
     for (bad, needle) in [
         (["--index", "ivf-flat:nlist=0"], "nlist must be a whole number"),
-        (["--index", "ivf-pq:m=8"], "unknown index kind"),
+        (["--index", "hnsw:m=8"], "unknown index kind"),
+        (["--index", "ivf-pq:m=8"], "nlist=N is required"),
+        (["--index", "pq:m=8,bits=5"], "bits must be 4 or 8"),
         (["--search", "nprobe=x"], "nprobe must be a whole number"),
         (["--search", "probes=3"], "unknown parameter"),
     ] {
