@@ -738,7 +738,7 @@ fn scan_pq_ranks_by_the_documented_lookup_table_distance_for_4_and_8_bit_codes()
     let removed = SlotSet::from_slots(ROWS, REMOVED);
     let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 5 != 2));
     let probes: Vec<u32> = (0..nq).flat_map(|q| [(q % lists) as u32, ((q + 3) % lists) as u32]).collect();
-    for (m, bits) in [(9, 8), (12, 4), (36, 4), (1, 8)] {
+    for (m, bits) in [(9, 8), (12, 4), (9, 4), (36, 4), (1, 8)] {
         let (sub, ksub) = (dim / m, 1usize << bits);
         let codebooks = rng.normals(ksub * dim);
         // Each row's codes and its decoded residual (the codebook centroids its codes name).
