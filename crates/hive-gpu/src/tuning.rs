@@ -67,6 +67,14 @@ pub struct Tuning {
     /// query's list members go through `refine`, for comparison). `HIVE_GPU_LIST_SCAN=0`
     /// turns it off.
     pub list_scan: bool,
+    /// CUDA/ROCm `refine` answers every query with at most this many candidates in one launch
+    /// for the whole batch (further capped by what a block's shared memory holds); a query
+    /// with more goes alone through the re-rank, selection and sort kernels (0: every query
+    /// alone; tests use 0 to cover that path). `HIVE_GPU_REFINE_BATCH_CANDIDATES`.
+    pub refine_batch_candidates: usize,
+    /// CUDA/ROCm product-quantized scans run on the device (false: on the host's threads, as
+    /// the default of every backend, for comparison). `HIVE_GPU_PQ_SCAN=0` turns it off.
+    pub pq_scan: bool,
     /// Queries per piece of a large batch (at least 1): a batch of at least twice as many is
     /// searched in pieces, `piece_workers` at a time, so that preparing queries and building
     /// results overlaps the device's work. `HIVE_GPU_PIECE_QUERIES`.
@@ -101,6 +109,8 @@ impl Default for Tuning {
             gather_fraction: 256,
             batch_gather_fraction: 2,
             list_scan: true,
+            refine_batch_candidates: usize::MAX,
+            pq_scan: true,
             // 2,048 queries are 16 x 245 blocks of the fused filter over a million rows: enough
             // to fill a big GPU, few enough that pieces overlap host and device work. Measured on
             // the H200 against 1,024, 1,536 and 3,334; 4 workers against 1 and 2 (slower) and 5
@@ -158,7 +168,8 @@ impl Tuning {
         switch("HIVE_GPU_WGPU_COOP", &mut t.wgpu_coop)?;
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
-        let sizes: [(&str, usize, &mut usize); 12] = [
+        switch("HIVE_GPU_PQ_SCAN", &mut t.pq_scan)?;
+        let sizes: [(&str, usize, &mut usize); 13] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", 0, &mut t.rounded_copy_bytes),
@@ -171,6 +182,7 @@ impl Tuning {
             ("HIVE_GPU_BATCH_GATHER_FRACTION", 0, &mut t.batch_gather_fraction),
             ("HIVE_GPU_PIECE_QUERIES", 1, &mut t.piece_queries),
             ("HIVE_GPU_PIECE_WORKERS", 1, &mut t.piece_workers),
+            ("HIVE_GPU_REFINE_BATCH_CANDIDATES", 0, &mut t.refine_batch_candidates),
         ];
         for (name, min, field) in sizes {
             if let Some(value) = size(name, min)? {
@@ -207,12 +219,15 @@ mod tests {
             ("HIVE_GPU_TILE_ROWS", "512"),
             ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
             ("HIVE_GPU_LIST_SCAN", "0"),
+            ("HIVE_GPU_PQ_SCAN", "0"),
+            ("HIVE_GPU_REFINE_BATCH_CANDIDATES", "0"),
             ("HIVE_GPU_PIECE_QUERIES", "1000"),
             ("HIVE_GPU_PIECE_WORKERS", "8"),
         ])
         .expect("valid");
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
-        assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan);
+        assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.pq_scan);
+        assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);
     }

@@ -68,7 +68,11 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                     fused(t);
                     t.rounded_copy_bytes = 0;
                 }),
-                tuned(|t| t.select_min_candidates = 1),
+                tuned(|t| {
+                    t.select_min_candidates = 1;
+                    t.refine_batch_candidates = 0;
+                    t.pq_scan = false;
+                }),
                 tuned(|t| {
                     t.gather_fraction = 1;
                     t.batch_gather_fraction = 1;

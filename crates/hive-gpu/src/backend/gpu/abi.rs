@@ -232,6 +232,20 @@ kernel_params! {
         metric: I32, keys: Ptr, slots: Ptr,
     }
 
+    /// A batch's candidate lists to each query's exact top-k, one block per query
+    /// (`hg_refine_lists`).
+    struct RefineLists for ["hg_refine_lists_f32", "hg_refine_lists_f16"] {
+        cand: Ptr, offsets: Ptr, rows: Ptr, dim: U32, queries: Ptr, q_norms: Ptr, metric: I32,
+        k: U32, room: U32, out_slots: Ptr, out_dist: Ptr, stage_bytes: U32,
+    }
+
+    /// Each query's best rows of its product-quantized lists by lookup tables (`hg_pq_scan`).
+    struct PqListScan for ["hg_pq_scan"] {
+        codes: Ptr, row_bytes: U32, terms: Ptr, offsets: Ptr, slots: Ptr, centroids: Ptr,
+        codebooks: Ptr, m: U32, bits: U32, probes: Ptr, nprobe: U32, queries: Ptr, dim: U32,
+        skip: Ptr, metric: I32, k: U32, kcap: U32, sortn: U32, out: Ptr,
+    }
+
     /// One pass's histogram of the composite (key, slot) select (`hg_select_hist`).
     struct SelectHist for ["hg_select_hist"] {
         keys: Ptr, slots: Ptr, n: U32, state: Ptr, pass: U32, hist: Ptr,

@@ -11,6 +11,7 @@ pub(crate) mod hip;
 mod kernels;
 mod lists;
 mod memory;
+mod pq;
 mod prepare;
 mod primitives;
 mod rows;

@@ -13,7 +13,7 @@
 
 use half::f16;
 
-use super::abi::{BitonicStep, Gather, Launch, RerankList, WriteResults};
+use super::abi::{BitonicStep, Gather, Launch, RefineLists, RerankList, WriteResults};
 use super::driver::{DevicePtr, Driver};
 use super::kernels::BLOCK;
 use super::memory::Workspace;
@@ -24,6 +24,10 @@ use crate::backend::candidates::{Candidates, check_refine, check_select, live_ca
 use crate::error::{HiveGpuError, Result};
 use crate::exact::{metric_code, squared_norm_f64};
 use crate::types::{GpuDistanceMetric, StoragePrecision};
+
+/// Shared memory a block of `hg_refine_lists` takes at most when it stages rows for the
+/// re-rank: the default per-block size, so that several blocks share a multiprocessor.
+const STAGED_SHARED_BYTES: usize = 48 << 10;
 
 /// The sortable key of an f64 distance, as `hg_f64_key` in `kernels/common.cuh` computes it:
 /// unsigned order is numeric order (with -0 before +0, as `f64::total_cmp`).
@@ -234,6 +238,9 @@ impl<D: Driver> GpuRows<D> {
         result
     }
 
+    /// Every query whose candidates fit one block's shared memory goes through one launch of
+    /// `hg_refine_lists` ([`Self::refine_batch`]); a longer list (rarer: a refine factor in the
+    /// thousands) through [`Self::rerank_keys`] and [`Self::write_top_k`], one query at a time.
     fn refine_in(
         &self,
         ws: &mut Workspace<D>,
@@ -242,10 +249,143 @@ impl<D: Driver> GpuRows<D> {
         k: usize,
         metric: GpuDistanceMetric,
     ) -> Result<Vec<Vec<Neighbor>>> {
+        let room_limit = self.refine_room_limit();
+        let as_slices = |qs: &[usize]| qs.iter().map(|&q| lists[q].as_slice()).collect::<Vec<_>>();
+        if lists.iter().all(|l| l.len() <= room_limit) {
+            let all: Vec<usize> = (0..lists.len()).collect();
+            return self.refine_batch(ws, queries, &as_slices(&all), k, metric);
+        }
+        let (short, long): (Vec<usize>, Vec<usize>) =
+            (0..lists.len()).partition(|&q| lists[q].len() <= room_limit);
+        let mut results = vec![Vec::new(); lists.len()];
+        for (piece, batched) in [(short, true), (long, false)] {
+            if piece.is_empty() {
+                continue;
+            }
+            let dim = self.dim;
+            let subset: Vec<f32> =
+                piece.iter().flat_map(|&q| queries[q * dim..(q + 1) * dim].iter().copied()).collect();
+            let answers = if batched {
+                self.refine_batch(ws, &subset, &as_slices(&piece), k, metric)?
+            } else {
+                self.refine_one_by_one(ws, &subset, &as_slices(&piece), k, metric)?
+            };
+            for (q, answer) in piece.into_iter().zip(answers) {
+                results[q] = answer;
+            }
+        }
+        Ok(results)
+    }
+
+    /// The most candidates one query of [`Self::refine_batch`] may have: the largest power of
+    /// two whose keys and slots (12 bytes each) fit the block's shared memory, at most
+    /// [`crate::Tuning::refine_batch_candidates`].
+    fn refine_room_limit(&self) -> usize {
+        let pairs = (self.shared_limit() / 12).max(2);
+        (1 << pairs.ilog2()).min(self.tuning.refine_batch_candidates)
+    }
+
+    /// One launch of `hg_refine_lists` for the batch (every list at most
+    /// [`Self::refine_room_limit`] long): the exact queries, their f64 norms, the lists'
+    /// offsets and their slots go up in one upload, the top-k come back in one read.
+    fn refine_batch(
+        &self,
+        ws: &mut Workspace<D>,
+        queries: &[f32],
+        lists: &[&[usize]],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         let driver = self.driver().clone();
         let (dim, nq) = (self.dim, lists.len());
-        let flat: Vec<u32> = lists.iter().flatten().map(|&s| s as u32).collect();
-        let longest = lists.iter().map(Vec::len).max().unwrap_or(0);
+        let longest = lists.iter().map(|l| l.len()).max().unwrap_or(0);
+        let room = longest.next_power_of_two().max(2);
+        let mut offsets = Vec::with_capacity(nq + 1);
+        let mut flat: Vec<u32> = Vec::with_capacity(lists.iter().map(|l| l.len()).sum());
+        offsets.push(0u32);
+        for list in lists {
+            flat.extend(list.iter().map(|&s| s as u32));
+            offsets.push(u32::try_from(flat.len()).map_err(|_| {
+                HiveGpuError::InvalidArgument(format!(
+                    "refine: {} candidates in one call are more than the device's 32-bit offsets",
+                    flat.len()
+                ))
+            })?);
+        }
+        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| squared_norm_f64(q).sqrt()).collect();
+        // One upload: queries, norms, offsets, candidates, each from an aligned start.
+        let (query_bytes, norm_bytes, offset_bytes) =
+            (align(nq * dim * 4), align(nq * 8), align((nq + 1) * 4));
+        let input_bytes = query_bytes + norm_bytes + offset_bytes + flat.len() * 4;
+        let what = || format!("refining {} candidates of {nq} queries", flat.len());
+        crate::memory::check(what, input_bytes as u64)?;
+        let base = ws.inputs.get(&driver, input_bytes)?;
+        let outputs = Outputs::at(ws.outputs.get(&driver, Outputs::bytes_for(nq, k))?, nq, k);
+        driver.synchronize(&ws.stream)?;
+        let host = ws.staging.get(&*driver, input_bytes.max(outputs.bytes))?;
+        let parts: [(&[u8], usize); 4] = [
+            (bytemuck::cast_slice(queries), query_bytes),
+            (bytemuck::cast_slice(&q_norms), norm_bytes),
+            (bytemuck::cast_slice(&offsets), offset_bytes),
+            (bytemuck::cast_slice(&flat), flat.len() * 4),
+        ];
+        let mut at = 0;
+        for (bytes, size) in parts {
+            host[at..at + bytes.len()].copy_from_slice(bytes);
+            at += size;
+        }
+        driver.upload(&ws.stream, base, host, input_bytes)?;
+        // Stage rows for the f64 re-rank (see hg_rerank) within 48 KiB of shared memory in all,
+        // which leaves several blocks resident on each multiprocessor.
+        let keys_bytes = room * 12;
+        let line = (dim | 1) * 8;
+        let lines =
+            (STAGED_SHARED_BYTES.saturating_sub(keys_bytes) / line).min(longest.min(BLOCK as usize) + 1);
+        let stage_bytes = if lines >= 2 { lines * line } else { 0 };
+        let (rows, _, _) = self.arrays_ptrs(ws)?;
+        let kernels = &self.device.kernels;
+        let grid = u32::try_from(nq).map_err(|_| {
+            HiveGpuError::InvalidArgument(format!(
+                "refine: {nq} queries in one call are more than the device's grid"
+            ))
+        })?;
+        let ptr = |offset: usize| base + offset as u64;
+        self.device.launch(
+            &ws.stream,
+            if self.is_f16() { kernels.refine_lists_f16 } else { kernels.refine_lists_f32 },
+            Launch::new((grid, 1), BLOCK).shared((keys_bytes + stage_bytes) as u32),
+            &RefineLists {
+                cand: ptr(query_bytes + norm_bytes + offset_bytes),
+                offsets: ptr(query_bytes + norm_bytes),
+                rows,
+                dim: dim as u32,
+                queries: ptr(0),
+                q_norms: ptr(query_bytes),
+                metric: metric_code(metric),
+                k: k as u32,
+                room: room as u32,
+                out_slots: outputs.slots,
+                out_dist: outputs.dist,
+                stage_bytes: stage_bytes as u32,
+            },
+        )?;
+        self.read_top_k(ws, &outputs, nq, k, |q| k.min(lists[q].len()), self.len)
+    }
+
+    /// Each query in turn: its exact keys ([`Self::rerank_keys`]) and their top-k
+    /// ([`Self::write_top_k`]), for lists longer than a block's shared memory holds.
+    fn refine_one_by_one(
+        &self,
+        ws: &mut Workspace<D>,
+        queries: &[f32],
+        lists: &[&[usize]],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let driver = self.driver().clone();
+        let (dim, nq) = (self.dim, lists.len());
+        let flat: Vec<u32> = lists.iter().flat_map(|l| l.iter()).map(|&s| s as u32).collect();
+        let longest = lists.iter().map(|l| l.len()).max().unwrap_or(0);
         // One upload: the exact queries, then every query's candidates.
         let query_bytes = align(nq * dim * 4);
         let input_bytes = query_bytes + flat.len() * 4;

@@ -7,6 +7,7 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef unsigned short u16;
+typedef unsigned char u8;
 
 #define HG_NONE 0xffffffffffffffffull
 #define HG_L2 0

@@ -845,6 +845,53 @@ extern "C" __global__ void hg_rerank_list_f16(const u32* cand, u32 count, u32 pa
     hg_rerank_list<u16>(cand, count, padded, rows, dim, q, q_norm, metric, keys, slots);
 }
 
+// ---- Refine of a whole batch in one launch: each query's candidate slots to its exact top-k.
+// Launch contract: grid (queries), block HG_BLOCK. Query q's candidates are
+// cand[offsets[q] .. offsets[q + 1]], distinct stored rows, at most `room` of them (a power of
+// two of at least 2, so the u32 slots after the u64 keys end on an 8-byte boundary for the
+// stage). Its k output entries get the first min(k, count) of the candidates in (distance,
+// slot) order and all-ones slots after them. Dynamic shared memory: `room` u64 keys, `room`
+// u32 slots, then `stage_bytes` for hg_rerank.
+template <typename T>
+__device__ void hg_refine_lists(const u32* cand, const u32* offsets, const T* rows, u32 dim, const float* queries,
+                                const double* q_norms, int metric, u32 k, u32 room, u32* out_slots, double* out_dist,
+                                u32 stage_bytes) {
+    extern __shared__ __align__(16) u64 hg_smem[];
+    u64* keys = hg_smem;
+    u32* slots = (u32*)(hg_smem + room);
+    u32 q = blockIdx.x;
+    u32 first = offsets[q];
+    u32 count = min(offsets[q + 1] - first, room);
+    u32 cp = 1;
+    while (cp < count) cp <<= 1;
+    // Padding sorts last: all-ones keys, then all-ones slots.
+    for (u32 i = threadIdx.x; i < cp; i += blockDim.x) {
+        slots[i] = i < count ? cand[first + i] : 0xffffffffu;
+        keys[i] = HG_NONE;
+    }
+    __syncthreads();
+    hg_rerank<T>(keys, slots, count, rows, dim, queries + (u64)q * dim, q_norms[q], metric,
+                 (double*)(slots + room), stage_bytes);
+    __syncthreads();
+    hg_bitonic(keys, slots, cp);
+    for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
+        out_slots[(u64)q * k + i] = i < count ? slots[i] : 0xffffffffu;
+        out_dist[(u64)q * k + i] = i < count ? hg_key_f64(keys[i]) : 0.0;
+    }
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_f32(const u32* cand, const u32* offsets,
+        const float* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
+        u32* out_slots, double* out_dist, u32 stage_bytes) {
+    hg_refine_lists<float>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
+                           stage_bytes);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_f16(const u32* cand, const u32* offsets,
+        const u16* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
+        u32* out_slots, double* out_dist, u32 stage_bytes) {
+    hg_refine_lists<u16>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
+                         stage_bytes);
+}
+
 // ---- The k smallest (key, slot) pairs of a long re-ranked list, in time linear in its length.
 // Sorting the whole list costs n log^2 n; when many rows tie inside the band (duplicates) the
 // list is most of the collection. Instead: a radix select over the 96-bit composite of the
