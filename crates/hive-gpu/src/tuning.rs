@@ -72,9 +72,10 @@ pub struct Tuning {
     /// with more goes alone through the re-rank, selection and sort kernels (0: every query
     /// alone; tests use 0 to cover that path). `HIVE_GPU_REFINE_BATCH_CANDIDATES`.
     pub refine_batch_candidates: usize,
-    /// CUDA/ROCm product-quantized scans run on the device (false: on the host's threads, as
-    /// the default of every backend, for comparison). `HIVE_GPU_PQ_SCAN=0` turns it off.
-    pub pq_scan: bool,
+    /// CUDA/ROCm scans of SQ8, product-quantized and binary codes run on the device (false: on
+    /// the host's threads, every backend's default, for comparison). `HIVE_GPU_CODE_SCAN=0`
+    /// turns it off.
+    pub code_scan: bool,
     /// Queries per piece of a large batch (at least 1): a batch of at least twice as many is
     /// searched in pieces, `piece_workers` at a time, so that preparing queries and building
     /// results overlaps the device's work. `HIVE_GPU_PIECE_QUERIES`.
@@ -110,7 +111,7 @@ impl Default for Tuning {
             batch_gather_fraction: 2,
             list_scan: true,
             refine_batch_candidates: usize::MAX,
-            pq_scan: true,
+            code_scan: true,
             // 2,048 queries are 16 x 245 blocks of the fused filter over a million rows: enough
             // to fill a big GPU, few enough that pieces overlap host and device work. Measured on
             // the H200 against 1,024, 1,536 and 3,334; 4 workers against 1 and 2 (slower) and 5
@@ -168,7 +169,7 @@ impl Tuning {
         switch("HIVE_GPU_WGPU_COOP", &mut t.wgpu_coop)?;
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
-        switch("HIVE_GPU_PQ_SCAN", &mut t.pq_scan)?;
+        switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         let sizes: [(&str, usize, &mut usize); 13] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -219,14 +220,14 @@ mod tests {
             ("HIVE_GPU_TILE_ROWS", "512"),
             ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
             ("HIVE_GPU_LIST_SCAN", "0"),
-            ("HIVE_GPU_PQ_SCAN", "0"),
+            ("HIVE_GPU_CODE_SCAN", "0"),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", "0"),
             ("HIVE_GPU_PIECE_QUERIES", "1000"),
             ("HIVE_GPU_PIECE_WORKERS", "8"),
         ])
         .expect("valid");
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
-        assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.pq_scan);
+        assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.code_scan);
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);

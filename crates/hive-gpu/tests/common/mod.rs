@@ -71,7 +71,7 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                 tuned(|t| {
                     t.select_min_candidates = 1;
                     t.refine_batch_candidates = 0;
-                    t.pq_scan = false;
+                    t.code_scan = false;
                 }),
                 tuned(|t| {
                     t.gather_fraction = 1;

@@ -239,6 +239,19 @@ kernel_params! {
         k: U32, room: U32, out_slots: Ptr, out_dist: Ptr, stage_bytes: U32,
     }
 
+    /// Each query's best rows of its SQ8-coded lists (`hg_sq8_scan`).
+    struct Sq8ListScan for ["hg_sq8_scan"] {
+        codes: Ptr, terms: Ptr, offsets: Ptr, slots: Ptr, centroids: Ptr, base: Ptr, step: Ptr,
+        probes: Ptr, nprobe: U32, queries: Ptr, dim: U32, skip: Ptr, metric: I32, k: U32,
+        kcap: U32, sortn: U32, out: Ptr,
+    }
+
+    /// Each query's best rows of its binary-coded lists by Hamming distance (`hg_bits_scan`).
+    struct BitsListScan for ["hg_bits_scan"] {
+        codes: Ptr, offsets: Ptr, slots: Ptr, centroids: Ptr, probes: Ptr, nprobe: U32,
+        queries: Ptr, dim: U32, skip: Ptr, k: U32, kcap: U32, sortn: U32, out: Ptr,
+    }
+
     /// Each query's best rows of its product-quantized lists by lookup tables (`hg_pq_scan`).
     struct PqListScan for ["hg_pq_scan"] {
         codes: Ptr, row_bytes: U32, terms: Ptr, offsets: Ptr, slots: Ptr, centroids: Ptr,

@@ -19,7 +19,7 @@ const ROWS: &str = include_str!("kernels/rows.cu");
 const GEMM: &str = include_str!("kernels/gemm.cu");
 const FUSED: &str = include_str!("kernels/fused.cu");
 const LISTS: &str = include_str!("kernels/lists.cu");
-const PQ: &str = include_str!("kernels/pq.cu");
+const CODES: &str = include_str!("kernels/codes.cu");
 
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
 pub(crate) const TENSOR_NAMES: &[&str] =
@@ -46,7 +46,7 @@ pub(crate) const MMA_TILE: usize = 128;
 pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
     let fused = if tensor { FUSED } else { "" };
     format!(
-        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{PQ}\n{ROWS}\n{GEMM}\n{fused}\n"
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{CODES}\n{ROWS}\n{GEMM}\n{fused}\n"
     )
 }
 
@@ -132,7 +132,9 @@ kernel_table!(
     rerank_list_f16: RerankList,
     refine_lists_f32: RefineLists,
     refine_lists_f16: RefineLists,
+    sq8_scan: Sq8ListScan,
     pq_scan: PqListScan,
+    bits_scan: BitsListScan,
     select_hist: SelectHist,
     select_pick: SelectPick,
     select_collect: SelectCollect,

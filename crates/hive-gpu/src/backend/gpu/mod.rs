@@ -3,6 +3,7 @@
 //! implementation and little else.
 
 mod abi;
+mod codes;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod driver;
@@ -11,7 +12,6 @@ pub(crate) mod hip;
 mod kernels;
 mod lists;
 mod memory;
-mod pq;
 mod prepare;
 mod primitives;
 mod rows;

@@ -136,9 +136,9 @@ pub(crate) struct GpuRows<D: Driver> {
     /// The inverted lists of the last list scan, kept while their generation holds
     /// (`lists.rs`).
     pub(super) lists_cache: Mutex<Option<Arc<super::lists::DeviceLists<D>>>>,
-    /// The product-quantized lists of the last PQ scan, kept while their generation holds
-    /// (`pq.rs`).
-    pub(super) pq_cache: Mutex<Option<Arc<super::pq::DevicePq<D>>>>,
+    /// The coded lists of the last SQ8, PQ or binary scan, kept while their generation holds
+    /// (`codes.rs`).
+    pub(super) codes_cache: Mutex<Option<Arc<super::codes::DeviceCodes<D>>>>,
 }
 
 impl<D: Driver> GpuRows<D> {
@@ -169,7 +169,7 @@ impl<D: Driver> GpuRows<D> {
             }),
             pool: Mutex::new(Vec::new()),
             lists_cache: Mutex::new(None),
-            pq_cache: Mutex::new(None),
+            codes_cache: Mutex::new(None),
         })
     }
 
@@ -469,7 +469,7 @@ impl<D: Driver> GpuRows<D> {
         if let Ok(mut cache) = self.lists_cache.lock() {
             *cache = None;
         }
-        if let Ok(mut cache) = self.pq_cache.lock() {
+        if let Ok(mut cache) = self.codes_cache.lock() {
             *cache = None;
         }
     }
@@ -662,7 +662,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
 
     fn memory_bytes(&self) -> usize {
         let lists = self.lists_cache.lock().ok().and_then(|c| c.as_ref().map(|l| l.bytes())).unwrap_or(0)
-            + self.pq_cache.lock().ok().and_then(|c| c.as_ref().map(|l| l.bytes())).unwrap_or(0);
+            + self.codes_cache.lock().ok().and_then(|c| c.as_ref().map(|l| l.bytes())).unwrap_or(0);
         self.arrays.as_ref().map_or(0, |a| a.rows.bytes() + a.norms.bytes() + a.dead.bytes()) + lists
     }
 
@@ -688,8 +688,16 @@ impl<D: Driver> RowStore for GpuRows<D> {
         self.scan_lists_on_device(queries, probes, k, metric, allowed)
     }
 
+    fn scan_codes(&self, scan: &crate::backend::CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        self.scan_codes_on_device(scan, k)
+    }
+
     fn scan_pq(&self, scan: &crate::backend::PqScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         self.scan_pq_on_device(scan, k)
+    }
+
+    fn scan_bits(&self, scan: &crate::backend::BitScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        self.scan_bits_on_device(scan, k)
     }
 
     fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {

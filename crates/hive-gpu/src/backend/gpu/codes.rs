@@ -1,0 +1,456 @@
+//! The scans of coded inverted lists on the device: [`RowStore::scan_codes`] (SQ8),
+//! [`RowStore::scan_pq`] (product quantization) and [`RowStore::scan_bits`] (binary codes),
+//! what the quantized indexes run after probing, before their exact re-rank. One block per
+//! query scores every row of its lists from terms it readies per list in shared memory (the
+//! PQ lookup table once per query), as `kernels/codes.cu` states.
+//!
+//! An index's codes, their rows' terms and slots and its quantizer (centroids, codebooks or
+//! the SQ8 grid) live on the device as one buffer, uploaded once per generation of the lists
+//! and reused while it holds (as `lists.rs` keeps inverted lists). Each call uploads its
+//! queries, probes and, where rows are removed or a filter applies, the bitmap of slots to
+//! skip, and reads back each query's `k` entries.
+//!
+//! Where a kernel does not apply (its shared memory beyond a block's, more rows than 32-bit
+//! offsets name) or [`crate::Tuning::code_scan`] is off, the host scan answers, as on every
+//! backend.
+//!
+//! [`RowStore::scan_codes`]: crate::backend::RowStore::scan_codes
+//! [`RowStore::scan_pq`]: crate::backend::RowStore::scan_pq
+//! [`RowStore::scan_bits`]: crate::backend::RowStore::scan_bits
+
+use std::sync::Arc;
+
+use super::abi::{BitsListScan, Kernel, KernelParams, Launch, PqListScan, Sq8ListScan};
+use super::driver::{DevicePtr, Driver};
+use super::kernels::BLOCK;
+use super::memory::DeviceBuffer;
+use super::rows::GpuRows;
+use super::search::{MAX_LIST, align, list_size};
+use crate::backend::pq::{PqScan, code_bytes};
+use crate::backend::{BitScan, CodeScan, Neighbor, bits, codes, pq};
+use crate::error::{HiveGpuError, Result};
+use crate::exact::metric_code;
+use crate::slots::{SearchMask, SlotSet};
+
+/// Which codes a device copy holds, with the shape that decides its layout: a cached copy
+/// serves a scan only where all of it (and the generation) match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Sq8,
+    Pq { m: usize, bits: usize },
+    Bits,
+}
+
+/// The parts of a device copy, in buffer order.
+const OFFSETS: usize = 0;
+const SLOTS: usize = 1;
+const TERMS: usize = 2;
+const CODES: usize = 3;
+/// The quantizer's arrays follow: centroids, then the codebooks (PQ) or base and step (SQ8).
+const QUANTIZER: usize = 4;
+
+/// An index's coded lists in device memory (see the module docs).
+#[derive(Debug)]
+pub(super) struct DeviceCodes<D: Driver> {
+    generation: u64,
+    kind: Kind,
+    lists: usize,
+    dim: usize,
+    /// One past the largest slot in the lists: the skip bitmap's length.
+    slot_bound: usize,
+    buffer: DeviceBuffer<D>,
+    /// Byte offset of each part in `buffer`.
+    starts: Vec<usize>,
+}
+
+impl<D: Driver> DeviceCodes<D> {
+    /// Bytes of device memory it holds.
+    pub(super) fn bytes(&self) -> usize {
+        self.buffer.bytes()
+    }
+
+    fn part(&self, index: usize) -> DevicePtr {
+        self.buffer.ptr() + self.starts[index] as u64
+    }
+}
+
+/// What a scan hands to [`GpuRows::coded_scan`]: its lists as the host holds them.
+struct HostCodes<'a> {
+    generation: u64,
+    kind: Kind,
+    dim: usize,
+    slots: &'a [Vec<u32>],
+    /// Per list: its rows' codes and (empty for binary codes) terms.
+    rows: Vec<(&'a [u8], &'a [f32])>,
+    /// Bytes per row of codes.
+    row_bytes: usize,
+    /// The quantizer's arrays (see [`QUANTIZER`]).
+    quantizer: Vec<&'a [f32]>,
+}
+
+/// Where a launch finds a scan's inputs: the device copy of its lists, the queries, the
+/// probes and the skip bitmap (0: none).
+struct ScanInputs<'a, D: Driver> {
+    codes: &'a DeviceCodes<D>,
+    queries: DevicePtr,
+    probes: DevicePtr,
+    skip: DevicePtr,
+    kcap: u32,
+    sortn: u32,
+}
+
+impl<D: Driver> GpuRows<D> {
+    /// [`crate::backend::RowStore::scan_codes`] on the device (see the module docs).
+    pub(super) fn scan_codes_on_device(&self, scan: &CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        let nq = scan.check(k)?;
+        let shared = 2 * scan.dim * 4;
+        if !self.code_scan_fits(scan.slots, nq, k, shared) {
+            return crate::exec::run(|| codes::scan_on_host(scan, k))?;
+        }
+        let host = HostCodes {
+            generation: scan.generation,
+            kind: Kind::Sq8,
+            dim: scan.dim,
+            slots: scan.slots,
+            rows: scan.codes.iter().map(|c| (c.codes.as_slice(), c.norms.as_slice())).collect(),
+            row_bytes: scan.dim,
+            quantizer: vec![scan.centroids, scan.base, scan.step],
+        };
+        let kernel = self.device.kernels.sq8_scan;
+        self.coded_scan(&host, scan.queries, scan.probes, scan.removed, scan.allowed, k, shared, |inputs| {
+            let c = inputs.codes;
+            (
+                kernel,
+                Sq8ListScan {
+                    codes: c.part(CODES),
+                    terms: c.part(TERMS),
+                    offsets: c.part(OFFSETS),
+                    slots: c.part(SLOTS),
+                    centroids: c.part(QUANTIZER),
+                    base: c.part(QUANTIZER + 1),
+                    step: c.part(QUANTIZER + 2),
+                    probes: inputs.probes,
+                    nprobe: scan.nprobe as u32,
+                    queries: inputs.queries,
+                    dim: scan.dim as u32,
+                    skip: inputs.skip,
+                    metric: metric_code(scan.metric),
+                    k: k as u32,
+                    kcap: inputs.kcap,
+                    sortn: inputs.sortn,
+                    out: 0,
+                },
+            )
+        })
+    }
+
+    /// [`crate::backend::RowStore::scan_pq`] on the device (see the module docs).
+    pub(super) fn scan_pq_on_device(&self, scan: &PqScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        let nq = scan.check(k)?;
+        let shared = (scan.m << scan.bits) * 4 + scan.dim * 4;
+        if !self.code_scan_fits(scan.slots, nq, k, shared) {
+            return crate::exec::run(|| pq::scan_on_host(scan, k))?;
+        }
+        let host = HostCodes {
+            generation: scan.generation,
+            kind: Kind::Pq { m: scan.m, bits: scan.bits },
+            dim: scan.dim,
+            slots: scan.slots,
+            rows: scan.codes.iter().map(|c| (c.codes.as_slice(), c.norms.as_slice())).collect(),
+            row_bytes: code_bytes(scan.m, scan.bits),
+            quantizer: vec![scan.centroids, scan.codebooks],
+        };
+        let kernel = self.device.kernels.pq_scan;
+        self.coded_scan(&host, scan.queries, scan.probes, scan.removed, scan.allowed, k, shared, |inputs| {
+            let c = inputs.codes;
+            (
+                kernel,
+                PqListScan {
+                    codes: c.part(CODES),
+                    row_bytes: code_bytes(scan.m, scan.bits) as u32,
+                    terms: c.part(TERMS),
+                    offsets: c.part(OFFSETS),
+                    slots: c.part(SLOTS),
+                    centroids: c.part(QUANTIZER),
+                    codebooks: c.part(QUANTIZER + 1),
+                    m: scan.m as u32,
+                    bits: scan.bits as u32,
+                    probes: inputs.probes,
+                    nprobe: scan.nprobe as u32,
+                    queries: inputs.queries,
+                    dim: scan.dim as u32,
+                    skip: inputs.skip,
+                    metric: metric_code(scan.metric),
+                    k: k as u32,
+                    kcap: inputs.kcap,
+                    sortn: inputs.sortn,
+                    out: 0,
+                },
+            )
+        })
+    }
+
+    /// [`crate::backend::RowStore::scan_bits`] on the device (see the module docs).
+    pub(super) fn scan_bits_on_device(&self, scan: &BitScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        let nq = scan.check(k)?;
+        let words = bits::words(scan.dim);
+        let shared = words * 8 + scan.dim * 4;
+        if !self.code_scan_fits(scan.slots, nq, k, shared) {
+            return crate::exec::run(|| bits::scan_on_host(scan, k))?;
+        }
+        let host = HostCodes {
+            generation: scan.generation,
+            kind: Kind::Bits,
+            dim: scan.dim,
+            slots: scan.slots,
+            rows: scan.codes.iter().map(|c| (bytemuck::cast_slice(c.as_slice()), &[][..])).collect(),
+            row_bytes: words * 8,
+            quantizer: vec![scan.centroids],
+        };
+        let kernel = self.device.kernels.bits_scan;
+        self.coded_scan(&host, scan.queries, scan.probes, scan.removed, scan.allowed, k, shared, |inputs| {
+            let c = inputs.codes;
+            (
+                kernel,
+                BitsListScan {
+                    codes: c.part(CODES),
+                    offsets: c.part(OFFSETS),
+                    slots: c.part(SLOTS),
+                    centroids: c.part(QUANTIZER),
+                    probes: inputs.probes,
+                    nprobe: scan.nprobe as u32,
+                    queries: inputs.queries,
+                    dim: scan.dim as u32,
+                    skip: inputs.skip,
+                    k: k as u32,
+                    kcap: inputs.kcap,
+                    sortn: inputs.sortn,
+                    out: 0,
+                },
+            )
+        })
+    }
+
+    /// Whether the device scan applies: the switch is on, k within on-chip lists, the block's
+    /// shared memory (candidates plus the kernel's own `shared` bytes) within the device's,
+    /// and rows and queries that 32-bit numbers name.
+    fn code_scan_fits(&self, slots: &[Vec<u32>], nq: usize, k: usize, shared: usize) -> bool {
+        let rows: usize = slots.iter().map(Vec::len).sum();
+        self.tuning.code_scan
+            && list_size(k) <= MAX_LIST
+            && Self::scan_sort_size(k) * 8 + shared <= self.shared_limit()
+            && u32::try_from(rows).is_ok()
+            && u32::try_from(nq).is_ok()
+    }
+
+    /// The launch every coded scan shares: the device copy of `host`'s lists (cached per
+    /// generation), one upload of queries, probes and skip bitmap, one launch of the kernel
+    /// `params` names (`out` filled in here), one read back of `k` entries per query.
+    #[allow(clippy::too_many_arguments)]
+    fn coded_scan<P: KernelParams + HasOutput>(
+        &self,
+        host: &HostCodes<'_>,
+        queries: &[f32],
+        probes: &[u32],
+        removed: &SlotSet,
+        allowed: Option<&SlotSet>,
+        k: usize,
+        shared: usize,
+        params: impl FnOnce(&ScanInputs<'_, D>) -> (Kernel<D::Function, P>, P),
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let nq = queries.len() / host.dim;
+        if nq == 0 {
+            return Ok(Vec::new());
+        }
+        let codes = self.device_codes(host)?;
+        let mask = SearchMask::new(removed, codes.slot_bound, allowed);
+        let skip: Vec<u32> = if mask.skip.count() == 0 {
+            Vec::new()
+        } else {
+            (0..SlotSet::words_for(codes.slot_bound))
+                .map(|i| mask.skip.words().get(i).copied().unwrap_or(0))
+                .collect()
+        };
+        let (kcap, sortn) = (list_size(k), Self::scan_sort_size(k));
+        let driver = self.driver().clone();
+        let mut ws = self.checkout()?;
+        let sizes = [align(queries.len() * 4), align(probes.len() * 4), skip.len() * 4];
+        let input_bytes: usize = sizes.iter().sum();
+        let out_bytes = nq * k * 8;
+        let result = (|| -> Result<Vec<Vec<Neighbor>>> {
+            let base = ws.inputs.get(&driver, input_bytes)?;
+            let out = ws.lists.get(&driver, out_bytes)?;
+            driver.synchronize(&ws.stream)?;
+            let staging = ws.staging.get(&*driver, input_bytes.max(out_bytes))?;
+            let parts: [&[u8]; 3] =
+                [bytemuck::cast_slice(queries), bytemuck::cast_slice(probes), bytemuck::cast_slice(&skip)];
+            let mut at = 0;
+            let mut starts = [0u64; 3];
+            for ((bytes, size), start) in parts.into_iter().zip(sizes).zip(&mut starts) {
+                staging[at..at + bytes.len()].copy_from_slice(bytes);
+                *start = base + at as u64;
+                at += size;
+            }
+            driver.upload(&ws.stream, base, staging, input_bytes)?;
+            let inputs = ScanInputs {
+                codes: &codes,
+                queries: starts[0],
+                probes: starts[1],
+                skip: if skip.is_empty() { 0 } else { starts[2] },
+                kcap: kcap as u32,
+                sortn: sortn as u32,
+            };
+            let (kernel, mut params) = params(&inputs);
+            params.set_output(out);
+            self.device.launch(
+                &ws.stream,
+                kernel,
+                Launch::new((nq as u32, 1), BLOCK).shared((sortn * 8 + shared) as u32),
+                &params,
+            )?;
+            let staging = ws.staging.get(&*driver, out_bytes)?;
+            driver.download(&ws.stream, staging, out, out_bytes)?;
+            driver.synchronize(&ws.stream)?;
+            let entries: Vec<u64> = bytemuck::pod_collect_to_vec(&staging[..out_bytes]);
+            entries.chunks_exact(k).map(|row| read_entries(row, codes.slot_bound)).collect()
+        })();
+        if result.is_ok() {
+            self.checkin(ws);
+        }
+        result
+    }
+
+    /// The device copy of `host`'s lists: the cached one while its generation and shape hold,
+    /// else a fresh upload (kept when the generation is not 0).
+    fn device_codes(&self, host: &HostCodes<'_>) -> Result<Arc<DeviceCodes<D>>> {
+        let cache =
+            || self.codes_cache.lock().map_err(|_| HiveGpuError::Internal("code list cache poisoned".into()));
+        if host.generation != 0
+            && let Some(cached) = cache()?.as_ref()
+            && cached.generation == host.generation
+            && cached.kind == host.kind
+            && cached.lists == host.slots.len()
+            && cached.dim == host.dim
+        {
+            return Ok(cached.clone());
+        }
+        let rows: usize = host.slots.iter().map(Vec::len).sum();
+        let lists = host.slots.len();
+        let mut sizes =
+            vec![align((lists + 1) * 4), align(rows * 4), align(rows * 4), align(rows * host.row_bytes)];
+        sizes.extend(host.quantizer.iter().map(|q| align(q.len() * 4)));
+        let total: usize = sizes.iter().sum();
+        crate::memory::check(|| format!("copying {rows} coded rows to the device"), total as u64)?;
+        let mut starts = Vec::with_capacity(sizes.len());
+        let mut at = 0;
+        for &size in &sizes {
+            starts.push(at);
+            at += size;
+        }
+        let mut image = vec![0u8; total];
+        let mut put = |part: usize, offset: usize, bytes: &[u8]| {
+            let from = starts[part] + offset;
+            image[from..from + bytes.len()].copy_from_slice(bytes);
+        };
+        let (mut row, mut slot_bound) = (0usize, 0usize);
+        for (l, (slots, &(codes, terms))) in host.slots.iter().zip(&host.rows).enumerate() {
+            put(SLOTS, row * 4, bytemuck::cast_slice(slots));
+            put(TERMS, row * 4, bytemuck::cast_slice(terms));
+            put(CODES, row * host.row_bytes, codes);
+            row += slots.len();
+            put(OFFSETS, (l + 1) * 4, bytemuck::bytes_of(&(row as u32)));
+            slot_bound = slot_bound.max(slots.iter().max().map_or(0, |&s| s as usize + 1));
+        }
+        for (i, values) in host.quantizer.iter().enumerate() {
+            put(QUANTIZER + i, 0, bytemuck::cast_slice(values));
+        }
+        let driver = self.driver().clone();
+        let buffer = DeviceBuffer::new(&driver, total.max(4))?;
+        let mut ws = self.checkout()?;
+        // In pieces, so the staging buffer stays the size of a search's.
+        let piece = 64usize << 20;
+        for first in (0..total).step_by(piece) {
+            let n = piece.min(total - first);
+            let staging = ws.staging.get(&*driver, n)?;
+            staging[..n].copy_from_slice(&image[first..first + n]);
+            driver.upload(&ws.stream, buffer.ptr() + first as u64, staging, n)?;
+            driver.synchronize(&ws.stream)?;
+        }
+        self.checkin(ws);
+        let copy = Arc::new(DeviceCodes {
+            generation: host.generation,
+            kind: host.kind,
+            lists,
+            dim: host.dim,
+            slot_bound,
+            buffer,
+            starts,
+        });
+        if host.generation != 0 {
+            *cache()? = Some(copy.clone());
+        }
+        Ok(copy)
+    }
+}
+
+/// The kernel parameters of a coded scan name where its entries go.
+trait HasOutput {
+    fn set_output(&mut self, out: DevicePtr);
+}
+
+macro_rules! has_output {
+    ($($params:ident),*) => {
+        $(impl HasOutput for $params {
+            fn set_output(&mut self, out: DevicePtr) {
+                self.out = out;
+            }
+        })*
+    };
+}
+has_output!(Sq8ListScan, PqListScan, BitsListScan);
+
+/// One query's entries as the kernel wrote them (ascending, all ones past the rows found):
+/// its neighbours, each slot checked against the lists' bound.
+fn read_entries(row: &[u64], slot_bound: usize) -> Result<Vec<Neighbor>> {
+    row.iter()
+        .take_while(|&&e| e != u64::MAX)
+        .map(|&e| {
+            let slot = (e & 0xFFFF_FFFF) as usize;
+            if slot >= slot_bound {
+                return Err(HiveGpuError::Internal(format!(
+                    "a coded scan returned slot {slot}, past the lists' {slot_bound}"
+                )));
+            }
+            Ok(Neighbor { slot, distance: f64::from(entry_distance(e)) })
+        })
+        .collect()
+}
+
+/// The f32 distance of a device entry (`hg_entry`: the distance's sortable key, then the slot).
+fn entry_distance(entry: u64) -> f32 {
+    let key = (entry >> 32) as u32;
+    f32::from_bits(if key & 0x8000_0000 != 0 { key & 0x7FFF_FFFF } else { !key })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{entry_distance, read_entries};
+
+    #[test]
+    fn entry_distances_invert_the_devices_sortable_keys() {
+        for d in [-3.5f32, -0.0, 0.0, 1e-30, 2.25, f32::INFINITY] {
+            let bits = d.to_bits();
+            let key = if bits & 0x8000_0000 != 0 { !bits } else { bits | 0x8000_0000 };
+            let entry = (u64::from(key) << 32) | 7;
+            assert_eq!(entry_distance(entry).to_bits(), d.to_bits(), "{d}");
+        }
+    }
+
+    #[test]
+    fn entries_stop_at_the_first_empty_one_and_a_slot_past_the_lists_is_an_error() {
+        let key = |d: f32| u64::from(d.to_bits() | 0x8000_0000) << 32;
+        let got = read_entries(&[key(1.0) | 4, key(2.0) | 9, u64::MAX, key(0.5)], 10).expect("in range");
+        assert_eq!(got.iter().map(|n| (n.slot, n.distance)).collect::<Vec<_>>(), vec![(4, 1.0), (9, 2.0)]);
+        assert!(read_entries(&[key(1.0) | 10], 10).is_err());
+    }
+}
