@@ -25,12 +25,16 @@ use super::driver::{DevicePtr, Driver};
 use super::kernels::BLOCK;
 use super::memory::DeviceBuffer;
 use super::rows::GpuRows;
-use super::search::{MAX_LIST, align, list_size};
+use super::search::{MAX_LIST, Profiler, align, list_size};
 use crate::backend::pq::{PqScan, code_bytes};
 use crate::backend::{BitScan, CodeScan, Neighbor, bits, codes, pq};
 use crate::error::{HiveGpuError, Result};
 use crate::exact::metric_code;
 use crate::slots::{SearchMask, SlotSet};
+
+/// Shared memory of the tile a coded scan stages its rows in: a row per thread, 128 bytes of
+/// each per pass at a pitch of 132 (`HG_CODE_CHUNK`, `HG_CODE_PITCH` in `kernels/codes.cu`).
+const TILE_BYTES: usize = BLOCK as usize * 132;
 
 /// Which codes a device copy holds, with the shape that decides its layout: a cached copy
 /// serves a scan only where all of it (and the generation) match.
@@ -103,7 +107,7 @@ impl<D: Driver> GpuRows<D> {
     /// [`crate::backend::RowStore::scan_codes`] on the device (see the module docs).
     pub(super) fn scan_codes_on_device(&self, scan: &CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         let nq = scan.check(k)?;
-        let shared = 2 * scan.dim * 4;
+        let shared = TILE_BYTES + 2 * scan.dim * 4;
         if !self.code_scan_fits(scan.slots, nq, k, shared) {
             return crate::exec::run(|| codes::scan_on_host(scan, k))?;
         }
@@ -147,7 +151,7 @@ impl<D: Driver> GpuRows<D> {
     /// [`crate::backend::RowStore::scan_pq`] on the device (see the module docs).
     pub(super) fn scan_pq_on_device(&self, scan: &PqScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         let nq = scan.check(k)?;
-        let shared = (scan.m << scan.bits) * 4 + scan.dim * 4;
+        let shared = TILE_BYTES + (scan.m << scan.bits) * 4 + scan.dim * 4;
         if !self.code_scan_fits(scan.slots, nq, k, shared) {
             return crate::exec::run(|| pq::scan_on_host(scan, k))?;
         }
@@ -194,7 +198,7 @@ impl<D: Driver> GpuRows<D> {
     pub(super) fn scan_bits_on_device(&self, scan: &BitScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         let nq = scan.check(k)?;
         let words = bits::words(scan.dim);
-        let shared = words * 8 + scan.dim * 4;
+        let shared = TILE_BYTES + words * 8 + scan.dim * 4;
         if !self.code_scan_fits(scan.slots, nq, k, shared) {
             return crate::exec::run(|| bits::scan_on_host(scan, k))?;
         }
@@ -278,6 +282,7 @@ impl<D: Driver> GpuRows<D> {
         let input_bytes: usize = sizes.iter().sum();
         let out_bytes = nq * k * 8;
         let result = (|| -> Result<Vec<Vec<Neighbor>>> {
+            let mut profile = Profiler::new();
             let base = ws.inputs.get(&driver, input_bytes)?;
             let out = ws.lists.get(&driver, out_bytes)?;
             driver.synchronize(&ws.stream)?;
@@ -292,6 +297,7 @@ impl<D: Driver> GpuRows<D> {
                 at += size;
             }
             driver.upload(&ws.stream, base, staging, input_bytes)?;
+            profile.mark(&*driver, &ws.stream, "upload")?;
             let inputs = ScanInputs {
                 codes: &codes,
                 queries: starts[0],
@@ -308,9 +314,12 @@ impl<D: Driver> GpuRows<D> {
                 Launch::new((nq as u32, 1), BLOCK).shared((sortn * 8 + shared) as u32),
                 &params,
             )?;
+            profile.mark(&*driver, &ws.stream, "scan")?;
             let staging = ws.staging.get(&*driver, out_bytes)?;
             driver.download(&ws.stream, staging, out, out_bytes)?;
             driver.synchronize(&ws.stream)?;
+            profile.mark(&*driver, &ws.stream, "download")?;
+            profile.report(&format!("coded scan nq {nq} k {k}"));
             let entries: Vec<u64> = bytemuck::pod_collect_to_vec(&staging[..out_bytes]);
             entries.chunks_exact(k).map(|row| read_entries(row, codes.slot_bound)).collect()
         })();

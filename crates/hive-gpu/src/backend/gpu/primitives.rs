@@ -18,7 +18,7 @@ use super::driver::{DevicePtr, Driver};
 use super::kernels::BLOCK;
 use super::memory::Workspace;
 use super::rows::GpuRows;
-use super::search::{Outputs, align};
+use super::search::{Outputs, Profiler, align};
 use crate::backend::Neighbor;
 use crate::backend::candidates::{Candidates, check_refine, check_select, live_candidates};
 use crate::error::{HiveGpuError, Result};
@@ -322,6 +322,7 @@ impl<D: Driver> GpuRows<D> {
         let base = ws.inputs.get(&driver, input_bytes)?;
         let outputs = Outputs::at(ws.outputs.get(&driver, Outputs::bytes_for(nq, k))?, nq, k);
         driver.synchronize(&ws.stream)?;
+        let mut profile = Profiler::new();
         let host = ws.staging.get(&*driver, input_bytes.max(outputs.bytes))?;
         let parts: [(&[u8], usize); 4] = [
             (bytemuck::cast_slice(queries), query_bytes),
@@ -369,7 +370,11 @@ impl<D: Driver> GpuRows<D> {
                 stage_bytes: stage_bytes as u32,
             },
         )?;
-        self.read_top_k(ws, &outputs, nq, k, |q| k.min(lists[q].len()), self.len)
+        profile.mark(&*driver, &ws.stream, "upload+refine")?;
+        let found = self.read_top_k(ws, &outputs, nq, k, |q| k.min(lists[q].len()), self.len);
+        profile.mark(&*driver, &ws.stream, "download")?;
+        profile.report(&format!("refine nq {nq} candidates {}", flat.len()));
+        found
     }
 
     /// Each query in turn: its exact keys ([`Self::rerank_keys`]) and their top-k
