@@ -9,6 +9,8 @@
 //! Both follow FAISS's `ProductQuantizer` defaults: 25 Lloyd iterations on at most 256
 //! training vectors per centroid.
 
+use rayon::prelude::*;
+
 use crate::backend::pq::{code_at, code_bytes};
 use crate::backend::{GpuBackend, RowStore};
 use crate::error::{HiveGpuError, Result};
@@ -34,6 +36,8 @@ pub(crate) struct ProductQuantizer {
     codebooks: Vec<f32>,
     /// The same codebooks on the collection's backend: encoding is their exact 1-NN.
     books: Vec<Box<dyn RowStore>>,
+    /// Sub-quantizers encoded at once ([`crate::Tuning::piece_workers`]).
+    workers: usize,
 }
 
 impl ProductQuantizer {
@@ -65,18 +69,26 @@ impl ProductQuantizer {
                 "{bits}-bit product quantization trains {ksub} centroids per sub-quantizer: it needs at least {ksub} vectors, got {n}"
             )));
         }
-        let mut codebooks = Vec::with_capacity(ksub * dim);
-        let mut part = Vec::with_capacity(n * sub);
-        for j in 0..m {
-            part.clear();
-            part.extend(residuals.chunks_exact(dim).flat_map(|r| r[j * sub..(j + 1) * sub].iter().copied()));
+        // The sub-quantizers train independently (each from its own seed), so up to
+        // `piece_workers` at a time: one k-means's host preparation and read backs overlap the
+        // others' device work, and the result is the same as one after another.
+        let train_one = |j: usize| -> Result<Vec<f32>> {
+            let part: Vec<f32> =
+                residuals.chunks_exact(dim).flat_map(|r| r[j * sub..(j + 1) * sub].iter().copied()).collect();
             let params = KMeansParams {
                 clusters: ksub,
                 iterations: CODEBOOK_ITERATIONS,
                 max_training_vectors: ksub * TRAINING_PER_CENTROID,
                 seed: SEED + j as u64,
             };
-            codebooks.extend(kmeans::train(backend, tuning, &part, sub, &params)?.centroids);
+            Ok(kmeans::train(backend, tuning, &part, sub, &params)?.centroids)
+        };
+        let mut codebooks = Vec::with_capacity(ksub * dim);
+        let at_once = tuning.piece_workers.max(1);
+        for first in (0..m).step_by(at_once) {
+            let books: Vec<Vec<f32>> =
+                (first..(first + at_once).min(m)).into_par_iter().map(train_one).collect::<Result<_>>()?;
+            codebooks.extend(books.into_iter().flatten());
         }
         Self::from_parts(backend, tuning, dim, m, bits, codebooks)
     }
@@ -113,7 +125,7 @@ impl ProductQuantizer {
             rows.append(book)?;
             books.push(rows);
         }
-        Ok(Self { dim, m, bits, codebooks, books })
+        Ok(Self { dim, m, bits, codebooks, books, workers: tuning.piece_workers })
     }
 
     /// Sub-quantizers.
@@ -148,23 +160,36 @@ impl ProductQuantizer {
         let n = residuals.len() / dim;
         let bytes = self.code_bytes();
         let mut codes = vec![0u8; n * bytes];
-        let mut part = Vec::with_capacity(ENCODE_PIECE.min(n) * sub);
+        let at_once = self.workers.max(1);
         for first in (0..n).step_by(ENCODE_PIECE) {
             let rows = &residuals[first * dim..(first + ENCODE_PIECE.min(n - first)) * dim];
-            for (j, book) in self.books.iter().enumerate() {
-                part.clear();
-                part.extend(rows.chunks_exact(dim).flat_map(|r| r[j * sub..(j + 1) * sub].iter().copied()));
-                let found = book.knn(&part, 1, GpuDistanceMetric::Euclidean, None)?;
-                for (i, nearest) in found.iter().enumerate() {
-                    let c = nearest
-                        .first()
-                        .ok_or_else(|| HiveGpuError::Internal("encoding found no codebook centroid".into()))?
-                        .slot;
-                    let row = &mut codes[(first + i) * bytes..(first + i + 1) * bytes];
-                    if self.bits == 4 {
-                        row[j / 2] |= (c as u8 & 0xF) << (4 * (j % 2));
-                    } else {
-                        row[j] = c as u8;
+            // Each sub-quantizer's nearest centroids, up to `workers` searches at a time.
+            let nearest_of = |j: usize| -> Result<Vec<usize>> {
+                let part: Vec<f32> =
+                    rows.chunks_exact(dim).flat_map(|r| r[j * sub..(j + 1) * sub].iter().copied()).collect();
+                self.books[j]
+                    .knn(&part, 1, GpuDistanceMetric::Euclidean, None)?
+                    .iter()
+                    .map(|found| {
+                        found.first().map(|n| n.slot).ok_or_else(|| {
+                            HiveGpuError::Internal("encoding found no codebook centroid".into())
+                        })
+                    })
+                    .collect()
+            };
+            for j0 in (0..self.m).step_by(at_once) {
+                let found: Vec<Vec<usize>> = (j0..(j0 + at_once).min(self.m))
+                    .into_par_iter()
+                    .map(nearest_of)
+                    .collect::<Result<_>>()?;
+                for (j, nearest) in (j0..).zip(found) {
+                    for (i, c) in nearest.into_iter().enumerate() {
+                        let row = &mut codes[(first + i) * bytes..(first + i + 1) * bytes];
+                        if self.bits == 4 {
+                            row[j / 2] |= (c as u8 & 0xF) << (4 * (j % 2));
+                        } else {
+                            row[j] = c as u8;
+                        }
                     }
                 }
             }

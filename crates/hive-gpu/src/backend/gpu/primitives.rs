@@ -12,6 +12,7 @@
 //! IVF issue's work; correctness and the contract come first here.
 
 use half::f16;
+use rayon::prelude::*;
 
 use super::abi::{BitonicStep, Gather, Launch, RefineLists, RerankList, WriteResults};
 use super::driver::{DevicePtr, Driver};
@@ -227,8 +228,14 @@ impl<D: Driver> GpuRows<D> {
         metric: GpuDistanceMetric,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let nq = check_refine(self.dim, queries, candidates, k)?;
-        let lists: Vec<Vec<usize>> =
-            (0..nq).map(|q| live_candidates(candidates, q, self.len, &self.dead)).collect::<Result<_>>()?;
+        // Each query's list is sorted and deduplicated: on the library's threads, since a batch's
+        // thousands of lists cost milliseconds on one (docs/PERFORMANCE.md, IVF-PQ on CUDA).
+        let lists: Vec<Vec<usize>> = crate::exec::run_small(nq < 64, || {
+            (0..nq)
+                .into_par_iter()
+                .map(|q| live_candidates(candidates, q, self.len, &self.dead))
+                .collect::<Result<Vec<_>>>()
+        })??;
         if lists.iter().all(Vec::is_empty) {
             return Ok(vec![Vec::new(); nq]);
         }
