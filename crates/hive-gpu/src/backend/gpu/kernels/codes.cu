@@ -8,6 +8,11 @@
 // hit 32 different banks.
 #define HG_CODE_CHUNK 128u
 #define HG_CODE_PITCH (HG_CODE_CHUNK + 4u)
+// Rows of whole words shorter than this are read by their threads straight from memory: for
+// 16-byte PQ rows (4 KiB a round) the staging's two barriers per pass cost more than they save,
+// while 128-byte SQ8 rows gained several times from it (docs/PERFORMANCE.md, quantized IVF on
+// CUDA).
+#define HG_CODE_STAGE_MIN 64u
 
 // Byte i of a staged row (whole words in shared memory).
 __device__ __forceinline__ u32 hg_staged_byte(const u32* w, u32 i) { return (w[i >> 2] >> (8u * (i & 3u))) & 255u; }
@@ -19,7 +24,8 @@ __device__ __forceinline__ u32 hg_staged_byte(const u32* w, u32 i) { return (w[i
 // are then scored HG_BLOCK at a time, a row per thread: its thread starts with
 // `scorer.begin(r)`, adds every HG_CODE_CHUNK bytes of the row by `scorer.chunk` in order
 // (the block first copies that part of all the round's rows into `tile`, reading memory in
-// order), and ends with `scorer.finish`. The block keeps its k best (distance, slot) entries as
+// order; rows of whole words under HG_CODE_STAGE_MIN bytes are read in place instead), and
+// ends with `scorer.finish`. The block keeps its k best (distance, slot) entries as
 // the exact scan does (hg_push / hg_merge without a band: mul 1, add 0), skipping slots set in
 // the bitmap `skip` (null: none), and writes them ascending to out[q * k ..] (all ones past the
 // rows it found). k <= kcap and sortn - kcap >= HG_BLOCK (a round's pushes fit the buffer).
@@ -33,6 +39,9 @@ __device__ void hg_coded_scan(S& scorer, const u8* codes, u32 row_bytes, const u
     hg_init(sh, &st, kcap, 0, HG_NONE, k, 1.0f, 0.0f);
     u32 bcap = sortn - kcap;
     bool words = (row_bytes & 3u) == 0;
+    // Short rows of whole words: each thread reads its own (row_bytes <= HG_CODE_CHUNK, so
+    // one chunk covers it).
+    bool direct = words && row_bytes < HG_CODE_STAGE_MIN;
     const u32* mine = (const u32*)(tile + t * HG_CODE_PITCH);
     for (u32 p = 0; p < nprobe; p++) {
         u32 l = probes[(u64)q * nprobe + p];
@@ -45,7 +54,10 @@ __device__ void hg_coded_scan(S& scorer, const u8* codes, u32 row_bytes, const u
             u32 r = first + t;
             float acc = t < n ? scorer.begin(r) : 0.0f;
             const u8* rows = codes + (u64)first * row_bytes;
-            for (u32 c0 = 0; c0 < row_bytes; c0 += HG_CODE_CHUNK) {
+            if (direct) {
+                if (t < n) acc = scorer.chunk(acc, (const u32*)(rows + (u64)t * row_bytes), 0, row_bytes);
+            }
+            for (u32 c0 = 0; c0 < row_bytes && !direct; c0 += HG_CODE_CHUNK) {
                 u32 cb = min(HG_CODE_CHUNK, row_bytes - c0);
                 if (words) {
                     u32 cw = cb / 4u;
