@@ -444,22 +444,20 @@ fn entry_distance(entry: u64) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::{entry_distance, read_entries};
+    use crate::backend::gpu::search::entry_key;
 
     #[test]
     fn entry_distances_invert_the_devices_sortable_keys() {
-        for d in [-3.5f32, -0.0, 0.0, 1e-30, 2.25, f32::INFINITY] {
-            let bits = d.to_bits();
-            let key = if bits & 0x8000_0000 != 0 { !bits } else { bits | 0x8000_0000 };
-            let entry = (u64::from(key) << 32) | 7;
-            assert_eq!(entry_distance(entry).to_bits(), d.to_bits(), "{d}");
+        for d in [-3.5f32, -0.0, 0.0, 1e-30, 2.25, f32::INFINITY, f32::NEG_INFINITY] {
+            assert_eq!(entry_distance(entry_key(d, 7)).to_bits(), d.to_bits(), "{d}");
         }
     }
 
     #[test]
     fn entries_stop_at_the_first_empty_one_and_a_slot_past_the_lists_is_an_error() {
-        let key = |d: f32| u64::from(d.to_bits() | 0x8000_0000) << 32;
-        let got = read_entries(&[key(1.0) | 4, key(2.0) | 9, u64::MAX, key(0.5)], 10).expect("in range");
-        assert_eq!(got.iter().map(|n| (n.slot, n.distance)).collect::<Vec<_>>(), vec![(4, 1.0), (9, 2.0)]);
-        assert!(read_entries(&[key(1.0) | 10], 10).is_err());
+        let got = read_entries(&[entry_key(-1.0, 4), entry_key(2.0, 9), u64::MAX, entry_key(0.5, 1)], 10)
+            .expect("in range");
+        assert_eq!(got.iter().map(|n| (n.slot, n.distance)).collect::<Vec<_>>(), vec![(4, -1.0), (9, 2.0)]);
+        assert!(read_entries(&[entry_key(1.0, 10)], 10).is_err());
     }
 }

@@ -142,8 +142,8 @@ fn typed<T: bytemuck::Pod>(host: &[u8], offset: usize, count: usize) -> Result<&
 }
 
 /// The bits of the device's `hg_entry(distance, slot)`: the distance's sortable key, then
-/// the slot.
-fn entry_key(distance: f32, slot: u32) -> u64 {
+/// the slot (`codes.rs` reads them back with `entry_distance`).
+pub(super) fn entry_key(distance: f32, slot: u32) -> u64 {
     let bits = distance.to_bits();
     let key = if bits & 0x8000_0000 != 0 { !bits } else { bits | 0x8000_0000 };
     (u64::from(key) << 32) | u64::from(slot)
