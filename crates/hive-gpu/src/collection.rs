@@ -106,6 +106,24 @@ pub(crate) struct Collection {
     version: u64,
     /// The approximate index searches go through unless they ask for exact results.
     index: Option<Ivf>,
+    /// Each slot's place in the write order of the storage this collection is a shard of
+    /// (`crate::multi`): strictly increasing with the slot, so that the shards' results merge
+    /// with ties in the order one collection would give them. None for a collection of its own.
+    order: Option<Vec<u64>>,
+}
+
+/// An upsert whose fallible part is done ([`Collection::stage_upsert`]): its rows are appended
+/// to the row store (no search sees them while the writer holds the collection), and nothing
+/// else has changed. [`Collection::commit_upsert`] makes it visible, [`Collection::abort_upsert`]
+/// forgets it: how a write spread over several collections (shards, replicas) is all or nothing.
+#[must_use = "a staged upsert must be committed or aborted"]
+pub(crate) struct StagedUpsert {
+    first_slot: usize,
+    replaced: Vec<usize>,
+    added: Vec<Entry>,
+    assigned: Option<Assigned>,
+    /// The new slots' order keys (empty for a collection without them).
+    orders: Vec<u64>,
 }
 
 /// A collection file's contents in its slot order, for [`Collection::restore`].
@@ -118,6 +136,8 @@ pub(crate) struct Stored<'a> {
     pub(crate) payloads: &'a [Payload],
     /// The removed slots.
     pub(crate) removed: &'a SlotSet,
+    /// Every slot's order key, for a shard's file (see `Collection::order`).
+    pub(crate) order: Option<&'a [u64]>,
     /// Every slot's row as the file stores it (little-endian elements of the precision).
     pub(crate) rows: &'a [u8],
     /// The same rows in a mapping that may outlive the open, for a row store that searches
@@ -246,6 +266,50 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
     Ok(())
 }
 
+/// Checks a batch for an upsert into a collection of `config`, changing nothing: whole rows
+/// (a flat batch), no empty id, valid values and payloads (the first bad vector of the batch is
+/// reported), and no id twice.
+pub(crate) fn check_batch<B: Batch + ?Sized>(config: &StorageConfig, batch: &B) -> Result<()> {
+    let count = batch.len();
+    if let Some(values) = batch.flat_values()
+        && count.checked_mul(config.dimension) != Some(values.len())
+    {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "{count} ids of dimension {} need {count} x {} values, got {}",
+            config.dimension,
+            config.dimension,
+            values.len()
+        )));
+    }
+    // Contents are checked in parallel (the first bad vector of the batch is reported), ids in
+    // order.
+    let check = |i: usize| {
+        let id = batch.id(i);
+        if id.is_empty() {
+            return Some(HiveGpuError::InvalidArgument(format!("vector {i} of the batch has an empty id")));
+        }
+        check_values(batch.values(i, config.dimension), config, Subject::Vector(id))
+            .and_then(|()| check_payload(id, batch.metadata(i), batch.payload(i)))
+            .err()
+    };
+    // A small batch stays on this thread (see `exec::run_small`): no rayon call at all.
+    let invalid = if count < MIN_PARALLEL / 8 {
+        (0..count).find_map(check)
+    } else {
+        (0..count).into_par_iter().with_min_len(MIN_PARALLEL / 8).find_map_first(check)
+    };
+    if let Some(error) = invalid {
+        return Err(error);
+    }
+    let mut first_seen: IdMap<&str, usize> = IdMap::with_capacity_and_hasher(count, Default::default());
+    for i in 0..count {
+        if let Some(first) = first_seen.insert(batch.id(i), i) {
+            return Err(HiveGpuError::DuplicateId { id: batch.id(i).to_string(), first, second: i });
+        }
+    }
+    Ok(())
+}
+
 impl Collection {
     pub(crate) fn new(config: StorageConfig, rows: Box<dyn RowStore>) -> Self {
         Self {
@@ -258,7 +322,24 @@ impl Collection {
             uid: NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             version: 0,
             index: None,
+            order: None,
         }
+    }
+
+    /// An empty collection whose slots carry order keys: a shard of a storage spread over
+    /// several collections (`crate::multi`).
+    pub(crate) fn new_ordered(config: StorageConfig, rows: Box<dyn RowStore>) -> Self {
+        Self { order: Some(Vec::new()), ..Self::new(config, rows) }
+    }
+
+    /// Slot `slot`'s order key, for a collection that keeps them.
+    pub(crate) fn order_of(&self, slot: usize) -> Option<u64> {
+        self.order.as_ref()?.get(slot).copied()
+    }
+
+    /// Every slot's order key, for a collection that keeps them.
+    pub(crate) fn orders(&self) -> Option<&[u64]> {
+        self.order.as_deref()
     }
 
     pub(crate) fn config(&self) -> &StorageConfig {
@@ -319,45 +400,23 @@ impl Collection {
     ///
     /// Slots are written once: a replaced id's new values go to a new slot at the end and its
     /// old slot is removed, like any removal. Every fallible step comes before the first change
-    /// anyone can see: validation, memory for the rows, the ids and the payloads, and the rows'
-    /// appends (rolled back by [`RowStore::truncate`] when one fails). What follows cannot
-    /// fail: tombstones and the id maps.
+    /// anyone can see ([`Collection::stage_upsert`]): validation, memory for the rows, the ids
+    /// and the payloads, and the rows' appends (rolled back by [`RowStore::truncate`] when one
+    /// fails). What follows cannot fail ([`Collection::commit_upsert`]): tombstones and the id
+    /// maps.
     pub(crate) fn upsert<B: Batch + ?Sized>(&mut self, batch: &B) -> Result<()> {
+        check_batch(&self.config, batch)?;
+        let staged = self.stage_upsert(batch)?;
+        self.commit_upsert(staged);
+        Ok(())
+    }
+
+    /// The fallible part of an upsert of `batch`, which [`check_batch`] has passed: memory for
+    /// it, its index lists, and its rows appended to the row store. On an error nothing has
+    /// changed.
+    pub(crate) fn stage_upsert<B: Batch + ?Sized>(&mut self, batch: &B) -> Result<StagedUpsert> {
         let count = batch.len();
-        let config = self.config;
-        if let Some(values) = batch.flat_values()
-            && count.checked_mul(config.dimension) != Some(values.len())
-        {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "{count} ids of dimension {} need {count} x {} values, got {}",
-                config.dimension,
-                config.dimension,
-                values.len()
-            )));
-        }
-        // Contents are checked in parallel (the first bad vector of the batch is reported),
-        // ids in order.
-        let check = |i: usize| {
-            let id = batch.id(i);
-            if id.is_empty() {
-                return Some(HiveGpuError::InvalidArgument(format!(
-                    "vector {i} of the batch has an empty id"
-                )));
-            }
-            check_values(batch.values(i, config.dimension), &config, Subject::Vector(id))
-                .and_then(|()| check_payload(id, batch.metadata(i), batch.payload(i)))
-                .err()
-        };
-        // A small batch stays on this thread (see `exec::run_small`): no rayon call at all.
-        let invalid = if count < MIN_PARALLEL / 8 {
-            (0..count).find_map(check)
-        } else {
-            (0..count).into_par_iter().with_min_len(MIN_PARALLEL / 8).find_map_first(check)
-        };
-        if let Some(error) = invalid {
-            return Err(error);
-        }
-        // The slots of ids already stored are looked up in parallel, duplicates found in order.
+        // The slots of ids already stored are looked up in parallel.
         let slot_of = &self.slot_of;
         let lookup = |i: usize| slot_of.get(batch.id(i)).copied();
         let stored: Vec<Option<usize>> = if count < MIN_PARALLEL {
@@ -365,13 +424,6 @@ impl Collection {
         } else {
             (0..count).into_par_iter().with_min_len(MIN_PARALLEL).map(lookup).collect()
         };
-        let mut first_seen: IdMap<&str, usize> = IdMap::with_capacity_and_hasher(count, Default::default());
-        for i in 0..count {
-            if let Some(first) = first_seen.insert(batch.id(i), i) {
-                return Err(HiveGpuError::DuplicateId { id: batch.id(i).to_string(), first, second: i });
-            }
-        }
-        drop(first_seen);
         let replaced: Vec<usize> = stored.into_iter().flatten().collect();
 
         // Ids and payload handles live in host memory on every backend: claimed from the
@@ -389,6 +441,13 @@ impl Collection {
         let inserted = count - replaced.len();
         self.entries.try_reserve(count).map_err(|_| out_of_memory(count))?;
         self.slot_of.try_reserve(inserted).map_err(|_| out_of_memory(inserted))?;
+        let orders: Vec<u64> = match &mut self.order {
+            Some(order) => {
+                order.try_reserve(count).map_err(|_| out_of_memory(count))?;
+                (0..count).map(|i| batch.order(i)).collect()
+            }
+            None => Vec::new(),
+        };
         let entry = |i: usize| Entry::new(batch.id(i), batch.metadata(i), batch.payload(i));
         let added: Vec<Entry> = if count < MIN_PARALLEL {
             (0..count).map(entry).collect()
@@ -409,8 +468,19 @@ impl Collection {
             self.rows.truncate(first_slot);
             return Err(error);
         }
+        Ok(StagedUpsert { first_slot, replaced, added, assigned, orders })
+    }
 
-        // Nothing below can fail.
+    /// Forgets a staged upsert: its rows leave the row store, and the collection is as it was
+    /// before [`Collection::stage_upsert`].
+    pub(crate) fn abort_upsert(&mut self, staged: StagedUpsert) {
+        self.rows.truncate(staged.first_slot);
+    }
+
+    /// Makes a staged upsert visible. Cannot fail (a compaction it sets off is an optimisation
+    /// that stays undone on an error).
+    pub(crate) fn commit_upsert(&mut self, staged: StagedUpsert) {
+        let StagedUpsert { first_slot, replaced, added, assigned, orders } = staged;
         self.version += 1;
         self.rows.tombstone(&replaced);
         for &slot in &replaced {
@@ -423,11 +493,13 @@ impl Collection {
             self.slot_of.insert(entry.id.clone(), slot);
             self.entries.push(Some(entry));
         }
+        if let Some(order) = &mut self.order {
+            order.extend_from_slice(&orders);
+        }
         if let (Some(index), Some(assigned)) = (&mut self.index, assigned) {
             index.push(first_slot, &assigned);
         }
         self.compact_if_worth_it();
-        Ok(())
     }
 
     /// The index list (and codes) of every vector of `batch`, in bounded pieces.
@@ -647,6 +719,13 @@ impl Collection {
         if mapped {
             self.removed = removed.clone();
         }
+        // A shard's file keeps its slots' order keys; a collection file of its own opened as
+        // a shard numbers its slots in order.
+        match (stored.order, &mut self.order) {
+            (Some(order), _) => self.order = Some(kept.iter().map(|&s| order[s]).collect()),
+            (None, Some(order)) => *order = (0..kept.len() as u64).collect(),
+            (None, None) => {}
+        }
         for (slot, entry) in self.entries.iter().enumerate() {
             if let Some(entry) = entry {
                 self.payloads.insert(slot, entry.metadata(), entry.payload());
@@ -666,6 +745,13 @@ impl Collection {
 
     /// Removes ids; every id must be present and listed once, else nothing is removed.
     pub(crate) fn remove<S: AsRef<str>>(&mut self, ids: &[S]) -> Result<()> {
+        let slots = self.slots_to_remove(ids)?;
+        self.commit_remove(&slots);
+        Ok(())
+    }
+
+    /// The slots of `ids`, changing nothing: every id must be present and listed once.
+    pub(crate) fn slots_to_remove<S: AsRef<str>>(&self, ids: &[S]) -> Result<Vec<usize>> {
         let mut slots = Vec::with_capacity(ids.len());
         let mut first_seen: IdMap<&str, usize> =
             IdMap::with_capacity_and_hasher(ids.len(), Default::default());
@@ -679,16 +765,20 @@ impl Collection {
                 None => return Err(HiveGpuError::VectorNotFound { id: id.to_string() }),
             }
         }
+        Ok(slots)
+    }
+
+    /// Removes the live slots `slots` ([`Collection::slots_to_remove`]'s). Cannot fail.
+    pub(crate) fn commit_remove(&mut self, slots: &[usize]) {
         self.version += 1;
-        self.rows.tombstone(&slots);
-        for &slot in &slots {
+        self.rows.tombstone(slots);
+        for &slot in slots {
             if let Some(entry) = self.entries[slot].take() {
                 self.slot_of.remove(&entry.id);
             }
             self.removed.set(slot, true);
         }
         self.compact_if_worth_it();
-        Ok(())
     }
 
     /// Whether a write of `count` vectors or ids is small enough to run on the caller's
@@ -718,6 +808,9 @@ impl Collection {
         self.rows.compact(&keep)?;
         if let Some(index) = &mut self.index {
             index.remap(&keep, self.entries.len());
+        }
+        if let Some(order) = &mut self.order {
+            *order = keep.iter().map(|&s| order[s]).collect();
         }
         let entries: Vec<Option<Entry>> =
             std::mem::take(&mut self.entries).into_iter().flatten().map(Some).collect();
@@ -767,6 +860,9 @@ impl Collection {
         self.slot_of = IdMap::default();
         self.removed = SlotSet::default();
         self.payloads = PayloadIndex::default();
+        if let Some(order) = &mut self.order {
+            order.clear();
+        }
         self.version += 1;
     }
 }
@@ -789,6 +885,11 @@ pub(crate) trait Batch: Sync {
     /// Every vector's values in one row-major array, where the batch has them so.
     fn flat_values(&self) -> Option<&[f32]> {
         None
+    }
+    /// Vector `i`'s order key, for a collection that keeps them (a shard: `crate::multi` gives
+    /// each vector of a write its place in the storage's write order).
+    fn order(&self, i: usize) -> u64 {
+        i as u64
     }
 }
 

@@ -62,13 +62,21 @@ pub enum Filter {
     Prepared(PreparedFilter),
 }
 
-/// A [`Filter`] evaluated once against one collection, so that many searches (one query at a
-/// time, say) do not each turn it into slots again: an allow-list of a million ids costs tens of
-/// milliseconds to look up, a search a fraction of one. Cheap to clone (the slots are shared).
+/// A [`Filter`] evaluated once against one collection (or once against each shard or replica
+/// of a multi-device collection), so that many searches (one query at a time, say) do not each
+/// turn it into slots again: an allow-list of a million ids costs tens of milliseconds to look
+/// up, a search a fraction of one. Cheap to clone (the slots are shared).
 #[derive(Debug, Clone)]
 pub struct PreparedFilter {
     filter: Box<Filter>,
-    /// The collection and its version the slots were computed for.
+    /// The slots of each collection it was prepared for, with the version they were computed
+    /// at.
+    prepared: Vec<PreparedSlots>,
+}
+
+/// One collection's slots of a [`PreparedFilter`].
+#[derive(Debug, Clone)]
+struct PreparedSlots {
     collection: u64,
     version: u64,
     slots: std::sync::Arc<SlotSet>,
@@ -76,12 +84,27 @@ pub struct PreparedFilter {
 
 impl PreparedFilter {
     pub(crate) fn new(filter: Filter, collection: u64, version: u64, slots: SlotSet) -> Self {
-        Self { filter: Box::new(filter), collection, version, slots: std::sync::Arc::new(slots) }
+        let prepared = vec![PreparedSlots { collection, version, slots: std::sync::Arc::new(slots) }];
+        Self { filter: Box::new(filter), prepared }
+    }
+
+    /// One filter prepared for several collections (the shards or replicas of one storage),
+    /// each by [`PreparedFilter::new`] from the same filter.
+    pub(crate) fn combine(parts: Vec<PreparedFilter>) -> Option<Self> {
+        let mut parts = parts.into_iter();
+        let mut first = parts.next()?;
+        for part in parts {
+            first.prepared.extend(part.prepared);
+        }
+        Some(first)
     }
 
     /// Its slots, if it was prepared for this collection at this version.
     pub(crate) fn current_slots(&self, collection: u64, version: u64) -> Option<&SlotSet> {
-        (self.collection == collection && self.version == version).then_some(&*self.slots)
+        self.prepared
+            .iter()
+            .find(|p| p.collection == collection && p.version == version)
+            .map(|p| &*p.slots)
     }
 
     /// The filter it was prepared from.
@@ -90,9 +113,9 @@ impl PreparedFilter {
     }
 
     /// Vectors that passed when it was prepared (removed ones included until the collection
-    /// changes).
+    /// changes), over every collection it was prepared for.
     pub fn count(&self) -> usize {
-        self.slots.count()
+        self.prepared.iter().map(|p| p.slots.count()).sum()
     }
 }
 
@@ -216,12 +239,10 @@ impl Filter {
                 set
             }
             Self::Not(negated) => inner(negated)?.complement(len),
-            Self::Prepared(prepared)
-                if prepared.collection == target.collection && prepared.version == target.version =>
-            {
-                SlotSet::clone(&prepared.slots)
-            }
-            Self::Prepared(prepared) => inner(&prepared.filter)?,
+            Self::Prepared(prepared) => match prepared.current_slots(target.collection, target.version) {
+                Some(slots) => SlotSet::clone(slots),
+                None => inner(&prepared.filter)?,
+            },
         })
     }
 }

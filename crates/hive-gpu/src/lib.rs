@@ -53,6 +53,7 @@
 
 pub mod backend;
 mod collection;
+pub mod devices;
 pub mod error;
 mod exact;
 mod exec;
@@ -60,6 +61,7 @@ mod filter;
 mod index;
 pub mod io;
 mod memory;
+mod multi;
 mod payload;
 pub mod persist;
 mod results;
@@ -71,6 +73,8 @@ use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, select_best_backend};
+pub use devices::{DeviceSelector, list_devices};
+pub use multi::{ReplicatedStorage, ShardedStorage};
 pub use error::{HiveGpuError, Result};
 pub use filter::{Filter, MAX_FILTER_DEPTH, PreparedFilter};
 pub use index::kmeans::{KMeans, KMeansParams};
@@ -99,9 +103,46 @@ pub struct GpuContext {
 impl GpuContext {
     /// A context on the best available backend (see [`select_best_backend`]); the
     /// `HIVE_GPU_BACKEND` environment variable (`cpu`, `cuda`, `rocm`, `vulkan`, `auto`)
-    /// overrides the choice, and naming an unavailable backend is an error.
+    /// overrides the choice, and naming an unavailable backend is an error. Where
+    /// `HIVE_GPU_DEVICES` is set ([`devices::DEVICES_VARIABLE`]), the context is on the first
+    /// device it names.
     pub fn new() -> Result<Self> {
+        if let Some(list) = devices::from_environment() {
+            let (backend, ordinal) = devices::parse_device_list(&list, select_best_backend)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| HiveGpuError::InvalidArgument("HIVE_GPU_DEVICES names no device".into()))?;
+            return Self::with_backend(backend, ordinal);
+        }
         Self::with_backend(select_best_backend()?, 0)
+    }
+
+    /// A context on the device of `backend` that `device` names: an ordinal, or a PCI bus id
+    /// (which stays the same when devices are renumbered). A PCI bus id no device has is an
+    /// error listing the ones there are.
+    pub fn with_device(backend: GpuBackendType, device: &DeviceSelector) -> Result<Self> {
+        Self::with_backend(backend, devices::resolve(backend, device)?)
+    }
+
+    /// One context per device of a device list in `HIVE_GPU_DEVICES`'s syntax
+    /// ([`devices::DEVICES_VARIABLE`]: `cuda:0,cuda:1`, `vulkan:all`, `0000:3b:00.0`), in its
+    /// order; entries without a backend are on [`select_best_backend`]'s. What a sharded or
+    /// replicated storage is made over.
+    pub fn on_devices(list: &str) -> Result<Vec<Self>> {
+        let tuning = Tuning::from_env()?;
+        devices::parse_device_list(list, select_best_backend)?
+            .into_iter()
+            .map(|(backend, ordinal)| Ok(Self { backend: backend::open(backend, ordinal)?, tuning: tuning.clone() }))
+            .collect()
+    }
+
+    /// The devices this process is told to use: those of `HIVE_GPU_DEVICES` where it is set
+    /// ([`GpuContext::on_devices`]), else every device of the best available backend.
+    pub fn all_devices() -> Result<Vec<Self>> {
+        match devices::from_environment() {
+            Some(list) => Self::on_devices(&list),
+            None => Self::on_devices(&format!("{}:all", select_best_backend()?.name())),
+        }
     }
 
     /// A context on device `ordinal` of `backend`, tuned by the `HIVE_GPU_*` tuning variables
@@ -171,6 +212,20 @@ impl GpuContext {
             backend: self.backend.clone(),
             tuning: self.tuning.clone(),
             inner: RwLock::new(Collection::new(config, rows)),
+            log: None,
+        })
+    }
+
+    /// An empty shard of a multi-device storage: a collection whose slots carry order keys.
+    pub(crate) fn create_shard(&self, config: StorageConfig) -> Result<GpuVectorStorage> {
+        if config.dimension == 0 {
+            return Err(HiveGpuError::InvalidArgument("dimension must be at least 1".into()));
+        }
+        let rows = self.backend.new_rows(config.dimension, config.precision, config.search, &self.tuning)?;
+        Ok(GpuVectorStorage {
+            backend: self.backend.clone(),
+            tuning: self.tuning.clone(),
+            inner: RwLock::new(Collection::new_ordered(config, rows)),
             log: None,
         })
     }

@@ -292,7 +292,7 @@ pub fn detect_available_backends() -> Vec<BackendStatus> {
     GpuBackendType::ALL.into_iter().map(probe).collect()
 }
 
-fn probe(backend: GpuBackendType) -> BackendStatus {
+pub(crate) fn probe(backend: GpuBackendType) -> BackendStatus {
     match backend {
         GpuBackendType::Cpu => {
             let info = cpu::CpuBackend::new().device_info();

@@ -68,6 +68,25 @@ pub(crate) fn search_results(
     Ok(results)
 }
 
+/// The `k` nearest neighbours of each query of a row-major batch in this one collection, with
+/// the number of entries its lists hold (k, or fewer when fewer vectors pass the filter; 0 with
+/// empty lists when none does): for a caller that merges several collections' neighbours
+/// (the shards of `crate::multi`).
+pub(crate) fn neighbours(
+    collection: &Collection,
+    queries: &[f32],
+    k: usize,
+    options: &SearchOptions,
+    tuning: &Tuning,
+) -> Result<(usize, Vec<Vec<Neighbor>>)> {
+    let plan = Plan::of(collection, queries, k, options, tuning)?;
+    if plan.k == 0 {
+        return Ok((0, vec![Vec::new(); plan.nq]));
+    }
+    let pieces = search_pieces(collection, queries, &plan, |_, neighbours| Ok(neighbours))?;
+    Ok((plan.k, pieces.into_iter().flatten().collect()))
+}
+
 /// A validated batch: its queries, the k its lists hold (0 when no vector passes the filter),
 /// the filter's live slots and how the batch is cut.
 struct Plan<'f> {
@@ -271,6 +290,17 @@ fn to_results(
     results
 }
 
+/// One neighbour as a result row shows it.
+pub(crate) struct Resolved<'a> {
+    /// What the row reports as the neighbour's slot.
+    pub(crate) slot: usize,
+    pub(crate) id: &'a SmolStr,
+    pub(crate) metadata: &'a Arc<Metadata>,
+    pub(crate) payload: &'a Arc<Payload>,
+    /// The canonical distance, turned into the metric's score here.
+    pub(crate) distance: f64,
+}
+
 /// One row of [`SearchResults`] being written.
 struct RowMut<'a> {
     len: &'a mut usize,
@@ -284,33 +314,50 @@ struct RowMut<'a> {
 /// Writes one piece's neighbours into its rows of the flat arrays, rows in parallel for a big
 /// piece.
 fn to_columns(collection: &Collection, neighbours: Vec<Vec<Neighbor>>, rows: RowsMut<'_>) -> Result<()> {
-    let metric = collection.config().metric;
     let began = std::time::Instant::now();
+    fill_columns(collection.config().metric, &neighbours, rows, |n: &Neighbor| {
+        let (id, metadata, payload) = collection
+            .entry(n.slot)
+            .ok_or_else(|| HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot)))?;
+        Ok(Resolved { slot: n.slot, id, metadata, payload, distance: n.distance })
+    })?;
+    if profiling() {
+        eprintln!("hive-gpu profile (columnar results, ms): {:.3}", began.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(())
+}
+
+/// Writes `lists[q]` into row `q` of `rows`, each neighbour shown as `resolve` says; rows in
+/// parallel (on the library's pool) when there are many entries.
+pub(crate) fn fill_columns<'c, N: Sync>(
+    metric: GpuDistanceMetric,
+    lists: &[Vec<N>],
+    rows: RowsMut<'_>,
+    resolve: impl Fn(&N) -> Result<Resolved<'c>> + Sync,
+) -> Result<()> {
     let RowsMut { k, lens, slots, ids, scores, metadata, payloads } = rows;
-    if neighbours.len() != lens.len() {
+    if lists.len() != lens.len() {
         return Err(HiveGpuError::Internal(format!(
             "a piece of {} rows returned {} lists",
             lens.len(),
-            neighbours.len()
+            lists.len()
         )));
     }
-    let write = |(q, list): (usize, &Vec<Neighbor>), row: RowMut<'_>| -> Result<()> {
+    let write = |(q, list): (usize, &Vec<N>), row: RowMut<'_>| -> Result<()> {
         let RowMut { len, slots, ids, scores, mut metadata, mut payloads } = row;
         if list.len() > k {
             return Err(HiveGpuError::Internal(format!("query {q}: {} neighbours for k = {k}", list.len())));
         }
         for (j, n) in list.iter().enumerate() {
-            let (id, m, p) = collection
-                .entry(n.slot)
-                .ok_or_else(|| HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot)))?;
-            slots[j] = n.slot;
-            ids[j] = id.clone();
-            scores[j] = score(metric, n.distance);
+            let found = resolve(n)?;
+            slots[j] = found.slot;
+            ids[j] = found.id.clone();
+            scores[j] = score(metric, found.distance);
             if let Some(metadata) = metadata.as_deref_mut() {
-                metadata[j] = Arc::clone(m);
+                metadata[j] = Arc::clone(found.metadata);
             }
             if let Some(payloads) = payloads.as_deref_mut() {
-                payloads[j] = Arc::clone(p);
+                payloads[j] = Arc::clone(found.payload);
             }
         }
         *len = list.len();
@@ -327,7 +374,7 @@ fn to_columns(collection: &Collection, neighbours: Vec<Vec<Neighbor>>, rows: Row
             None => (0..rows).map(|_| None).collect(),
         };
         crate::exec::run(|| {
-            neighbours
+            lists
                 .par_iter()
                 .enumerate()
                 .zip(
@@ -345,7 +392,7 @@ fn to_columns(collection: &Collection, neighbours: Vec<Vec<Neighbor>>, rows: Row
     } else {
         let mut metadata = metadata.map(|m| m.chunks_mut(k));
         let mut payloads = payloads.map(|p| p.chunks_mut(k));
-        for ((((q, list), len), (s, i)), c) in neighbours
+        for ((((q, list), len), (s, i)), c) in lists
             .iter()
             .enumerate()
             .zip(lens.iter_mut())
@@ -356,9 +403,6 @@ fn to_columns(collection: &Collection, neighbours: Vec<Vec<Neighbor>>, rows: Row
             let p = payloads.as_mut().and_then(Iterator::next);
             write((q, list), RowMut { len, slots: s, ids: i, scores: c, metadata: m, payloads: p })?;
         }
-    }
-    if profiling() {
-        eprintln!("hive-gpu profile (columnar results, ms): {:.3}", began.elapsed().as_secs_f64() * 1e3);
     }
     Ok(())
 }

@@ -15,10 +15,11 @@ use crate::types::{GpuDistanceMetric, Metadata, SearchPrecision, StorageConfig, 
 
 /// The first 8 bytes of every collection file.
 pub(crate) const MAGIC: [u8; 8] = *b"HIVEGPUC";
-/// The newest format version this build reads. It writes version 2 only for a file with an
-/// index section, version 1 otherwise, so that files without an index stay readable by
-/// builds that know only version 1.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The newest format version this build reads. It writes version 3 only for a file with an
+/// order section (a shard of a multi-device storage), version 2 for one with an index
+/// section, version 1 otherwise, so that files stay readable by the oldest build that knows
+/// every section they hold.
+pub(crate) const FORMAT_VERSION: u32 = 3;
 /// Bytes of the file header.
 pub(crate) const HEADER_BYTES: usize = 64;
 /// Bytes of one section table entry.
@@ -45,11 +46,21 @@ pub(crate) enum Kind {
     Payload = 6,
     /// The collection's index (format version 2): IVF-Flat centroids and lists.
     Index = 7,
+    /// Each slot's order key (format version 3): a shard's place in its storage's write order.
+    Order = 8,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 7] =
-        [Kind::Config, Kind::Ids, Kind::Vectors, Kind::Removed, Kind::Metadata, Kind::Payload, Kind::Index];
+    pub(crate) const ALL: [Kind; 8] = [
+        Kind::Config,
+        Kind::Ids,
+        Kind::Vectors,
+        Kind::Removed,
+        Kind::Metadata,
+        Kind::Payload,
+        Kind::Index,
+        Kind::Order,
+    ];
     /// The kinds every file has.
     pub(crate) const REQUIRED: usize = 6;
 
@@ -66,6 +77,7 @@ impl Kind {
             Kind::Metadata => "metadata",
             Kind::Payload => "payload",
             Kind::Index => "index",
+            Kind::Order => "order",
         }
     }
 }
@@ -104,7 +116,13 @@ pub(crate) fn encode_header(sections: &[Section], file_bytes: u64) -> Vec<u8> {
     let table: Vec<u8> = sections.iter().flat_map(|s| s.encode()).collect();
     let mut header = vec![0u8; HEADER_BYTES];
     header[0..8].copy_from_slice(&MAGIC);
-    let version: u32 = if sections.iter().any(|s| s.kind == Kind::Index) { 2 } else { 1 };
+    let version: u32 = if sections.iter().any(|s| s.kind == Kind::Order) {
+        3
+    } else if sections.iter().any(|s| s.kind == Kind::Index) {
+        2
+    } else {
+        1
+    };
     header[8..12].copy_from_slice(&version.to_le_bytes());
     header[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
     header[16..20].copy_from_slice(&(sections.len() as u32).to_le_bytes());
@@ -208,6 +226,8 @@ pub(crate) struct Snapshot<'a> {
     pub(crate) version: u32,
     /// Its index, if it has one.
     pub(crate) index: Option<StoredIndex>,
+    /// Every slot's order key, for a shard's file.
+    pub(crate) order: Option<Vec<u64>>,
 }
 
 /// An index section's contents, checked against the file's slots.
@@ -741,6 +761,9 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         if kind == Kind::Index && version < 2 {
             return fail("section table", at, "an index section in a format version 1 file");
         }
+        if kind == Kind::Order && version < 3 {
+            return fail("section table", at, format!("an order section in a format version {version} file"));
+        }
         if !section.offset.is_multiple_of(ALIGN as u64) {
             return fail(
                 "section table",
@@ -887,6 +910,14 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
     }
     c.finish()?;
 
+    let order = match sections.iter().find(|s| s.kind == Kind::Order).copied() {
+        Some(section) => {
+            let (_, mut c) = body(Kind::Order)?;
+            Some(decode_order(section, &mut c, slots)?)
+        }
+        None => None,
+    };
+
     let index = match sections.iter().find(|s| s.kind == Kind::Index).copied() {
         Some(section) => {
             let (_, mut c) = body(Kind::Index)?;
@@ -906,7 +937,38 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         sections,
         version,
         index,
+        order,
     })
+}
+
+/// The order section's body: `slots` u64 keys, strictly increasing (a shard's slots are in the
+/// order they were written).
+pub(crate) fn decode_order(section: Section, c: &mut Cursor<'_>, slots: usize) -> Parsed<Vec<u64>> {
+    if section.count != slots as u64 || section.length != slots as u64 * 8 {
+        return fail(
+            "order",
+            section.offset,
+            format!("{} keys in {} bytes where the config has {slots} slots", section.count, section.length),
+        );
+    }
+    let mut keys = Vec::with_capacity(slots);
+    for slot in 0..slots {
+        let at = c.offset();
+        let key = c.u64("an order key")?;
+        if let Some(&previous) = keys.last()
+            && key <= previous
+        {
+            return fail("order", at, format!("slot {slot}'s key {key} does not follow {previous}"));
+        }
+        keys.push(key);
+    }
+    c.finish()?;
+    Ok(keys)
+}
+
+/// The order section's body for `keys`.
+pub(crate) fn encode_order(keys: &[u64]) -> Vec<u8> {
+    keys.iter().flat_map(|k| k.to_le_bytes()).collect()
 }
 
 /// Reads one metadata record ([`encode_metadata`]'s layout).

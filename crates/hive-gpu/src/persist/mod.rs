@@ -13,12 +13,14 @@ pub(crate) mod durable;
 pub(crate) mod format;
 pub(crate) mod image;
 pub(crate) mod log;
+pub(crate) mod manifest;
 
 pub use durable::{Durability, DurableOptions, LogStats};
 pub use format::FormatError;
 pub(crate) use format::{element_bytes, narrow, widen};
 pub(crate) use image::Image;
 pub use image::MappedRows;
+pub use manifest::{MAX_SHARDS, ManifestInfo, inspect_manifest, is_manifest};
 
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -206,7 +208,9 @@ fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> R
     // Zeros hold the room of the header and table: both depend on the sections' offsets and
     // checksums, so they are written over these bytes once every section is out.
     let index = collection.index();
-    out.raw(&vec![0u8; format::bodies_start(Kind::REQUIRED + usize::from(index.is_some()))]).map_err(&io)?;
+    let order = collection.orders();
+    let optional = usize::from(index.is_some()) + usize::from(order.is_some());
+    out.raw(&vec![0u8; format::bodies_start(Kind::REQUIRED + optional)]).map_err(&io)?;
     out.section(Kind::Config, 1, |w| w(&format::encode_config(&config, slots)).map_err(sink), path)?;
     out.section(Kind::Vectors, slots, |w| write_vectors(collection, w, progress), path)?;
     out.section(
@@ -265,6 +269,9 @@ fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> R
             collection.removed(),
         );
         out.section(Kind::Index, index.nlist(), |w| w(&body).map_err(sink), path)?;
+    }
+    if let Some(order) = order {
+        out.section(Kind::Order, slots, |w| w(&format::encode_order(order)).map_err(sink), path)?;
     }
     let (total, out_started) = (out.at, out.started);
     let header = format::encode_header(&out.sections, total);
@@ -414,6 +421,7 @@ impl Checked<'_> {
             metadata: &snapshot.metadata,
             payloads: &snapshot.payloads,
             removed: &snapshot.removed,
+            order: snapshot.order.as_deref(),
             rows: snapshot.vectors,
             mapped,
         }

@@ -1,0 +1,313 @@
+//! [`ReplicatedStorage`]: every vector on every device, each search on the replicas least busy,
+//! a batch split across them.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{Whole, check_contexts, check_queries, check_query, lock, on_each, read_all, upsert_all, write_all};
+use crate::backend::Neighbor;
+use crate::collection::{Collection, FlatBatch, check_batch};
+use crate::error::{HiveGpuError, Result};
+use crate::filter::{Filter, PreparedFilter};
+use crate::index::flat::{Resolved, fill_columns};
+use crate::index::spec::IndexSpec;
+use crate::results::SearchResults;
+use crate::types::{GpuDistanceMetric, GpuSearchResult, GpuVector, IndexStats, SearchOptions, StorageConfig};
+use crate::{GpuContext, GpuVectorStorage};
+
+/// A collection copied onto several devices: each holds every vector, so any one answers any
+/// search, and more devices answer more queries per second.
+///
+/// A batch is split into one contiguous part per replica, searched at once, and the parts'
+/// results put back in query order; a search of fewer queries than there are replicas goes to
+/// the replicas with the fewest searches running (single queries from many threads spread over
+/// the devices). Writes go to every replica, all or nothing: each stages the write (memory,
+/// uploads) before any commits, so the replicas always hold the same vectors in the same slots
+/// and every search returns exactly what one collection would, on whichever replica it runs.
+/// [`ReplicatedStorage::build_index`] trains the same index on each replica (training is
+/// deterministic: same vectors, same seed, same index on every backend).
+///
+/// [`ReplicatedStorage::save`] writes an ordinary collection file (one replica's);
+/// [`ReplicatedStorage::open`] opens one on every context.
+///
+/// ```
+/// use hive_gpu::{GpuBackendType, GpuContext, GpuDistanceMetric, ReplicatedStorage, StorageConfig};
+///
+/// let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0)?;
+/// let storage = ReplicatedStorage::create(&[cpu.clone(), cpu], StorageConfig::new(2, GpuDistanceMetric::Euclidean))?;
+/// storage.add_vectors_flat(&["a", "b"], &[0.0, 0.0, 1.0, 0.0])?;
+/// let batch = storage.search_batch(&[0.9, 0.0, 0.1, 0.0], 1)?;
+/// assert_eq!((batch[0][0].id.as_str(), batch[1][0].id.as_str()), ("b", "a"));
+/// # Ok::<(), hive_gpu::HiveGpuError>(())
+/// ```
+#[derive(Debug)]
+pub struct ReplicatedStorage {
+    config: StorageConfig,
+    replicas: Vec<GpuVectorStorage>,
+    /// Searches running on each replica now.
+    running: Vec<AtomicUsize>,
+    /// Where the next search starts looking for an idle replica, so that ties rotate.
+    turn: AtomicUsize,
+    /// Held by every write from start to end: writes take effect one at a time, on every
+    /// replica in the same order.
+    writes: Mutex<()>,
+}
+
+/// Counts a search on a replica while it runs.
+struct Running<'a>(&'a AtomicUsize);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl ReplicatedStorage {
+    /// An empty replicated collection with one replica per context.
+    pub fn create(contexts: &[GpuContext], config: StorageConfig) -> Result<Self> {
+        check_contexts(contexts, "replicated")?;
+        let replicas = contexts.iter().map(|c| c.create_storage_with(config)).collect::<Result<Vec<_>>>()?;
+        Ok(Self::of(config, replicas))
+    }
+
+    fn of(config: StorageConfig, replicas: Vec<GpuVectorStorage>) -> Self {
+        let running = replicas.iter().map(|_| AtomicUsize::new(0)).collect();
+        Self { config, replicas, running, turn: AtomicUsize::new(0), writes: Mutex::new(()) }
+    }
+
+    /// Number of replicas.
+    pub fn replica_count(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// Each replica's device, in replica order.
+    pub fn replica_devices(&self) -> Vec<crate::GpuDeviceInfo> {
+        self.replicas.iter().map(|r| r.backend.device_info()).collect()
+    }
+
+    /// Adds vectors to every replica (an id already stored is replaced), all or nothing.
+    pub fn add_vectors(&self, vectors: &[GpuVector]) -> Result<()> {
+        self.upsert(vectors)
+    }
+
+    /// [`ReplicatedStorage::add_vectors`] for vectors without payloads in one row-major array.
+    pub fn add_vectors_flat<S: AsRef<str> + Sync>(&self, ids: &[S], values: &[f32]) -> Result<()> {
+        self.upsert(&FlatBatch { ids, values })
+    }
+
+    fn upsert<B: crate::collection::Batch + ?Sized>(&self, batch: &B) -> Result<()> {
+        let _writing = lock(&self.writes);
+        crate::exec::run(|| check_batch(&self.config, batch))??;
+        let mut guards = write_all(&self.replicas);
+        let collections: Vec<&mut Collection> = guards.iter_mut().map(|g| &mut **g).collect();
+        let parts = (0..collections.len()).map(|_| Some(Whole(batch))).collect();
+        upsert_all(collections, parts)
+    }
+
+    /// Removes vectors by id from every replica. Every id must be present and listed once;
+    /// otherwise nothing is removed.
+    pub fn remove_vectors<S: AsRef<str> + Sync>(&self, ids: &[S]) -> Result<()> {
+        let _writing = lock(&self.writes);
+        let mut guards = write_all(&self.replicas);
+        let slots = guards.iter().map(|g| g.slots_to_remove(ids)).collect::<Result<Vec<_>>>()?;
+        let collections: Vec<(&mut Collection, Vec<usize>)> = guards.iter_mut().map(|g| &mut **g).zip(slots).collect();
+        on_each(collections, |_, (collection, slots)| {
+            let mut slots = Some(slots);
+            if crate::exec::run(|| collection.commit_remove(&slots.take().expect("once"))).is_err()
+                && let Some(slots) = slots
+            {
+                collection.commit_remove(&slots);
+            }
+        });
+        Ok(())
+    }
+
+    /// The `k` nearest neighbours of `query`, on the least busy replica.
+    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<GpuSearchResult>> {
+        self.search_with(query, k, &SearchOptions::default())
+    }
+
+    /// The `k` nearest neighbours of `query` among the vectors that pass `filter`.
+    pub fn search_filtered(&self, query: &[f32], k: usize, filter: &Filter) -> Result<Vec<GpuSearchResult>> {
+        self.search_with(query, k, &SearchOptions::default().with_filter(filter.clone()))
+    }
+
+    /// [`ReplicatedStorage::search`] with options.
+    pub fn search_with(&self, query: &[f32], k: usize, options: &SearchOptions) -> Result<Vec<GpuSearchResult>> {
+        check_query(&self.config, query)?;
+        let mut lists = self.search_batch_results(query, k, options)?.to_lists();
+        lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
+    }
+
+    /// The `k` nearest neighbours of every query of a row-major batch, the batch split across
+    /// the replicas.
+    pub fn search_batch(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<GpuSearchResult>>> {
+        self.search_batch_with(queries, k, &SearchOptions::default())
+    }
+
+    /// [`ReplicatedStorage::search_batch`] with options.
+    pub fn search_batch_with(
+        &self,
+        queries: &[f32],
+        k: usize,
+        options: &SearchOptions,
+    ) -> Result<Vec<Vec<GpuSearchResult>>> {
+        Ok(self.search_batch_results(queries, k, options)?.to_lists())
+    }
+
+    /// [`ReplicatedStorage::search_batch_with`] into flat arrays ([`SearchResults`]).
+    pub fn search_batch_results(&self, queries: &[f32], k: usize, options: &SearchOptions) -> Result<SearchResults> {
+        let nq = check_queries(&self.config, queries, k)?;
+        let guards = read_all(&self.replicas);
+        if nq == 0 {
+            return Ok(SearchResults::padded(0, 0, options.with_metadata));
+        }
+        if guards[0].len() == 0 {
+            return Err(HiveGpuError::EmptyCollection);
+        }
+        // One contiguous part per chosen replica, the least busy first.
+        let chosen = self.least_busy(nq.min(self.replicas.len()));
+        let parts = chosen.len();
+        let sizes: Vec<usize> = (0..parts).map(|p| nq * (p + 1) / parts - nq * p / parts).collect();
+        let running: Vec<Running<'_>> = chosen
+            .iter()
+            .map(|&r| {
+                self.running[r].fetch_add(1, Ordering::Relaxed);
+                Running(&self.running[r])
+            })
+            .collect();
+        let dim = self.config.dimension;
+        let mut start = 0;
+        let work: Vec<(usize, &[f32])> = chosen
+            .iter()
+            .zip(&sizes)
+            .map(|(&r, &size)| {
+                let part = &queries[start * dim..(start + size) * dim];
+                start += size;
+                (r, part)
+            })
+            .collect();
+        let found: Vec<Result<(usize, Vec<Vec<Neighbor>>)>> = on_each(work, |_, (r, part)| {
+            crate::index::flat::neighbours(&guards[r], part, k, options, &self.replicas[r].tuning)
+        });
+        drop(running);
+        let found = found.into_iter().collect::<Result<Vec<_>>>()?;
+        // Every replica holds the same vectors: the same k (at most k, fewer under a filter).
+        let k = found.iter().map(|(k, _)| *k).max().unwrap_or(0);
+        let mut results = SearchResults::padded(nq, k, options.with_metadata);
+        if k == 0 {
+            return Ok(results);
+        }
+        for ((&r, (_, lists)), rows) in chosen.iter().zip(&found).zip(results.split_rows(&sizes)) {
+            let collection: &Collection = &guards[r];
+            fill_columns(self.config.metric, lists, rows, |n: &Neighbor| {
+                let (id, metadata, payload) = collection.entry(n.slot).ok_or_else(|| {
+                    HiveGpuError::Internal(format!("replica {r} returned removed slot {}", n.slot))
+                })?;
+                Ok(Resolved { slot: n.slot, id, metadata, payload, distance: n.distance })
+            })?;
+        }
+        Ok(results)
+    }
+
+    /// The `count` replicas with the fewest searches running, in replica order from a turn that
+    /// rotates (so equal loads take turns).
+    fn least_busy(&self, count: usize) -> Vec<usize> {
+        let n = self.replicas.len();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed) % n;
+        let mut order: Vec<usize> = (0..n).map(|i| (turn + i) % n).collect();
+        order.sort_by_key(|&r| self.running[r].load(Ordering::Relaxed));
+        order.truncate(count);
+        order
+    }
+
+    /// `filter` turned into every replica's slots now, for many searches to reuse.
+    pub fn prepare_filter(&self, filter: &Filter) -> Result<PreparedFilter> {
+        let guards = read_all(&self.replicas);
+        let parts = guards.iter().map(|g| g.prepare(filter)).collect::<Result<Vec<_>>>()?;
+        PreparedFilter::combine(parts).ok_or_else(|| HiveGpuError::Internal("a storage without replicas".into()))
+    }
+
+    /// The stored vector and its payload.
+    pub fn get_vector(&self, id: &str) -> Result<Option<GpuVector>> {
+        self.replicas[0].get_vector(id)
+    }
+
+    /// Whether `id` is stored.
+    pub fn contains(&self, id: &str) -> bool {
+        self.replicas[0].contains(id)
+    }
+
+    /// Live vectors (each replica holds them all).
+    pub fn vector_count(&self) -> usize {
+        self.replicas[0].vector_count()
+    }
+
+    /// Components per vector.
+    pub fn dimension(&self) -> usize {
+        self.config.dimension
+    }
+
+    /// The metric searches use.
+    pub fn metric(&self) -> GpuDistanceMetric {
+        self.config.metric
+    }
+
+    /// The storage's configuration.
+    pub fn config(&self) -> StorageConfig {
+        self.config
+    }
+
+    /// Removes every vector from every replica.
+    pub fn clear(&self) -> Result<()> {
+        let _writing = lock(&self.writes);
+        for mut guard in write_all(&self.replicas) {
+            guard.clear();
+        }
+        Ok(())
+    }
+
+    /// Reclaims removed slots on every replica now.
+    pub fn compact(&self) -> Result<()> {
+        let _writing = lock(&self.writes);
+        on_each(self.replicas.iter().collect(), |_, replica| replica.compact()).into_iter().collect()
+    }
+
+    /// Builds `spec`'s index on every replica at once, all or nothing.
+    pub fn build_index(&self, spec: IndexSpec) -> Result<()> {
+        let _writing = lock(&self.writes);
+        super::sharded::build_everywhere(&self.replicas, spec)
+    }
+
+    /// The index searches go through ([`IndexSpec::Flat`] when none).
+    pub fn index_spec(&self) -> IndexSpec {
+        self.replicas[0].index_spec()
+    }
+
+    /// The index's shape (every replica's is the same).
+    pub fn index_stats(&self) -> Option<IndexStats> {
+        self.replicas[0].index_stats()
+    }
+
+    /// Bytes the vectors and indexes occupy on the devices, over every replica.
+    pub fn memory_bytes(&self) -> usize {
+        self.replicas.iter().map(GpuVectorStorage::memory_bytes).sum()
+    }
+
+    /// Writes the collection to `path` as an ordinary collection file (one replica's: they hold
+    /// the same vectors), crash-safe as [`GpuVectorStorage::save`].
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let _writing = lock(&self.writes);
+        self.replicas[0].save(path)
+    }
+
+    /// Opens the collection file at `path` on every context, one replica each, at once.
+    pub fn open(path: impl AsRef<Path>, contexts: &[GpuContext]) -> Result<Self> {
+        check_contexts(contexts, "replicated")?;
+        let path = path.as_ref();
+        let opened = on_each(contexts.iter().collect(), |_, context| context.open_storage(path));
+        let replicas = opened.into_iter().collect::<Result<Vec<_>>>()?;
+        Ok(Self::of(replicas[0].config(), replicas))
+    }
+}

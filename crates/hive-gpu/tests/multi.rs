@@ -1,0 +1,745 @@
+//! Sharded and replicated storages against one collection holding the same writes: the same
+//! neighbours in the same order, ties included, through upserts, removals, compactions,
+//! filters, indexes, saves and opens; writes all or nothing across members; ids routed by
+//! weight. Every backend runs them on three logical shards of its first device; a backend with
+//! several devices also runs them with one member per device (`HIVE_GPU_REQUIRE_DEVICES=2`
+//! makes a machine without two devices of one backend a failure, for the multi-GPU run).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Rng, contexts};
+use hive_gpu::{
+    Filter, GpuBackend, GpuBackendType, GpuContext, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector,
+    GpuVectorStorage, HiveGpuError, IndexSpec, Neighbor, ReplicatedStorage, RowStore, SearchOptions,
+    SearchPrecision, ShardedStorage, StorageConfig, StoragePrecision, list_devices,
+};
+
+/// Groups of contexts to spread storages over, with a name for messages.
+fn groups() -> Vec<(String, Vec<GpuContext>)> {
+    let mut out = Vec::new();
+    let mut most_devices = 0;
+    for context in contexts() {
+        let backend = context.backend_type();
+        out.push((format!("{backend}, 3 logical shards"), vec![context.clone(), context.clone(), context.clone()]));
+        let devices = list_devices(backend).map_or(0, |d| d.len());
+        if devices >= 2 {
+            let all = GpuContext::on_devices(&format!("{}:all", backend.name())).expect("every device opens");
+            out.push((format!("{backend}, {devices} devices"), all));
+            most_devices = most_devices.max(devices);
+        }
+    }
+    if let Some(required) = std::env::var("HIVE_GPU_REQUIRE_DEVICES").ok().and_then(|v| v.parse::<usize>().ok()) {
+        assert!(
+            most_devices >= required,
+            "HIVE_GPU_REQUIRE_DEVICES={required}, but no backend here has more than {most_devices} devices"
+        );
+    }
+    out
+}
+
+/// One write applied to every storage under test.
+#[derive(Clone)]
+enum Write {
+    Add(Vec<GpuVector>),
+    Remove(Vec<String>),
+    Compact,
+}
+
+/// What every kind of storage under test answers.
+trait Storage {
+    fn apply(&self, write: &Write) -> hive_gpu::Result<()>;
+    fn batch(&self, queries: &[f32], k: usize, options: &SearchOptions) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>>;
+    fn one(&self, query: &[f32], k: usize) -> hive_gpu::Result<Vec<GpuSearchResult>>;
+    fn prepare(&self, filter: &Filter) -> hive_gpu::Result<Filter>;
+    fn count(&self) -> usize;
+    fn build(&self, spec: IndexSpec) -> hive_gpu::Result<()>;
+}
+
+macro_rules! storage_impl {
+    ($t:ty) => {
+        impl Storage for $t {
+            fn apply(&self, write: &Write) -> hive_gpu::Result<()> {
+                match write {
+                    Write::Add(vectors) => self.add_vectors(vectors),
+                    Write::Remove(ids) => self.remove_vectors(ids),
+                    Write::Compact => self.compact(),
+                }
+            }
+            fn batch(&self, queries: &[f32], k: usize, options: &SearchOptions) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>> {
+                self.search_batch_with(queries, k, options)
+            }
+            fn one(&self, query: &[f32], k: usize) -> hive_gpu::Result<Vec<GpuSearchResult>> {
+                self.search(query, k)
+            }
+            fn prepare(&self, filter: &Filter) -> hive_gpu::Result<Filter> {
+                Ok(Filter::Prepared(self.prepare_filter(filter)?))
+            }
+            fn count(&self) -> usize {
+                self.vector_count()
+            }
+            fn build(&self, spec: IndexSpec) -> hive_gpu::Result<()> {
+                self.build_index(spec)
+            }
+        }
+    };
+}
+storage_impl!(GpuVectorStorage);
+storage_impl!(ShardedStorage);
+storage_impl!(ReplicatedStorage);
+
+const DIM: usize = 12;
+
+/// A vector of small integers: exact in f16 too, and distances tie exactly where vectors repeat.
+fn vector(rng: &mut Rng) -> Vec<f32> {
+    (0..DIM).map(|_| (rng.below(9) as f32 - 4.0) * 0.5).collect()
+}
+
+/// A history of writes with exact duplicates, upserts of stored ids, removals and a compaction.
+fn history(seed: u64) -> (Vec<Write>, Vec<Vec<f32>>) {
+    let mut rng = Rng::new(seed);
+    let mut writes = Vec::new();
+    let mut pool: Vec<Vec<f32>> = Vec::new();
+    let mut next = 0usize;
+    let mut fresh = |rng: &mut Rng, pool: &mut Vec<Vec<f32>>, count: usize| -> Vec<GpuVector> {
+        (0..count)
+            .map(|_| {
+                // One in five repeats an earlier vector exactly: ties across shards.
+                let data = if !pool.is_empty() && rng.below(5) == 0 { pool[rng.below(pool.len())].clone() } else { vector(rng) };
+                pool.push(data.clone());
+                next += 1;
+                GpuVector::new(format!("v{next}"), data)
+                    .with_field("group", (next % 5) as i64)
+                    .with_field("tag", if next % 3 == 0 { "red" } else { "blue" })
+            })
+            .collect()
+    };
+    for _ in 0..3 {
+        writes.push(Write::Add(fresh(&mut rng, &mut pool, 120)));
+    }
+    // Upserts of stored ids (new values, some repeating others), and a batch that mixes them
+    // with new ids.
+    let upserts: Vec<GpuVector> = (0..40)
+        .map(|i| {
+            let id = format!("v{}", 1 + (i * 7) % 360);
+            let data = if i % 4 == 0 { pool[i].clone() } else { vector(&mut rng) };
+            GpuVector::new(id, data).with_field("group", 9i64)
+        })
+        .collect();
+    writes.push(Write::Add(upserts));
+    writes.push(Write::Remove((0..90).map(|i| format!("v{}", 2 + i * 3)).collect()));
+    writes.push(Write::Add(fresh(&mut rng, &mut pool, 60)));
+    writes.push(Write::Compact);
+    writes.push(Write::Remove((0..10).map(|i| format!("v{}", 361 + i)).collect()));
+    writes.push(Write::Add(fresh(&mut rng, &mut pool, 30)));
+    // Queries: fresh ones, and copies of stored vectors (each ties with its duplicates).
+    let mut queries: Vec<Vec<f32>> = (0..12).map(|_| vector(&mut rng)).collect();
+    queries.extend((0..8).map(|i| pool[i * 17].clone()));
+    (writes, queries)
+}
+
+/// Asserts two result lists are the same neighbours in the same order with the same scores
+/// and payloads.
+fn assert_same(what: &str, got: &[Vec<GpuSearchResult>], want: &[Vec<GpuSearchResult>]) {
+    assert_eq!(got.len(), want.len(), "{what}: query count");
+    for (q, (g, w)) in got.iter().zip(want).enumerate() {
+        let ids = |l: &[GpuSearchResult]| l.iter().map(|r| r.id.to_string()).collect::<Vec<_>>();
+        assert_eq!(ids(g), ids(w), "{what}: query {q}'s neighbours");
+        for (a, b) in g.iter().zip(w) {
+            assert!(
+                (a.score - b.score).abs() <= 1e-5 * (1.0 + b.score.abs()),
+                "{what}: query {q}, {}: score {} against {}",
+                a.id,
+                a.score,
+                b.score
+            );
+            assert_eq!(a.payload, b.payload, "{what}: query {q}, {}: payload", a.id);
+        }
+    }
+}
+
+/// Searches `storage` and `reference` alike and asserts they agree, for several k and filters.
+fn assert_answers_alike(what: &str, storage: &dyn Storage, reference: &dyn Storage, queries: &[f32]) {
+    assert_eq!(storage.count(), reference.count(), "{what}: vector count");
+    let filters = [
+        None,
+        Some(Filter::eq("group", 2i64)),
+        Some(Filter::eq("tag", "red").and(Filter::range("group", 1.0..=3.0))),
+        Some(Filter::ids(&["v5", "v6", "v7", "v50", "v300", "v301", "nope"])),
+        Some(Filter::exclude_ids(&["v1", "v3", "v4"])),
+    ];
+    for filter in &filters {
+        for k in [1, 7, 2000] {
+            let mut options = SearchOptions::default().with_metadata(true);
+            if let Some(f) = filter {
+                options = options.with_filter(f.clone());
+            }
+            let want = reference.batch(queries, k, &options).expect("the reference searches");
+            let got = storage.batch(queries, k, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_same(&format!("{what}, k {k}, filter {filter:?}"), &got, &want);
+        }
+    }
+    // A prepared filter, and single queries.
+    let filter = Filter::eq("group", 3i64);
+    let prepared = storage.prepare(&filter).expect("prepared");
+    let want = reference.batch(queries, 5, &SearchOptions::default().with_filter(filter)).expect("reference");
+    let got = storage.batch(queries, 5, &SearchOptions::default().with_filter(prepared)).expect("prepared search");
+    assert_same(&format!("{what}, prepared filter"), &got, &want);
+    for q in [0, 13] {
+        let query = &queries[q * DIM..(q + 1) * DIM];
+        let want = reference.one(query, 9).expect("reference");
+        assert_same(&format!("{what}, one query {q}"), &[storage.one(query, 9).expect("one query")], &[want]);
+    }
+}
+
+fn config(metric: GpuDistanceMetric, precision: StoragePrecision) -> StorageConfig {
+    StorageConfig::new(DIM, metric).with_precision(precision)
+}
+
+#[test]
+fn sharded_and_replicated_searches_equal_one_collection_ties_included() {
+    let cases = [
+        (GpuDistanceMetric::Euclidean, StoragePrecision::F32),
+        (GpuDistanceMetric::Cosine, StoragePrecision::F32),
+        (GpuDistanceMetric::DotProduct, StoragePrecision::F16),
+    ];
+    for (name, group) in groups() {
+        for (case, &(metric, precision)) in cases.iter().enumerate() {
+            let (writes, queries) = history(11 + case as u64);
+            let queries: Vec<f32> = queries.concat();
+            let config = config(metric, precision);
+            let reference = group[0].create_storage_with(config).expect("one collection");
+            let sharded = ShardedStorage::create(&group, config).expect("sharded");
+            let replicated = ReplicatedStorage::create(&group, config).expect("replicated");
+            for (step, write) in writes.iter().enumerate() {
+                reference.apply(write).expect("the reference takes every write");
+                sharded.apply(write).unwrap_or_else(|e| panic!("{name}: sharded write {step}: {e}"));
+                replicated.apply(write).unwrap_or_else(|e| panic!("{name}: replicated write {step}: {e}"));
+            }
+            let what = format!("{name}, {metric:?} {precision:?}");
+            assert!(
+                sharded.shard_sizes().iter().all(|&n| n > 0),
+                "{what}: a shard got no vector: {:?}",
+                sharded.shard_sizes()
+            );
+            assert_answers_alike(&format!("{what}, sharded"), &sharded, &reference, &queries);
+            assert_answers_alike(&format!("{what}, replicated"), &replicated, &reference, &queries);
+            // Reads by id go to the owner.
+            for id in ["v1", "v2", "v8", "v400", "missing"] {
+                let want = reference.get_vector(id).expect("get");
+                assert_eq!(sharded.get_vector(id).expect("get").map(|v| v.data), want.clone().map(|v| v.data), "{what}: {id}");
+                assert_eq!(replicated.get_vector(id).expect("get").map(|v| v.data), want.map(|v| v.data), "{what}: {id}");
+                assert_eq!(sharded.contains(id), reference.contains(id), "{what}: contains {id}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_index_shards_and_replicates_and_with_every_list_equals_exact_search() {
+    for (name, group) in groups() {
+        let software = group[0].device_info().software;
+        let (writes, queries) = history(5);
+        let queries: Vec<f32> = queries.concat();
+        let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+        let reference = group[0].create_storage_with(config).expect("one collection");
+        let sharded = ShardedStorage::create(&group, config).expect("sharded");
+        let replicated = ReplicatedStorage::create(&group, config).expect("replicated");
+        for write in &writes {
+            for storage in [&reference as &dyn Storage, &sharded, &replicated] {
+                storage.apply(write).expect("a write");
+            }
+        }
+        // A software adapter pays ~0.1 s per device call: IVF-Flat only there (the same index
+        // code runs every kind on the CPU and on hardware adapters).
+        let specs: &[&str] = if software { &["ivf-flat:nlist=4"] } else { &["ivf-flat:nlist=4", "ivf-sq8:nlist=4", "binary"] };
+        for spec in specs {
+            let spec: IndexSpec = spec.parse().expect("a spec");
+            sharded.build(spec).unwrap_or_else(|e| panic!("{name}: sharded {spec:?}: {e}"));
+            replicated.build(spec).unwrap_or_else(|e| panic!("{name}: replicated {spec:?}: {e}"));
+            assert_eq!(sharded.index_spec(), spec);
+            assert!(sharded.index_stats().iter().all(Option::is_some), "{name}: a shard without its index");
+            // Every list, every candidate re-ranked: exact.
+            let options = SearchOptions::default().with_nprobe(4).with_refine_factor(4096);
+            for k in [1, 10] {
+                let want = reference.batch(&queries, k, &SearchOptions::default()).expect("exact");
+                let what = format!("{name}, {spec:?}, k {k}");
+                assert_same(&format!("{what}, sharded"), &sharded.batch(&queries, k, &options).expect("sharded"), &want);
+                assert_same(&format!("{what}, replicated"), &replicated.batch(&queries, k, &options).expect("replicated"), &want);
+            }
+            // Writes after training reach every member's index.
+            let more: Vec<GpuVector> = (0..30).map(|i| GpuVector::new(format!("late{i}"), vec![i as f32 * 0.1; DIM])).collect();
+            for storage in [&reference as &dyn Storage, &sharded, &replicated] {
+                storage.apply(&Write::Add(more.clone())).expect("an add after training");
+            }
+            let want = reference.batch(&queries, 10, &SearchOptions::default()).expect("exact");
+            assert_same(&format!("{name}, {spec:?} after adds"), &sharded.batch(&queries, 10, &options).expect("sharded"), &want);
+            assert_same(&format!("{name}, {spec:?} after adds, replicated"), &replicated.batch(&queries, 10, &options).expect("replicated"), &want);
+            let late: Vec<String> = (0..30).map(|i| format!("late{i}")).collect();
+            for storage in [&reference as &dyn Storage, &sharded, &replicated] {
+                storage.apply(&Write::Remove(late.clone())).expect("a removal after training");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_index_that_fails_to_train_on_one_shard_is_built_on_none() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    // Shard 0 gets about 40 of 44 vectors, shard 1 about 4: too few for 8 lists.
+    let sharded = ShardedStorage::create_weighted(&[cpu.clone(), cpu.clone()], config, &[10.0, 1.0]).expect("sharded");
+    let mut rng = Rng::new(3);
+    let vectors: Vec<GpuVector> = (0..44).map(|i| GpuVector::new(format!("x{i}"), vector(&mut rng))).collect();
+    sharded.add_vectors(&vectors).expect("adds");
+    let sizes = sharded.shard_sizes();
+    assert!(sizes[0] >= 8 && sizes[1] < 8, "the weights did not split as planned: {sizes:?}");
+    let e = sharded.build_index("ivf-flat:nlist=8".parse().expect("spec")).expect_err("shard 1 cannot train 8 lists");
+    assert!(matches!(e, HiveGpuError::InvalidArgument(_)), "{e}");
+    assert_eq!(sharded.index_spec(), IndexSpec::Flat);
+    assert!(sharded.index_stats().iter().all(Option::is_none), "shard 0 kept an index: {:?}", sharded.index_stats());
+}
+
+#[test]
+fn ids_go_to_shards_in_proportion_to_their_weights_and_every_write_reaches_the_owner() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    let sharded =
+        ShardedStorage::create_weighted(&[cpu.clone(), cpu.clone(), cpu.clone()], config, &[3.0, 1.0, 4.0]).expect("sharded");
+    let ids: Vec<String> = (0..8000).map(|i| format!("doc-{i}")).collect();
+    sharded.add_vectors_flat(&ids, &vec![0.5; 8000 * DIM]).expect("adds");
+    let sizes = sharded.shard_sizes();
+    for (s, (&size, want)) in sizes.iter().zip([3000.0, 1000.0, 4000.0]).enumerate() {
+        assert!((size as f64 - want).abs() < 200.0, "shard {s} holds {size}, about {want} expected: {sizes:?}");
+    }
+    // An upsert replaces in place on the owner; a removal empties exactly the owners' slots.
+    sharded.add_vectors_flat(&ids[..500], &vec![1.0; 500 * DIM]).expect("upserts");
+    assert_eq!(sharded.vector_count(), 8000, "an upsert added instead of replacing");
+    assert_eq!(sharded.get_vector("doc-7").expect("get").expect("stored").data, vec![1.0; DIM]);
+    sharded.remove_vectors(&ids[1000..3000]).expect("removals");
+    assert_eq!(sharded.vector_count(), 6000);
+    assert!(!sharded.contains("doc-1500") && sharded.contains("doc-3500"));
+    // A removal naming a missing id, or an id twice, removes nothing anywhere.
+    let e = sharded.remove_vectors(&["doc-4000", "doc-1500"]).expect_err("doc-1500 is gone");
+    assert!(matches!(e, HiveGpuError::VectorNotFound { .. }), "{e}");
+    let e = sharded.remove_vectors(&["doc-4000", "doc-5000", "doc-4000"]).expect_err("a repeated id");
+    assert!(matches!(e, HiveGpuError::DuplicateId { first: 0, second: 2, .. }), "{e}");
+    assert!(sharded.contains("doc-4000") && sharded.contains("doc-5000"));
+    assert_eq!(sharded.vector_count(), 6000);
+    // Bad arguments.
+    assert!(ShardedStorage::create(&[], config).is_err());
+    assert!(ShardedStorage::create_weighted(&[cpu.clone()], config, &[0.0]).is_err());
+    assert!(ShardedStorage::create_weighted(&[cpu.clone()], config, &[f64::NAN]).is_err());
+    assert!(ShardedStorage::create_weighted(&[cpu.clone(), cpu], config, &[1.0]).is_err());
+}
+
+#[test]
+fn a_bad_batch_or_query_is_refused_by_the_storage_with_the_callers_positions() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let config = config(GpuDistanceMetric::Cosine, StoragePrecision::F32);
+    let group = [cpu.clone(), cpu.clone(), cpu];
+    let sharded = ShardedStorage::create(&group, config).expect("sharded");
+    let replicated = ReplicatedStorage::create(&group, config).expect("replicated");
+    for storage in [&sharded as &dyn Storage, &replicated] {
+        assert!(matches!(storage.one(&[1.0; DIM], 3), Err(HiveGpuError::EmptyCollection)));
+        let mut vectors: Vec<GpuVector> = (0..50).map(|i| GpuVector::new(format!("id{i}"), vec![1.0 + i as f32; DIM])).collect();
+        vectors[37].id = "id3".into();
+        let e = storage.apply(&Write::Add(vectors.clone())).expect_err("id3 twice");
+        assert!(matches!(e, HiveGpuError::DuplicateId { first: 3, second: 37, .. }), "{e}");
+        vectors[37].id = "id37".into();
+        vectors[41].data = vec![0.0; DIM];
+        let e = storage.apply(&Write::Add(vectors.clone())).expect_err("a zero vector under cosine");
+        assert!(e.to_string().contains("id41"), "{e}");
+        assert_eq!(storage.count(), 0, "a refused batch left vectors");
+        vectors[41].data = vec![1.0; DIM];
+        storage.apply(&Write::Add(vectors)).expect("the mended batch");
+        assert!(matches!(storage.one(&[1.0; DIM + 1], 3), Err(HiveGpuError::DimensionMismatch { .. })));
+        assert!(storage.batch(&[1.0; DIM + 1], 3, &SearchOptions::default()).is_err());
+        assert!(storage.batch(&[1.0; DIM], 0, &SearchOptions::default()).is_err());
+        assert!(storage.batch(&[f32::NAN; DIM], 3, &SearchOptions::default()).is_err());
+        assert!(storage.batch(&[], 3, &SearchOptions::default()).expect("no query").is_empty());
+    }
+}
+
+/// A backend whose row stores fail their next append when told to: a device fault in the
+/// middle of a write, on one member only.
+#[derive(Debug)]
+struct Faulty {
+    inner: Arc<dyn GpuBackend>,
+    fail_next_append: Arc<Mutex<bool>>,
+}
+
+impl GpuBackend for Faulty {
+    fn backend_type(&self) -> GpuBackendType {
+        self.inner.backend_type()
+    }
+    fn device_info(&self) -> GpuDeviceInfo {
+        self.inner.device_info()
+    }
+    fn new_rows(
+        &self,
+        dim: usize,
+        precision: StoragePrecision,
+        search: SearchPrecision,
+        tuning: &hive_gpu::Tuning,
+    ) -> hive_gpu::Result<Box<dyn RowStore>> {
+        Ok(Box::new(FaultyRows { inner: self.inner.new_rows(dim, precision, search, tuning)?, fail: self.fail_next_append.clone() }))
+    }
+}
+
+#[derive(Debug)]
+struct FaultyRows {
+    inner: Box<dyn RowStore>,
+    fail: Arc<Mutex<bool>>,
+}
+
+impl RowStore for FaultyRows {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn reserve(&mut self, additional: usize) -> hive_gpu::Result<()> {
+        self.inner.reserve(additional)
+    }
+    fn append(&mut self, rows: &[f32]) -> hive_gpu::Result<()> {
+        if std::mem::take(&mut *self.fail.lock().expect("flag")) {
+            // Half the rows land before the fault: a torn write to roll back.
+            let half = rows.len() / DIM / 2 * DIM;
+            self.inner.append(&rows[..half])?;
+            return Err(HiveGpuError::CudaError { call: "append".into(), message: "fault injected by the test".into() });
+        }
+        self.inner.append(rows)
+    }
+    fn truncate(&mut self, len: usize) {
+        self.inner.truncate(len)
+    }
+    fn tombstone(&mut self, slots: &[usize]) {
+        self.inner.tombstone(slots)
+    }
+    fn compact(&mut self, keep: &[usize]) -> hive_gpu::Result<()> {
+        self.inner.compact(keep)
+    }
+    fn clear(&mut self) {
+        self.inner.clear()
+    }
+    fn read_row(&self, slot: usize) -> hive_gpu::Result<Vec<f32>> {
+        self.inner.read_row(slot)
+    }
+    fn memory_bytes(&self) -> usize {
+        self.inner.memory_bytes()
+    }
+    fn knn(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&hive_gpu::slots::SlotSet>,
+    ) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
+        self.inner.knn(queries, k, metric, allowed)
+    }
+    fn gather(&self, slots: &[usize]) -> hive_gpu::Result<Vec<f32>> {
+        self.inner.gather(slots)
+    }
+    fn refine(
+        &self,
+        queries: &[f32],
+        candidates: &hive_gpu::backend::Candidates,
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
+        self.inner.refine(queries, candidates, k, metric)
+    }
+    fn select_k(&self, scores: &[f32], width: usize, k: usize) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
+        self.inner.select_k(scores, width, k)
+    }
+}
+
+#[test]
+fn a_write_that_fails_on_one_member_leaves_every_member_as_it_was() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let fail = Arc::new(Mutex::new(false));
+    let faulty = GpuContext::from_backend(Arc::new(Faulty { inner: cpu.shared_backend(), fail_next_append: fail.clone() }));
+    let group = [cpu.clone(), faulty, cpu.clone()];
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    let sharded = ShardedStorage::create_weighted(&group, config, &[1.0, 1.0, 1.0]).expect("sharded");
+    let replicated = ReplicatedStorage::create(&group, config).expect("replicated");
+    let reference = cpu.create_storage_with(config).expect("one collection");
+    let (writes, queries) = history(21);
+    let queries: Vec<f32> = queries.concat();
+    for write in &writes[..3] {
+        for storage in [&reference as &dyn Storage, &sharded, &replicated] {
+            storage.apply(write).expect("a write before the fault");
+        }
+    }
+    // A batch of upserts and new ids, some on every shard; the faulty member's append fails.
+    let batch: Vec<GpuVector> =
+        (0..200).map(|i| GpuVector::new(format!("v{}", 1 + i * 3), vec![0.25 * (i % 7) as f32; DIM])).collect();
+    for (name, storage) in [("sharded", &sharded as &dyn Storage), ("replicated", &replicated)] {
+        *fail.lock().expect("flag") = true;
+        let e = storage.apply(&Write::Add(batch.clone())).expect_err("the injected fault");
+        assert!(e.to_string().contains("fault injected"), "{name}: {e}");
+        assert!(!*fail.lock().expect("flag"), "{name}: the faulty member was never asked to append");
+        assert_answers_alike(&format!("{name} after a failed write"), storage, &reference, &queries);
+        // And the storage goes on: the same write succeeds once the device is well.
+        storage.apply(&Write::Add(batch.clone())).expect("the write again");
+    }
+    reference.apply(&Write::Add(batch)).expect("the reference write");
+    assert_answers_alike("sharded after the write went through", &sharded, &reference, &queries);
+    assert_answers_alike("replicated after the write went through", &replicated, &reference, &queries);
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hive-gpu-multi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    dir
+}
+
+#[test]
+fn a_sharded_save_opens_on_any_number_of_devices_with_the_same_answers_and_keeps_its_write_order() {
+    let dir = scratch("save");
+    for (name, group) in groups() {
+        let path = dir.join("sharded.hgs");
+        let (writes, queries) = history(31);
+        let queries: Vec<f32> = queries.concat();
+        let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F16);
+        let reference = group[0].create_storage_with(config).expect("one collection");
+        let sharded = ShardedStorage::create(&group, config).expect("sharded");
+        for write in &writes[..6] {
+            reference.apply(write).expect("a write");
+            sharded.apply(write).expect("a write");
+        }
+        sharded.build_index("ivf-flat:nlist=3".parse().expect("spec")).expect("an index");
+        sharded.save(&path).expect("the save");
+        // Opened on one context, and on as many as it was saved from.
+        for contexts in [&group[..1], &group[..]] {
+            let opened = ShardedStorage::open(&path, contexts).unwrap_or_else(|e| panic!("{name}: open: {e}"));
+            assert_eq!(opened.shard_count(), group.len());
+            assert_eq!(opened.shard_weights(), sharded.shard_weights());
+            assert_eq!(opened.index_spec(), sharded.index_spec());
+            let exact = SearchOptions::default().with_exact(true);
+            assert_same(
+                &format!("{name}: opened on {} contexts", contexts.len()),
+                &opened.batch(&queries, 9, &exact).expect("search"),
+                &reference.batch(&queries, 9, &SearchOptions::default()).expect("reference"),
+            );
+            // Later writes continue the write order: ties still fall as one collection's.
+            for write in &writes[6..] {
+                opened.apply(write).expect("a write after the open");
+            }
+        }
+        for write in &writes[6..] {
+            reference.apply(write).expect("a write");
+        }
+        let opened = ShardedStorage::open(&path, &group).expect("open");
+        for write in &writes[6..] {
+            opened.apply(write).expect("a write after the open");
+        }
+        assert_answers_alike(&format!("{name}: opened and written"), &ExactSharded(&opened), &reference, &queries);
+        // A second save replaces the first's shard files.
+        opened.save(&path).expect("a second save");
+        let files: Vec<String> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("sharded.hgs.shard-"))
+            .collect();
+        assert_eq!(files.len(), group.len(), "{name}: old shard files left: {files:?}");
+        let _ = std::fs::remove_file(&path);
+        for f in files {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A sharded storage searched exactly whatever its index (the reference has none).
+struct ExactSharded<'a>(&'a ShardedStorage);
+
+impl Storage for ExactSharded<'_> {
+    fn apply(&self, write: &Write) -> hive_gpu::Result<()> {
+        self.0.apply(write)
+    }
+    fn batch(&self, queries: &[f32], k: usize, options: &SearchOptions) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>> {
+        self.0.batch(queries, k, &options.clone().with_exact(true))
+    }
+    fn one(&self, query: &[f32], k: usize) -> hive_gpu::Result<Vec<GpuSearchResult>> {
+        Ok(self.batch(query, k, &SearchOptions::default())?.remove(0))
+    }
+    fn prepare(&self, filter: &Filter) -> hive_gpu::Result<Filter> {
+        self.0.prepare(filter)
+    }
+    fn count(&self) -> usize {
+        self.0.count()
+    }
+    fn build(&self, spec: IndexSpec) -> hive_gpu::Result<()> {
+        self.0.build(spec)
+    }
+}
+
+#[test]
+fn a_damaged_or_mismatched_sharded_save_is_refused_by_file_name() {
+    let dir = scratch("damaged");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let group = [cpu.clone(), cpu.clone()];
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    let make = |seed: u64| {
+        let sharded = ShardedStorage::create(&group, config).expect("sharded");
+        let mut rng = Rng::new(seed);
+        let vectors: Vec<GpuVector> = (0..100).map(|i| GpuVector::new(format!("k{i}"), vector(&mut rng))).collect();
+        sharded.add_vectors(&vectors).expect("adds");
+        sharded
+    };
+    let path = dir.join("s.hgs");
+    let shard_files = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("s.hgs.shard-")))
+            .collect();
+        files.sort();
+        files
+    };
+    let refused = |why: &str, needle: &str| {
+        let e = ShardedStorage::open(&path, &group).expect_err(why);
+        assert!(matches!(e, HiveGpuError::InvalidFormat { .. } | HiveGpuError::Io { .. }), "{why}: {e}");
+        assert!(e.to_string().contains(needle), "{why}: {e:?} does not mention {needle:?}");
+    };
+    make(1).save(&path).expect("a save");
+    let first = shard_files(&dir);
+    let saved: Vec<Vec<u8>> = first.iter().map(|f| std::fs::read(f).expect("a shard file")).collect();
+    let manifest = std::fs::read(&path).expect("the manifest");
+
+    // The manifest truncated, extended, flipped; not a manifest at all.
+    std::fs::write(&path, &manifest[..manifest.len() - 3]).expect("write");
+    refused("a truncated manifest", "truncated");
+    std::fs::write(&path, [&manifest[..], &[0]].concat()).expect("write");
+    refused("an extended manifest", "truncated or extended");
+    let mut flipped = manifest.clone();
+    flipped[70] ^= 0x10;
+    std::fs::write(&path, &flipped).expect("write");
+    refused("a flipped weight", "checksum");
+    std::fs::write(&path, &saved[0]).expect("write");
+    refused("a collection file where the manifest goes", "manifest");
+    std::fs::write(&path, &manifest).expect("write");
+    ShardedStorage::open(&path, &group).expect("the restored manifest opens");
+
+    // A shard file of another save in place of this save's: refused by its identity.
+    let other_dir = scratch("damaged-other");
+    make(2).save(other_dir.join("s.hgs")).expect("another save");
+    let other = shard_files(&other_dir);
+    std::fs::copy(&other[0], &first[0]).expect("copy");
+    refused("a shard file of another save", "another save");
+    std::fs::write(&first[0], &saved[0]).expect("restore");
+    // A missing shard file.
+    std::fs::remove_file(&first[1]).expect("remove");
+    refused("a missing shard file", "shard-");
+    std::fs::write(&first[1], &saved[1]).expect("restore");
+    // Shard files swapped, with a manifest that names them as swapped: every id is on the wrong
+    // shard, which routing would never do.
+    let mut swapped = manifest.clone();
+    let (a, b) = (64..96, 96..128);
+    let entry_a = swapped[a.clone()].to_vec();
+    let entry_b = swapped[b.clone()].to_vec();
+    swapped[a].copy_from_slice(&entry_b);
+    swapped[b].copy_from_slice(&entry_a);
+    let table_end = swapped.len() - 4;
+    let crc = crc32c::crc32c(&swapped[64..table_end]);
+    swapped[table_end..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &swapped).expect("write");
+    std::fs::write(&first[0], &saved[1]).expect("swap");
+    std::fs::write(&first[1], &saved[0]).expect("swap");
+    refused("ids on the wrong shard", "owns");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&other_dir);
+}
+
+const KILL_ENV: &str = "HIVE_GPU_SHARDED_SAVE_LOOP";
+
+/// The two sharded collections the killed child saves in turn.
+fn kill_pair(cpu: &GpuContext) -> [ShardedStorage; 2] {
+    let group = [cpu.clone(), cpu.clone(), cpu.clone()];
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    [300usize, 20_000].map(|count| {
+        let sharded = ShardedStorage::create(&group, config).expect("sharded");
+        let ids: Vec<String> = (0..count).map(|i| format!("p{i}")).collect();
+        let values: Vec<f32> = (0..count * DIM).map(|i| (i % 97) as f32).collect();
+        sharded.add_vectors_flat(&ids, &values).expect("adds");
+        sharded
+    })
+}
+
+/// The child of the kill test: saves the two collections in turn until killed. Returns at once
+/// in a normal test run.
+#[test]
+fn sharded_save_loop_child() {
+    let Ok(path) = std::env::var(KILL_ENV) else { return };
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let pair = kill_pair(&cpu);
+    for i in 0.. {
+        pair[i % 2].save(&path).expect("save");
+    }
+}
+
+#[test]
+fn a_sharded_save_killed_at_any_moment_leaves_the_old_or_the_new_collection() {
+    let dir = scratch("kill");
+    let path = dir.join("killed.hgs");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    kill_pair(&cpu)[0].save(&path).expect("the first save");
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut rng = Rng::new(7);
+    let mut seen = [0usize; 2];
+    for round in 0..20 {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", "sharded_save_loop_child", "--nocapture", "--test-threads", "1"])
+            .env(KILL_ENV, &path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the child");
+        std::thread::sleep(Duration::from_millis(60 + rng.below(400) as u64));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("the child ends");
+        let opened = ShardedStorage::open(&path, &[cpu.clone()]).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let which = match opened.vector_count() {
+            300 => 0,
+            20_000 => 1,
+            other => panic!("round {round}: {other} vectors, neither save's"),
+        };
+        // Row 0 of either collection is 0, 1, ... 11.
+        let row0: Vec<f32> = (0..DIM).map(|i| i as f32).collect();
+        let hits = opened.search(&row0, 1).expect("a search");
+        assert_eq!(hits[0].score, 0.0, "round {round}: the opened collection lost its rows");
+        seen[which] += 1;
+    }
+    assert!(seen[1] > 0, "the child never finished a save of the larger collection: {seen:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn device_lists_name_backends_ordinals_and_repeats() {
+    let two = GpuContext::on_devices("cpu:0, cpu:0").expect("two CPU contexts");
+    assert_eq!(two.len(), 2);
+    assert!(two.iter().all(|c| c.backend_type() == GpuBackendType::Cpu));
+    assert_eq!(GpuContext::on_devices("cpu:all").expect("all").len(), 1);
+    let e = GpuContext::on_devices("cpu:1").expect_err("the CPU backend has one device");
+    assert!(matches!(e, HiveGpuError::DeviceNotFound { .. }), "{e}");
+    assert!(GpuContext::on_devices("cpu:zero").is_err());
+    assert!(GpuContext::on_devices("").is_err());
+    let cpu = list_devices(GpuBackendType::Cpu).expect("the CPU lists itself");
+    assert_eq!(cpu.len(), 1);
+    // Every device a GPU backend lists opens by its PCI bus id, as the same ordinal.
+    for context in contexts() {
+        let backend = context.backend_type();
+        for (ordinal, device) in list_devices(backend).expect("listed").iter().enumerate() {
+            if let Some(pci) = &device.pci_bus_id {
+                let selector = hive_gpu::DeviceSelector::pci(pci).expect("a PCI bus id");
+                let opened = GpuContext::with_device(backend, &selector).expect("opens by PCI bus id");
+                assert_eq!(opened.device_info().device_id, ordinal, "{backend} {pci}");
+            }
+        }
+    }
+}
