@@ -18,6 +18,7 @@ macro_rules! out {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod bench_multi;
 mod bench_writes;
 mod collection;
 mod dataset;
@@ -60,6 +61,61 @@ enum Command {
     BenchWrites(BenchWritesArgs),
     /// Train k-means on a vector file (assignments on --backend) and report time and inertia.
     Kmeans(KMeansArgs),
+    /// One device against a replicated and a sharded storage over several (--devices), on
+    /// synthetic uniform data: batch QPS, single-query latency, and whether every query's
+    /// neighbours equal one device's.
+    BenchMulti(BenchMultiArgs),
+}
+
+#[derive(Args)]
+struct BenchMultiArgs {
+    /// The devices, as HIVE_GPU_DEVICES writes them: `cuda:0,cuda:1`, `cuda:all`, `cpu:0,cpu:0`
+    /// (two logical shards on one device). The first is the single device compared against.
+    #[arg(long, default_value = "all")]
+    devices: String,
+    /// Vectors on the single device and the replicated storage.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: usize,
+    /// Vectors in the sharded storage (default: twice --rows).
+    #[arg(long)]
+    sharded_rows: Option<usize>,
+    /// Components per vector.
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// Queries per batch.
+    #[arg(long, default_value_t = 10_000)]
+    queries: usize,
+    /// Neighbours per query.
+    #[arg(short = 'k', default_value_t = 10)]
+    k: usize,
+    /// Timed passes of the whole batch per stage (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// One-query calls timed per stage.
+    #[arg(long, default_value_t = 100)]
+    singles: usize,
+    /// Skip the single device over the sharded rows (the sharded storage's same-data ratio and
+    /// exactness check).
+    #[arg(long)]
+    skip_single_sharded: bool,
+    /// Distance metric.
+    #[arg(long, value_enum, default_value_t = MetricArg::L2)]
+    metric: MetricArg,
+    /// Storage precision of the vectors.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
+    /// Seed of the data.
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+    /// One JSON object per stage, then a summary object.
+    #[arg(long)]
+    json: bool,
+}
+
+impl BenchMultiArgs {
+    fn settings_metric(&self) -> GpuDistanceMetric {
+        self.metric.metric()
+    }
 }
 
 #[derive(Args)]
@@ -305,27 +361,43 @@ enum PrecisionArg {
     Fast,
 }
 
-impl SearchSettings {
-    fn metric(&self) -> GpuDistanceMetric {
-        match self.metric {
+impl MetricArg {
+    fn metric(self) -> GpuDistanceMetric {
+        match self {
             MetricArg::L2 => GpuDistanceMetric::Euclidean,
             MetricArg::Cosine => GpuDistanceMetric::Cosine,
             MetricArg::Dot => GpuDistanceMetric::DotProduct,
         }
     }
+}
 
-    fn precision(&self) -> StoragePrecision {
-        match self.precision {
+impl PrecisionArg {
+    fn storage(self) -> StoragePrecision {
+        match self {
             PrecisionArg::F32 | PrecisionArg::Fast => StoragePrecision::F32,
             PrecisionArg::F16 => StoragePrecision::F16,
         }
     }
 
-    fn search_precision(&self) -> SearchPrecision {
-        match self.precision {
+    fn search(self) -> SearchPrecision {
+        match self {
             PrecisionArg::Fast => SearchPrecision::Fast,
             PrecisionArg::F32 | PrecisionArg::F16 => SearchPrecision::Exact,
         }
+    }
+}
+
+impl SearchSettings {
+    fn metric(&self) -> GpuDistanceMetric {
+        self.metric.metric()
+    }
+
+    fn precision(&self) -> StoragePrecision {
+        self.precision.storage()
+    }
+
+    fn search_precision(&self) -> SearchPrecision {
+        self.precision.search()
     }
 
     fn storage_config(&self, dim: usize) -> StorageConfig {
@@ -381,6 +453,7 @@ fn main() -> ExitCode {
         Command::Search(args) => search::run(&args),
         Command::BenchWrites(args) => bench_writes::run(&args),
         Command::Kmeans(args) => kmeans::run(&args),
+        Command::BenchMulti(args) => bench_multi::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -77,7 +77,8 @@ fn normalise_pci(id: &str) -> Option<String> {
         _ => return None,
     };
     let (device, function) = rest.split_once('.')?;
-    let hex = |s: &str, max: usize| !s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let hex =
+        |s: &str, max: usize| !s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_hexdigit());
     if !(hex(domain, 8) && hex(bus, 2) && hex(device, 2) && hex(function, 1)) {
         return None;
     }
@@ -131,11 +132,13 @@ pub fn parse_device_list(
     let mut out = Vec::new();
     for entry in text.split(',').map(str::trim) {
         if entry.is_empty() {
-            return Err(HiveGpuError::InvalidArgument(format!("the device list {text:?} has an empty entry")));
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "the device list {text:?} has an empty entry"
+            )));
         }
-        let named = entry.split_once(':').and_then(|(head, tail)| {
-            head.parse::<GpuBackendType>().ok().map(|backend| (backend, tail))
-        });
+        let named = entry
+            .split_once(':')
+            .and_then(|(head, tail)| head.parse::<GpuBackendType>().ok().map(|backend| (backend, tail)));
         let (backend, device) = match named {
             Some(named) => named,
             None => {
@@ -184,7 +187,8 @@ mod tests {
         ] {
             assert_eq!(DeviceSelector::pci(given).expect(given), DeviceSelector::PciBusId(want.into()));
         }
-        for bad in ["", "3b", "3b:00", "zz:00.0", "0000:3b:00.0.1", "0000:3b:000.0", "3b:00.12", "a:b:c:d.0"] {
+        for bad in ["", "3b", "3b:00", "zz:00.0", "0000:3b:00.0.1", "0000:3b:000.0", "3b:00.12", "a:b:c:d.0"]
+        {
             assert!(DeviceSelector::pci(bad).is_err(), "{bad:?} accepted");
         }
         assert_eq!("7".parse::<DeviceSelector>().expect("7"), DeviceSelector::Ordinal(7));
@@ -196,7 +200,10 @@ mod tests {
     fn a_device_list_names_backends_or_takes_the_default_once() {
         let cpu = || Ok(GpuBackendType::Cpu);
         assert_eq!(parse_device_list("cpu:0", cpu).expect("cpu:0"), [(GpuBackendType::Cpu, 0)]);
-        assert_eq!(parse_device_list("0, 0", cpu).expect("0,0"), [(GpuBackendType::Cpu, 0), (GpuBackendType::Cpu, 0)]);
+        assert_eq!(
+            parse_device_list("0, 0", cpu).expect("0,0"),
+            [(GpuBackendType::Cpu, 0), (GpuBackendType::Cpu, 0)]
+        );
         assert_eq!(parse_device_list("cpu:all", cpu).expect("all"), [(GpuBackendType::Cpu, 0)]);
         // An entry that names its backend never asks for the default.
         let never = || -> Result<GpuBackendType> { panic!("asked for the default backend") };

@@ -101,10 +101,7 @@ impl PreparedFilter {
 
     /// Its slots, if it was prepared for this collection at this version.
     pub(crate) fn current_slots(&self, collection: u64, version: u64) -> Option<&SlotSet> {
-        self.prepared
-            .iter()
-            .find(|p| p.collection == collection && p.version == version)
-            .map(|p| &*p.slots)
+        self.prepared.iter().find(|p| p.collection == collection && p.version == version).map(|p| &*p.slots)
     }
 
     /// The filter it was prepared from.

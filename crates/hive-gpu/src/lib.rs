@@ -74,11 +74,11 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use backend::{GpuBackend, Neighbor, RowStore, detect_available_backends, select_best_backend};
 pub use devices::{DeviceSelector, list_devices};
-pub use multi::{ReplicatedStorage, ShardedStorage};
 pub use error::{HiveGpuError, Result};
 pub use filter::{Filter, MAX_FILTER_DEPTH, PreparedFilter};
 pub use index::kmeans::{KMeans, KMeansParams};
 pub use index::spec::IndexSpec;
+pub use multi::{ReplicatedStorage, ShardedStorage};
 pub use payload::{Payload, PayloadValue};
 pub use persist::{Durability, DurableOptions, LogStats};
 pub use results::{ResultRow, SearchResults};
@@ -132,7 +132,9 @@ impl GpuContext {
         let tuning = Tuning::from_env()?;
         devices::parse_device_list(list, select_best_backend)?
             .into_iter()
-            .map(|(backend, ordinal)| Ok(Self { backend: backend::open(backend, ordinal)?, tuning: tuning.clone() }))
+            .map(|(backend, ordinal)| {
+                Ok(Self { backend: backend::open(backend, ordinal)?, tuning: tuning.clone() })
+            })
             .collect()
     }
 

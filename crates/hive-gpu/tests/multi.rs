@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use common::{Rng, contexts};
 use hive_gpu::{
-    Filter, GpuBackend, GpuBackendType, GpuContext, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult, GpuVector,
-    GpuVectorStorage, HiveGpuError, IndexSpec, Neighbor, ReplicatedStorage, RowStore, SearchOptions,
-    SearchPrecision, ShardedStorage, StorageConfig, StoragePrecision, list_devices,
+    Filter, GpuBackend, GpuBackendType, GpuContext, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult,
+    GpuVector, GpuVectorStorage, HiveGpuError, IndexSpec, Neighbor, ReplicatedStorage, RowStore,
+    SearchOptions, SearchPrecision, ShardedStorage, StorageConfig, StoragePrecision, list_devices,
 };
 
 /// Groups of contexts to spread storages over, with a name for messages.
@@ -23,7 +23,10 @@ fn groups() -> Vec<(String, Vec<GpuContext>)> {
     let mut most_devices = 0;
     for context in contexts() {
         let backend = context.backend_type();
-        out.push((format!("{backend}, 3 logical shards"), vec![context.clone(), context.clone(), context.clone()]));
+        out.push((
+            format!("{backend}, 3 logical shards"),
+            vec![context.clone(), context.clone(), context.clone()],
+        ));
         let devices = list_devices(backend).map_or(0, |d| d.len());
         if devices >= 2 {
             let all = GpuContext::on_devices(&format!("{}:all", backend.name())).expect("every device opens");
@@ -31,7 +34,9 @@ fn groups() -> Vec<(String, Vec<GpuContext>)> {
             most_devices = most_devices.max(devices);
         }
     }
-    if let Some(required) = std::env::var("HIVE_GPU_REQUIRE_DEVICES").ok().and_then(|v| v.parse::<usize>().ok()) {
+    if let Some(required) =
+        std::env::var("HIVE_GPU_REQUIRE_DEVICES").ok().and_then(|v| v.parse::<usize>().ok())
+    {
         assert!(
             most_devices >= required,
             "HIVE_GPU_REQUIRE_DEVICES={required}, but no backend here has more than {most_devices} devices"
@@ -51,7 +56,12 @@ enum Write {
 /// What every kind of storage under test answers.
 trait Storage {
     fn apply(&self, write: &Write) -> hive_gpu::Result<()>;
-    fn batch(&self, queries: &[f32], k: usize, options: &SearchOptions) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>>;
+    fn batch(
+        &self,
+        queries: &[f32],
+        k: usize,
+        options: &SearchOptions,
+    ) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>>;
     fn one(&self, query: &[f32], k: usize) -> hive_gpu::Result<Vec<GpuSearchResult>>;
     fn prepare(&self, filter: &Filter) -> hive_gpu::Result<Filter>;
     fn count(&self) -> usize;
@@ -68,7 +78,12 @@ macro_rules! storage_impl {
                     Write::Compact => self.compact(),
                 }
             }
-            fn batch(&self, queries: &[f32], k: usize, options: &SearchOptions) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>> {
+            fn batch(
+                &self,
+                queries: &[f32],
+                k: usize,
+                options: &SearchOptions,
+            ) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>> {
                 self.search_batch_with(queries, k, options)
             }
             fn one(&self, query: &[f32], k: usize) -> hive_gpu::Result<Vec<GpuSearchResult>> {
@@ -107,12 +122,16 @@ fn history(seed: u64) -> (Vec<Write>, Vec<Vec<f32>>) {
         (0..count)
             .map(|_| {
                 // One in five repeats an earlier vector exactly: ties across shards.
-                let data = if !pool.is_empty() && rng.below(5) == 0 { pool[rng.below(pool.len())].clone() } else { vector(rng) };
+                let data = if !pool.is_empty() && rng.below(5) == 0 {
+                    pool[rng.below(pool.len())].clone()
+                } else {
+                    vector(rng)
+                };
                 pool.push(data.clone());
                 next += 1;
                 GpuVector::new(format!("v{next}"), data)
                     .with_field("group", (next % 5) as i64)
-                    .with_field("tag", if next % 3 == 0 { "red" } else { "blue" })
+                    .with_field("tag", if next.is_multiple_of(3) { "red" } else { "blue" })
             })
             .collect()
     };
@@ -185,7 +204,8 @@ fn assert_answers_alike(what: &str, storage: &dyn Storage, reference: &dyn Stora
     let filter = Filter::eq("group", 3i64);
     let prepared = storage.prepare(&filter).expect("prepared");
     let want = reference.batch(queries, 5, &SearchOptions::default().with_filter(filter)).expect("reference");
-    let got = storage.batch(queries, 5, &SearchOptions::default().with_filter(prepared)).expect("prepared search");
+    let got =
+        storage.batch(queries, 5, &SearchOptions::default().with_filter(prepared)).expect("prepared search");
     assert_same(&format!("{what}, prepared filter"), &got, &want);
     for q in [0, 13] {
         let query = &queries[q * DIM..(q + 1) * DIM];
@@ -229,8 +249,16 @@ fn sharded_and_replicated_searches_equal_one_collection_ties_included() {
             // Reads by id go to the owner.
             for id in ["v1", "v2", "v8", "v400", "missing"] {
                 let want = reference.get_vector(id).expect("get");
-                assert_eq!(sharded.get_vector(id).expect("get").map(|v| v.data), want.clone().map(|v| v.data), "{what}: {id}");
-                assert_eq!(replicated.get_vector(id).expect("get").map(|v| v.data), want.map(|v| v.data), "{what}: {id}");
+                assert_eq!(
+                    sharded.get_vector(id).expect("get").map(|v| v.data),
+                    want.clone().map(|v| v.data),
+                    "{what}: {id}"
+                );
+                assert_eq!(
+                    replicated.get_vector(id).expect("get").map(|v| v.data),
+                    want.map(|v| v.data),
+                    "{what}: {id}"
+                );
                 assert_eq!(sharded.contains(id), reference.contains(id), "{what}: contains {id}");
             }
         }
@@ -254,7 +282,8 @@ fn every_index_shards_and_replicates_and_with_every_list_equals_exact_search() {
         }
         // A software adapter pays ~0.1 s per device call: IVF-Flat only there (the same index
         // code runs every kind on the CPU and on hardware adapters).
-        let specs: &[&str] = if software { &["ivf-flat:nlist=4"] } else { &["ivf-flat:nlist=4", "ivf-sq8:nlist=4", "binary"] };
+        let specs: &[&str] =
+            if software { &["ivf-flat:nlist=4"] } else { &["ivf-flat:nlist=4", "ivf-sq8:nlist=4", "binary"] };
         for spec in specs {
             let spec: IndexSpec = spec.parse().expect("a spec");
             sharded.build(spec).unwrap_or_else(|e| panic!("{name}: sharded {spec:?}: {e}"));
@@ -266,17 +295,34 @@ fn every_index_shards_and_replicates_and_with_every_list_equals_exact_search() {
             for k in [1, 10] {
                 let want = reference.batch(&queries, k, &SearchOptions::default()).expect("exact");
                 let what = format!("{name}, {spec:?}, k {k}");
-                assert_same(&format!("{what}, sharded"), &sharded.batch(&queries, k, &options).expect("sharded"), &want);
-                assert_same(&format!("{what}, replicated"), &replicated.batch(&queries, k, &options).expect("replicated"), &want);
+                assert_same(
+                    &format!("{what}, sharded"),
+                    &sharded.batch(&queries, k, &options).expect("sharded"),
+                    &want,
+                );
+                assert_same(
+                    &format!("{what}, replicated"),
+                    &replicated.batch(&queries, k, &options).expect("replicated"),
+                    &want,
+                );
             }
             // Writes after training reach every member's index.
-            let more: Vec<GpuVector> = (0..30).map(|i| GpuVector::new(format!("late{i}"), vec![i as f32 * 0.1; DIM])).collect();
+            let more: Vec<GpuVector> =
+                (0..30).map(|i| GpuVector::new(format!("late{i}"), vec![i as f32 * 0.1; DIM])).collect();
             for storage in [&reference as &dyn Storage, &sharded, &replicated] {
                 storage.apply(&Write::Add(more.clone())).expect("an add after training");
             }
             let want = reference.batch(&queries, 10, &SearchOptions::default()).expect("exact");
-            assert_same(&format!("{name}, {spec:?} after adds"), &sharded.batch(&queries, 10, &options).expect("sharded"), &want);
-            assert_same(&format!("{name}, {spec:?} after adds, replicated"), &replicated.batch(&queries, 10, &options).expect("replicated"), &want);
+            assert_same(
+                &format!("{name}, {spec:?} after adds"),
+                &sharded.batch(&queries, 10, &options).expect("sharded"),
+                &want,
+            );
+            assert_same(
+                &format!("{name}, {spec:?} after adds, replicated"),
+                &replicated.batch(&queries, 10, &options).expect("replicated"),
+                &want,
+            );
             let late: Vec<String> = (0..30).map(|i| format!("late{i}")).collect();
             for storage in [&reference as &dyn Storage, &sharded, &replicated] {
                 storage.apply(&Write::Remove(late.clone())).expect("a removal after training");
@@ -290,16 +336,24 @@ fn an_index_that_fails_to_train_on_one_shard_is_built_on_none() {
     let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
     let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
     // Shard 0 gets about 40 of 44 vectors, shard 1 about 4: too few for 8 lists.
-    let sharded = ShardedStorage::create_weighted(&[cpu.clone(), cpu.clone()], config, &[10.0, 1.0]).expect("sharded");
+    let sharded =
+        ShardedStorage::create_weighted(&[cpu.clone(), cpu.clone()], config, &[10.0, 1.0]).expect("sharded");
     let mut rng = Rng::new(3);
-    let vectors: Vec<GpuVector> = (0..44).map(|i| GpuVector::new(format!("x{i}"), vector(&mut rng))).collect();
+    let vectors: Vec<GpuVector> =
+        (0..44).map(|i| GpuVector::new(format!("x{i}"), vector(&mut rng))).collect();
     sharded.add_vectors(&vectors).expect("adds");
     let sizes = sharded.shard_sizes();
     assert!(sizes[0] >= 8 && sizes[1] < 8, "the weights did not split as planned: {sizes:?}");
-    let e = sharded.build_index("ivf-flat:nlist=8".parse().expect("spec")).expect_err("shard 1 cannot train 8 lists");
+    let e = sharded
+        .build_index("ivf-flat:nlist=8".parse().expect("spec"))
+        .expect_err("shard 1 cannot train 8 lists");
     assert!(matches!(e, HiveGpuError::InvalidArgument(_)), "{e}");
     assert_eq!(sharded.index_spec(), IndexSpec::Flat);
-    assert!(sharded.index_stats().iter().all(Option::is_none), "shard 0 kept an index: {:?}", sharded.index_stats());
+    assert!(
+        sharded.index_stats().iter().all(Option::is_none),
+        "shard 0 kept an index: {:?}",
+        sharded.index_stats()
+    );
 }
 
 #[test]
@@ -307,12 +361,16 @@ fn ids_go_to_shards_in_proportion_to_their_weights_and_every_write_reaches_the_o
     let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
     let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
     let sharded =
-        ShardedStorage::create_weighted(&[cpu.clone(), cpu.clone(), cpu.clone()], config, &[3.0, 1.0, 4.0]).expect("sharded");
+        ShardedStorage::create_weighted(&[cpu.clone(), cpu.clone(), cpu.clone()], config, &[3.0, 1.0, 4.0])
+            .expect("sharded");
     let ids: Vec<String> = (0..8000).map(|i| format!("doc-{i}")).collect();
     sharded.add_vectors_flat(&ids, &vec![0.5; 8000 * DIM]).expect("adds");
     let sizes = sharded.shard_sizes();
     for (s, (&size, want)) in sizes.iter().zip([3000.0, 1000.0, 4000.0]).enumerate() {
-        assert!((size as f64 - want).abs() < 200.0, "shard {s} holds {size}, about {want} expected: {sizes:?}");
+        assert!(
+            (size as f64 - want).abs() < 200.0,
+            "shard {s} holds {size}, about {want} expected: {sizes:?}"
+        );
     }
     // An upsert replaces in place on the owner; a removal empties exactly the owners' slots.
     sharded.add_vectors_flat(&ids[..500], &vec![1.0; 500 * DIM]).expect("upserts");
@@ -330,8 +388,8 @@ fn ids_go_to_shards_in_proportion_to_their_weights_and_every_write_reaches_the_o
     assert_eq!(sharded.vector_count(), 6000);
     // Bad arguments.
     assert!(ShardedStorage::create(&[], config).is_err());
-    assert!(ShardedStorage::create_weighted(&[cpu.clone()], config, &[0.0]).is_err());
-    assert!(ShardedStorage::create_weighted(&[cpu.clone()], config, &[f64::NAN]).is_err());
+    assert!(ShardedStorage::create_weighted(std::slice::from_ref(&cpu), config, &[0.0]).is_err());
+    assert!(ShardedStorage::create_weighted(std::slice::from_ref(&cpu), config, &[f64::NAN]).is_err());
     assert!(ShardedStorage::create_weighted(&[cpu.clone(), cpu], config, &[1.0]).is_err());
 }
 
@@ -344,7 +402,8 @@ fn a_bad_batch_or_query_is_refused_by_the_storage_with_the_callers_positions() {
     let replicated = ReplicatedStorage::create(&group, config).expect("replicated");
     for storage in [&sharded as &dyn Storage, &replicated] {
         assert!(matches!(storage.one(&[1.0; DIM], 3), Err(HiveGpuError::EmptyCollection)));
-        let mut vectors: Vec<GpuVector> = (0..50).map(|i| GpuVector::new(format!("id{i}"), vec![1.0 + i as f32; DIM])).collect();
+        let mut vectors: Vec<GpuVector> =
+            (0..50).map(|i| GpuVector::new(format!("id{i}"), vec![1.0 + i as f32; DIM])).collect();
         vectors[37].id = "id3".into();
         let e = storage.apply(&Write::Add(vectors.clone())).expect_err("id3 twice");
         assert!(matches!(e, HiveGpuError::DuplicateId { first: 3, second: 37, .. }), "{e}");
@@ -385,7 +444,10 @@ impl GpuBackend for Faulty {
         search: SearchPrecision,
         tuning: &hive_gpu::Tuning,
     ) -> hive_gpu::Result<Box<dyn RowStore>> {
-        Ok(Box::new(FaultyRows { inner: self.inner.new_rows(dim, precision, search, tuning)?, fail: self.fail_next_append.clone() }))
+        Ok(Box::new(FaultyRows {
+            inner: self.inner.new_rows(dim, precision, search, tuning)?,
+            fail: self.fail_next_append.clone(),
+        }))
     }
 }
 
@@ -407,7 +469,10 @@ impl RowStore for FaultyRows {
             // Half the rows land before the fault: a torn write to roll back.
             let half = rows.len() / DIM / 2 * DIM;
             self.inner.append(&rows[..half])?;
-            return Err(HiveGpuError::CudaError { call: "append".into(), message: "fault injected by the test".into() });
+            return Err(HiveGpuError::CudaError {
+                call: "append".into(),
+                message: "fault injected by the test".into(),
+            });
         }
         self.inner.append(rows)
     }
@@ -459,7 +524,10 @@ impl RowStore for FaultyRows {
 fn a_write_that_fails_on_one_member_leaves_every_member_as_it_was() {
     let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
     let fail = Arc::new(Mutex::new(false));
-    let faulty = GpuContext::from_backend(Arc::new(Faulty { inner: cpu.shared_backend(), fail_next_append: fail.clone() }));
+    let faulty = GpuContext::from_backend(Arc::new(Faulty {
+        inner: cpu.shared_backend(),
+        fail_next_append: fail.clone(),
+    }));
     let group = [cpu.clone(), faulty, cpu.clone()];
     let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
     let sharded = ShardedStorage::create_weighted(&group, config, &[1.0, 1.0, 1.0]).expect("sharded");
@@ -473,8 +541,9 @@ fn a_write_that_fails_on_one_member_leaves_every_member_as_it_was() {
         }
     }
     // A batch of upserts and new ids, some on every shard; the faulty member's append fails.
-    let batch: Vec<GpuVector> =
-        (0..200).map(|i| GpuVector::new(format!("v{}", 1 + i * 3), vec![0.25 * (i % 7) as f32; DIM])).collect();
+    let batch: Vec<GpuVector> = (0..200)
+        .map(|i| GpuVector::new(format!("v{}", 1 + i * 3), vec![0.25 * (i % 7) as f32; DIM]))
+        .collect();
     for (name, storage) in [("sharded", &sharded as &dyn Storage), ("replicated", &replicated)] {
         *fail.lock().expect("flag") = true;
         let e = storage.apply(&Write::Add(batch.clone())).expect_err("the injected fault");
@@ -514,7 +583,8 @@ fn a_sharded_save_opens_on_any_number_of_devices_with_the_same_answers_and_keeps
         sharded.save(&path).expect("the save");
         // Opened on one context, and on as many as it was saved from.
         for contexts in [&group[..1], &group[..]] {
-            let opened = ShardedStorage::open(&path, contexts).unwrap_or_else(|e| panic!("{name}: open: {e}"));
+            let opened =
+                ShardedStorage::open(&path, contexts).unwrap_or_else(|e| panic!("{name}: open: {e}"));
             assert_eq!(opened.shard_count(), group.len());
             assert_eq!(opened.shard_weights(), sharded.shard_weights());
             assert_eq!(opened.index_spec(), sharded.index_spec());
@@ -536,7 +606,12 @@ fn a_sharded_save_opens_on_any_number_of_devices_with_the_same_answers_and_keeps
         for write in &writes[6..] {
             opened.apply(write).expect("a write after the open");
         }
-        assert_answers_alike(&format!("{name}: opened and written"), &ExactSharded(&opened), &reference, &queries);
+        assert_answers_alike(
+            &format!("{name}: opened and written"),
+            &ExactSharded(&opened),
+            &reference,
+            &queries,
+        );
         // A second save replaces the first's shard files.
         opened.save(&path).expect("a second save");
         let files: Vec<String> = std::fs::read_dir(&dir)
@@ -561,7 +636,12 @@ impl Storage for ExactSharded<'_> {
     fn apply(&self, write: &Write) -> hive_gpu::Result<()> {
         self.0.apply(write)
     }
-    fn batch(&self, queries: &[f32], k: usize, options: &SearchOptions) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>> {
+    fn batch(
+        &self,
+        queries: &[f32],
+        k: usize,
+        options: &SearchOptions,
+    ) -> hive_gpu::Result<Vec<Vec<GpuSearchResult>>> {
         self.0.batch(queries, k, &options.clone().with_exact(true))
     }
     fn one(&self, query: &[f32], k: usize) -> hive_gpu::Result<Vec<GpuSearchResult>> {
@@ -587,7 +667,8 @@ fn a_damaged_or_mismatched_sharded_save_is_refused_by_file_name() {
     let make = |seed: u64| {
         let sharded = ShardedStorage::create(&group, config).expect("sharded");
         let mut rng = Rng::new(seed);
-        let vectors: Vec<GpuVector> = (0..100).map(|i| GpuVector::new(format!("k{i}"), vector(&mut rng))).collect();
+        let vectors: Vec<GpuVector> =
+            (0..100).map(|i| GpuVector::new(format!("k{i}"), vector(&mut rng))).collect();
         sharded.add_vectors(&vectors).expect("adds");
         sharded
     };
@@ -703,7 +784,8 @@ fn a_sharded_save_killed_at_any_moment_leaves_the_old_or_the_new_collection() {
         std::thread::sleep(Duration::from_millis(60 + rng.below(400) as u64));
         child.kill().expect("SIGKILL");
         child.wait().expect("the child ends");
-        let opened = ShardedStorage::open(&path, &[cpu.clone()]).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let opened = ShardedStorage::open(&path, std::slice::from_ref(&cpu))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
         let which = match opened.vector_count() {
             300 => 0,
             20_000 => 1,

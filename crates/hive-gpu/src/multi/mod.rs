@@ -46,7 +46,9 @@ fn on_each<T: Send, R: Send>(items: Vec<T>, work: impl Fn(usize, T) -> R + Sync)
         let spawned: Vec<_> = (1..slots.len())
             .map(|i| {
                 let run = &run;
-                std::thread::Builder::new().name(format!("hive-gpu-member-{i}")).spawn_scoped(scope, move || run(i))
+                std::thread::Builder::new()
+                    .name(format!("hive-gpu-member-{i}"))
+                    .spawn_scoped(scope, move || run(i))
             })
             .collect();
         let mut out = vec![run(0)];
@@ -138,7 +140,11 @@ fn check_queries(config: &StorageConfig, queries: &[f32], k: usize) -> Result<us
 /// One query's dimension check, as [`crate::GpuVectorStorage::search_with`] makes it.
 fn check_query(config: &StorageConfig, query: &[f32]) -> Result<()> {
     if query.len() != config.dimension {
-        return Err(HiveGpuError::DimensionMismatch { expected: config.dimension, actual: query.len(), id: None });
+        return Err(HiveGpuError::DimensionMismatch {
+            expected: config.dimension,
+            actual: query.len(),
+            id: None,
+        });
     }
     Ok(())
 }

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Whole, check_contexts, check_queries, check_query, lock, on_each, read_all, upsert_all, write_all};
+use super::{
+    Whole, check_contexts, check_queries, check_query, lock, on_each, read_all, upsert_all, write_all,
+};
 use crate::backend::Neighbor;
 use crate::collection::{Collection, FlatBatch, check_batch};
 use crate::error::{HiveGpuError, Result};
@@ -111,7 +113,8 @@ impl ReplicatedStorage {
         let _writing = lock(&self.writes);
         let mut guards = write_all(&self.replicas);
         let slots = guards.iter().map(|g| g.slots_to_remove(ids)).collect::<Result<Vec<_>>>()?;
-        let collections: Vec<(&mut Collection, Vec<usize>)> = guards.iter_mut().map(|g| &mut **g).zip(slots).collect();
+        let collections: Vec<(&mut Collection, Vec<usize>)> =
+            guards.iter_mut().map(|g| &mut **g).zip(slots).collect();
         on_each(collections, |_, (collection, slots)| {
             let mut slots = Some(slots);
             if crate::exec::run(|| collection.commit_remove(&slots.take().expect("once"))).is_err()
@@ -134,7 +137,12 @@ impl ReplicatedStorage {
     }
 
     /// [`ReplicatedStorage::search`] with options.
-    pub fn search_with(&self, query: &[f32], k: usize, options: &SearchOptions) -> Result<Vec<GpuSearchResult>> {
+    pub fn search_with(
+        &self,
+        query: &[f32],
+        k: usize,
+        options: &SearchOptions,
+    ) -> Result<Vec<GpuSearchResult>> {
         check_query(&self.config, query)?;
         let mut lists = self.search_batch_results(query, k, options)?.to_lists();
         lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
@@ -157,7 +165,12 @@ impl ReplicatedStorage {
     }
 
     /// [`ReplicatedStorage::search_batch_with`] into flat arrays ([`SearchResults`]).
-    pub fn search_batch_results(&self, queries: &[f32], k: usize, options: &SearchOptions) -> Result<SearchResults> {
+    pub fn search_batch_results(
+        &self,
+        queries: &[f32],
+        k: usize,
+        options: &SearchOptions,
+    ) -> Result<SearchResults> {
         let nq = check_queries(&self.config, queries, k)?;
         let guards = read_all(&self.replicas);
         if nq == 0 {
@@ -226,7 +239,8 @@ impl ReplicatedStorage {
     pub fn prepare_filter(&self, filter: &Filter) -> Result<PreparedFilter> {
         let guards = read_all(&self.replicas);
         let parts = guards.iter().map(|g| g.prepare(filter)).collect::<Result<Vec<_>>>()?;
-        PreparedFilter::combine(parts).ok_or_else(|| HiveGpuError::Internal("a storage without replicas".into()))
+        PreparedFilter::combine(parts)
+            .ok_or_else(|| HiveGpuError::Internal("a storage without replicas".into()))
     }
 
     /// The stored vector and its payload.

@@ -94,7 +94,10 @@ mod tests {
             for (s, (&share, &weight)) in got.iter().zip(&weights).enumerate() {
                 let want = weight / total;
                 // 200,000 draws: the standard deviation of a share is under 0.0012.
-                assert!((share - want).abs() < 0.006, "weights {weights:?}: shard {s} got {share}, wants {want}");
+                assert!(
+                    (share - want).abs() < 0.006,
+                    "weights {weights:?}: shard {s} got {share}, wants {want}"
+                );
             }
         }
     }
@@ -110,7 +113,8 @@ mod tests {
         // The format depends on these exact values: a change to the hash would send stored
         // ids to other shards than the ones holding them.
         let pinned = Router::new(vec![1.0, 1.0, 1.0, 1.0], 0);
-        let routes: Vec<usize> = ["a", "b", "c", "vector-17", "", "\u{e9}t\u{e9}"].iter().map(|id| pinned.shard_of(id)).collect();
+        let routes: Vec<usize> =
+            ["a", "b", "c", "vector-17", "", "\u{e9}t\u{e9}"].iter().map(|id| pinned.shard_of(id)).collect();
         assert_eq!(routes, PINNED_ROUTES);
     }
 

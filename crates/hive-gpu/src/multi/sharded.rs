@@ -8,7 +8,10 @@ use rayon::prelude::*;
 
 use super::merge::{Placed, merge};
 use super::route::Router;
-use super::{Subset, check_contexts, check_queries, check_query, lock, memory_weights, on_each, read_all, upsert_all, write_all};
+use super::{
+    Subset, check_contexts, check_queries, check_query, lock, memory_weights, on_each, read_all, upsert_all,
+    write_all,
+};
 use crate::backend::{Neighbor, PARALLEL_RESULTS};
 use crate::collection::{Collection, FlatBatch, check_batch};
 use crate::error::{HiveGpuError, Result};
@@ -152,7 +155,9 @@ impl ShardedStorage {
         let owners: Vec<u32> = if count < 4096 {
             (0..count).map(|i| self.router.shard_of(id(i)) as u32).collect()
         } else {
-            crate::exec::run(|| (0..count).into_par_iter().map(|i| self.router.shard_of(id(i)) as u32).collect())?
+            crate::exec::run(|| {
+                (0..count).into_par_iter().map(|i| self.router.shard_of(id(i)) as u32).collect()
+            })?
         };
         let mut routed = vec![Vec::new(); self.shards.len()];
         for (i, owner) in owners.into_iter().enumerate() {
@@ -203,7 +208,12 @@ impl ShardedStorage {
     }
 
     /// [`ShardedStorage::search`] with options.
-    pub fn search_with(&self, query: &[f32], k: usize, options: &SearchOptions) -> Result<Vec<GpuSearchResult>> {
+    pub fn search_with(
+        &self,
+        query: &[f32],
+        k: usize,
+        options: &SearchOptions,
+    ) -> Result<Vec<GpuSearchResult>> {
         check_query(&self.config, query)?;
         let mut lists = self.search_batch_results(query, k, options)?.to_lists();
         lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
@@ -226,7 +236,12 @@ impl ShardedStorage {
 
     /// [`ShardedStorage::search_batch_with`] into flat arrays ([`SearchResults`]); each
     /// neighbour's slot is its place in the storage's write order.
-    pub fn search_batch_results(&self, queries: &[f32], k: usize, options: &SearchOptions) -> Result<SearchResults> {
+    pub fn search_batch_results(
+        &self,
+        queries: &[f32],
+        k: usize,
+        options: &SearchOptions,
+    ) -> Result<SearchResults> {
         let guards = read_all(&self.shards);
         let collections: Vec<&Collection> = guards.iter().map(|g| &**g).collect();
         search_shards(&self.config, &self.shards, &collections, queries, k, options)
@@ -237,7 +252,8 @@ impl ShardedStorage {
     pub fn prepare_filter(&self, filter: &Filter) -> Result<PreparedFilter> {
         let guards = read_all(&self.shards);
         let parts = guards.iter().map(|g| g.prepare(filter)).collect::<Result<Vec<_>>>()?;
-        PreparedFilter::combine(parts).ok_or_else(|| HiveGpuError::Internal("a storage without shards".into()))
+        PreparedFilter::combine(parts)
+            .ok_or_else(|| HiveGpuError::Internal("a storage without shards".into()))
     }
 
     /// The stored vector and its payload, from the shard that owns `id`.
@@ -317,7 +333,10 @@ impl ShardedStorage {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         if path.file_name().is_none() {
-            return Err(HiveGpuError::InvalidArgument(format!("{} names no file to save to", path.display())));
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "{} names no file to save to",
+                path.display()
+            )));
         }
         let next = lock(&self.writes);
         let guards = read_all(&self.shards);
@@ -334,7 +353,9 @@ impl ShardedStorage {
         let mut shards = Vec::with_capacity(files.len());
         for ((file, weight), collection) in files.into_iter().zip(self.router.weights()).zip(&collections) {
             match file {
-                Ok(file) => shards.push(ShardEntry { weight: *weight, file, vectors: collection.len() as u64 }),
+                Ok(file) => {
+                    shards.push(ShardEntry { weight: *weight, file, vectors: collection.len() as u64 })
+                }
                 Err(error) => {
                     remove_new();
                     return Err(error);
@@ -366,7 +387,8 @@ impl ShardedStorage {
             reason,
         };
         let bytes = read_manifest(path)?;
-        let manifest = crate::exec::run(|| manifest::parse(&bytes))?.map_err(|e| invalid(path, e.to_string()))?;
+        let manifest =
+            crate::exec::run(|| manifest::parse(&bytes))?.map_err(|e| invalid(path, e.to_string()))?;
         let router = Router::new(manifest.shards.iter().map(|s| s.weight).collect(), manifest.seed);
         let opened: Vec<Result<GpuVectorStorage>> = on_each(manifest.shards.iter().collect(), |i, entry| {
             let file = manifest::shard_path(path, manifest.generation, i);
@@ -377,7 +399,10 @@ impl ShardedStorage {
                         &file,
                         format!(
                             "shard {i}'s file has {} bytes and header checksum {:#010x}, the manifest names {} bytes and {:#010x} (a file of another save?)",
-                            checked.id.file_bytes, checked.id.header_crc, entry.file.file_bytes, entry.file.header_crc
+                            checked.id.file_bytes,
+                            checked.id.header_crc,
+                            entry.file.file_bytes,
+                            entry.file.header_crc
                         ),
                     ));
                 }
@@ -400,7 +425,10 @@ impl ShardedStorage {
             {
                 return Err(invalid(
                     &file,
-                    format!("shard {i} holds order key {last}, at or past the manifest's next key {}", manifest.next_order),
+                    format!(
+                        "shard {i} holds order key {last}, at or past the manifest's next key {}",
+                        manifest.next_order
+                    ),
                 ));
             }
             let misplaced = crate::exec::run(|| {
@@ -431,10 +459,13 @@ pub(super) fn build_everywhere(members: &[GpuVectorStorage], spec: IndexSpec) ->
         return Ok(());
     }
     let built = {
-        let collections: Vec<(&GpuVectorStorage, &Collection)> = members.iter().zip(guards.iter().map(|g| &**g)).collect();
+        let collections: Vec<(&GpuVectorStorage, &Collection)> =
+            members.iter().zip(guards.iter().map(|g| &**g)).collect();
         on_each(collections, |_, (member, collection)| {
-            crate::exec::run(|| crate::index::ivf::Ivf::build(member.backend.as_ref(), &member.tuning, collection, spec))
-                .and_then(|built| built)
+            crate::exec::run(|| {
+                crate::index::ivf::Ivf::build(member.backend.as_ref(), &member.tuning, collection, spec)
+            })
+            .and_then(|built| built)
         })
     };
     let built = built.into_iter().collect::<Result<Vec<_>>>()?;
@@ -484,11 +515,16 @@ fn search_shards(
         (0..nq).map(merge_one).collect()
     };
     drop(found);
-    let rows = results.split_rows(&[nq]).pop().ok_or_else(|| HiveGpuError::Internal("no rows to fill".into()))?;
+    let rows =
+        results.split_rows(&[nq]).pop().ok_or_else(|| HiveGpuError::Internal("no rows to fill".into()))?;
     fill_columns(config.metric, &merged, rows, |p: &Placed| {
-        let (id, metadata, payload) = collections[p.shard as usize].entry(p.neighbour.slot).ok_or_else(|| {
-            HiveGpuError::Internal(format!("shard {} returned removed slot {}", p.shard, p.neighbour.slot))
-        })?;
+        let (id, metadata, payload) =
+            collections[p.shard as usize].entry(p.neighbour.slot).ok_or_else(|| {
+                HiveGpuError::Internal(format!(
+                    "shard {} returned removed slot {}",
+                    p.shard, p.neighbour.slot
+                ))
+            })?;
         Ok(Resolved { slot: p.key as usize, id, metadata, payload, distance: p.neighbour.distance })
     })?;
     Ok(results)
@@ -497,7 +533,8 @@ fn search_shards(
 /// A generation for a new save at `path`: past the current manifest's and past any shard file
 /// left beside it (an interrupted save's), so a save never writes over a file a manifest names.
 fn next_generation(path: &Path) -> Result<u64> {
-    let mut newest = std::fs::read(path).ok().and_then(|bytes| manifest::parse(&bytes).ok()).map_or(0, |m| m.generation);
+    let mut newest =
+        std::fs::read(path).ok().and_then(|bytes| manifest::parse(&bytes).ok()).map_or(0, |m| m.generation);
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let entries = std::fs::read_dir(dir).map_err(crate::persist::io_error(dir))?;
     for entry in entries.flatten() {
@@ -505,7 +542,9 @@ fn next_generation(path: &Path) -> Result<u64> {
             newest = newest.max(generation);
         }
     }
-    newest.checked_add(1).ok_or_else(|| HiveGpuError::InvalidArgument(format!("{} has run out of save generations", path.display())))
+    newest.checked_add(1).ok_or_else(|| {
+        HiveGpuError::InvalidArgument(format!("{} has run out of save generations", path.display()))
+    })
 }
 
 /// Replaces the file at `path` with `bytes` durably: a new file beside it, synced, renamed over
@@ -515,7 +554,8 @@ fn write_manifest(path: &Path, bytes: &[u8]) -> Result<()> {
     let temporary = crate::persist::temporary_path(path);
     let io = crate::persist::io_error(path);
     let written = (|| -> Result<()> {
-        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temporary).map_err(&io)?;
+        let mut file =
+            std::fs::OpenOptions::new().write(true).create_new(true).open(&temporary).map_err(&io)?;
         file.write_all(bytes).map_err(&io)?;
         file.sync_all().map_err(&io)?;
         std::fs::rename(&temporary, path).map_err(&io)?;
@@ -551,7 +591,9 @@ fn read_manifest(path: &Path) -> Result<Vec<u8>> {
         return Err(HiveGpuError::InvalidFormat {
             path: path.to_path_buf(),
             format: MANIFEST_NAME,
-            reason: format!("{bytes} bytes: a manifest has at most {longest} (is this a collection file? open it with GpuContext::open_storage)"),
+            reason: format!(
+                "{bytes} bytes: a manifest has at most {longest} (is this a collection file? open it with GpuContext::open_storage)"
+            ),
         });
     }
     std::fs::read(path).map_err(io)

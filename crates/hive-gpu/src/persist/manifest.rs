@@ -109,7 +109,11 @@ fn double(bytes: &[u8], at: usize) -> u64 {
 /// Parses and checks a whole manifest.
 pub(crate) fn parse(bytes: &[u8]) -> Parsed<Manifest> {
     if bytes.len() < HEADER_BYTES {
-        return fail("header", 0, format!("{} bytes are too short for a sharded collection's manifest", bytes.len()));
+        return fail(
+            "header",
+            0,
+            format!("{} bytes are too short for a sharded collection's manifest", bytes.len()),
+        );
     }
     if bytes[0..8] != MAGIC {
         return fail(
@@ -123,7 +127,9 @@ pub(crate) fn parse(bytes: &[u8]) -> Parsed<Manifest> {
         return fail(
             "header",
             8,
-            format!("manifest version {version}: this build reads version {VERSION} (a newer hive-gpu wrote it?)"),
+            format!(
+                "manifest version {version}: this build reads version {VERSION} (a newer hive-gpu wrote it?)"
+            ),
         );
     }
     if !checksum_matches(&bytes[..60], word(bytes, 60)) {
@@ -141,7 +147,10 @@ pub(crate) fn parse(bytes: &[u8]) -> Parsed<Manifest> {
         return fail(
             "header",
             12,
-            format!("{shards} shards need a manifest of {expected} bytes, the file has {} (truncated or extended)", bytes.len()),
+            format!(
+                "{shards} shards need a manifest of {expected} bytes, the file has {} (truncated or extended)",
+                bytes.len()
+            ),
         );
     }
     let table = &bytes[HEADER_BYTES..expected - 4];
