@@ -491,6 +491,7 @@ fn search_shards(
     if collections.iter().all(|c| c.len() == 0) {
         return Err(HiveGpuError::EmptyCollection);
     }
+    let began = std::time::Instant::now();
     let found: Vec<Result<(usize, Vec<Vec<Neighbor>>)>> =
         on_each(collections.iter().zip(shards).collect(), |_, (collection, shard)| {
             if collection.len() == 0 {
@@ -499,6 +500,7 @@ fn search_shards(
             crate::index::flat::neighbours(collection, queries, k, options, &shard.tuning)
         });
     let found = found.into_iter().collect::<Result<Vec<_>>>()?;
+    let searched_at = began.elapsed();
     let k = k.min(found.iter().map(|(k, _)| k).sum());
     let mut results = SearchResults::padded(nq, k, options.with_metadata);
     if k == 0 {
@@ -515,6 +517,7 @@ fn search_shards(
         (0..nq).map(merge_one).collect()
     };
     drop(found);
+    let merged_at = began.elapsed();
     let rows =
         results.split_rows(&[nq]).pop().ok_or_else(|| HiveGpuError::Internal("no rows to fill".into()))?;
     fill_columns(config.metric, &merged, rows, |p: &Placed| {
@@ -527,6 +530,14 @@ fn search_shards(
             })?;
         Ok(Resolved { slot: p.key as usize, id, metadata, payload, distance: p.neighbour.distance })
     })?;
+    if crate::backend::profiling() {
+        eprintln!(
+            "hive-gpu profile (sharded batch of {nq}, ms): shards {:.3}, merge {:.3}, results {:.3}",
+            searched_at.as_secs_f64() * 1e3,
+            (merged_at - searched_at).as_secs_f64() * 1e3,
+            (began.elapsed() - merged_at).as_secs_f64() * 1e3
+        );
+    }
     Ok(results)
 }
 
