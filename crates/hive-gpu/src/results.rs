@@ -78,8 +78,29 @@ impl ResultRow<'_> {
 }
 
 impl SearchResults {
-    /// All-padding results of `queries` rows of `k` entries, filled in parallel.
+    /// All-padding results of `queries` rows of `k` entries, filled in parallel on the library's
+    /// pool when they are many (callers hold a collection's lock: never on the caller's pool, see
+    /// `crate::exec`), on this thread otherwise (a rayon call for one query's row cost more than
+    /// the row).
     pub(crate) fn padded(queries: usize, k: usize, with_payload: bool) -> Self {
+        let entries = queries * k;
+        if entries >= crate::backend::PARALLEL_RESULTS
+            && let Ok(out) = crate::exec::run(|| Self::padded_in_parallel(queries, k, with_payload))
+        {
+            return out;
+        }
+        let mut out = Self { k, lens: vec![0; queries], ..Self::default() };
+        out.slots = vec![usize::MAX; entries];
+        out.ids = vec![SmolStr::default(); entries];
+        out.scores = vec![f32::NAN; entries];
+        if with_payload {
+            out.metadata = Some(vec![Arc::<Metadata>::default(); entries]);
+            out.payloads = Some(vec![Arc::<Payload>::default(); entries]);
+        }
+        out
+    }
+
+    fn padded_in_parallel(queries: usize, k: usize, with_payload: bool) -> Self {
         use rayon::prelude::*;
         let entries = queries * k;
         let mut out = Self { k, lens: vec![0; queries], ..Self::default() };

@@ -168,6 +168,14 @@ fn search_pieces<T: Send + Sync>(
     // Pieces are searched by `pieces.workers` threads in turn, and each piece's results are built on
     // other threads while its worker searches the next: the device is not left idle while
     // the host prepares queries or builds result structures.
+    //
+    // The workers are threads of their own, not jobs of the library's pool: a worker blocks on
+    // its device for a whole piece, and a pool thread that waits inside its own parallel work
+    // (a piece's query preparation) runs whatever job it can steal meanwhile. Were the workers
+    // pool jobs, a preparation could steal a queued piece and finish only after it: with two
+    // devices searched at once, pieces waited 80 to 150 ms in "prepare+upload" for the other
+    // device's pieces (HIVE_GPU_PROFILE on two H200s, docs/PERFORMANCE.md, multi-GPU section).
+    // The pool keeps the short jobs: preparations and the results' assembly.
     let done: Vec<OnceLock<Result<T>>> = (0..pieces.count).map(|_| OnceLock::new()).collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
@@ -175,30 +183,40 @@ fn search_pieces<T: Send + Sync>(
     // On the library's pool (`crate::exec`): the caller holds the collection's lock.
     crate::exec::run(|| {
         rayon::scope(|scope| {
-            for _ in 0..pieces.workers {
-                scope.spawn(|scope| {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= pieces.count || failed.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        let range = pieces.range(i, nq);
-                        let piece = &queries[range.start * dim..range.end * dim];
-                        match collection.neighbours(piece, k, allowed, plan.probe) {
-                            Ok(neighbours) => {
-                                let slot = &done[i];
-                                scope.spawn(move |_| {
-                                    let _ = slot.set(assemble(i, neighbours));
-                                });
-                            }
-                            Err(e) => {
-                                failed.store(true, Ordering::Relaxed);
-                                let _ = done[i].set(Err(e));
-                            }
-                        }
+            let work = || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= pieces.count || failed.load(Ordering::Relaxed) {
+                    break;
+                }
+                let range = pieces.range(i, nq);
+                let piece = &queries[range.start * dim..range.end * dim];
+                match collection.neighbours(piece, k, allowed, plan.probe) {
+                    Ok(neighbours) => {
+                        let slot = &done[i];
+                        scope.spawn(move |_| {
+                            let _ = slot.set(assemble(i, neighbours));
+                        });
                     }
-                });
-            }
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        let _ = done[i].set(Err(e));
+                    }
+                }
+            };
+            std::thread::scope(|threads| {
+                let started = (0..pieces.workers)
+                    .filter(|w| {
+                        std::thread::Builder::new()
+                            .name(format!("hive-gpu-piece-{w}"))
+                            .spawn_scoped(threads, work)
+                            .is_ok()
+                    })
+                    .count();
+                // Where the OS refuses every thread, this one works through the pieces.
+                if started == 0 {
+                    work();
+                }
+            });
         })
     })?;
     let mut results = Vec::with_capacity(pieces.count);
