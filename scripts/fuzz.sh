@@ -37,7 +37,7 @@ seconds=${1:-20}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(fvecs ivecs bvecs npy idx idx_gz collection log)
+    targets=(fvecs ivecs bvecs npy idx idx_gz collection log manifest)
 fi
 jobs=${FUZZ_JOBS:-1}
 

@@ -51,6 +51,9 @@ pub fn build(args: &BuildArgs) -> Result<(), HiveGpuError> {
 }
 
 pub fn info(path: &Path, open: bool, mapped: bool, backend: BackendArg) -> Result<(), HiveGpuError> {
+    if is_manifest(path)? {
+        return info_manifest(path, open, backend);
+    }
     let info = persist::inspect_file(path)?;
     let c = &info.config;
     out!("file            {}", path.display());
@@ -139,4 +142,59 @@ pub fn open_with_bar(
     });
     bar.finish_and_clear();
     storage
+}
+
+/// Whether the file at `path` starts like a sharded collection's manifest.
+fn is_manifest(path: &Path) -> Result<bool, HiveGpuError> {
+    use std::io::Read as _;
+    let io = |source| HiveGpuError::Io { path: path.into(), source };
+    let mut head = Vec::with_capacity(8);
+    std::fs::File::open(path).map_err(io)?.take(8).read_to_end(&mut head).map_err(io)?;
+    Ok(persist::is_manifest(&head))
+}
+
+/// `hive-gpu info --collection` of a sharded collection's manifest: its shards, and with `open`
+/// the time to open them all on the backend's devices.
+fn info_manifest(path: &Path, open: bool, backend: BackendArg) -> Result<(), HiveGpuError> {
+    let io = |source| HiveGpuError::Io { path: path.into(), source };
+    let longest = 64 + 32 * persist::MAX_SHARDS as u64 + 4;
+    let bytes = std::fs::metadata(path).map_err(io)?.len();
+    if bytes > longest {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "{} has {bytes} bytes: a manifest has at most {longest}",
+            path.display()
+        )));
+    }
+    let image = std::fs::read(path).map_err(io)?;
+    let info = persist::inspect_manifest(&image).map_err(|e| HiveGpuError::InvalidFormat {
+        path: path.into(),
+        format: "hive-gpu sharded collection manifest",
+        reason: e.to_string(),
+    })?;
+    out!("file            {} (a sharded collection's manifest)", path.display());
+    out!("manifest        version {}, save generation {}", info.version, info.generation);
+    out!("shards          {}", info.weights.len());
+    out!("vectors         {}", info.vectors.iter().sum::<u64>());
+    out!("next order key  {}", info.next_order);
+    out!();
+    out!("{:<6} {:>12} {:>14} {:>16}", "shard", "weight", "vectors", "file bytes");
+    for (i, ((w, v), b)) in info.weights.iter().zip(&info.vectors).zip(&info.file_bytes).enumerate() {
+        out!("{i:<6} {w:>12.4e} {v:>14} {b:>16}");
+    }
+    if open {
+        let contexts = match backend {
+            BackendArg::Auto => hive_gpu::GpuContext::all_devices()?,
+            other => vec![other.context()?],
+        };
+        let started = Instant::now();
+        let storage = hive_gpu::ShardedStorage::open(path, &contexts)?;
+        out!();
+        out!(
+            "opened          {} vectors on {} context(s) in {:.3} s",
+            storage.vector_count(),
+            contexts.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
 }

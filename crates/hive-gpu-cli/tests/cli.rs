@@ -574,3 +574,57 @@ fn a_built_collection_file_is_described_and_searched_like_its_base() {
     assert!(err.contains("sift.hgc") && err.contains("header at byte 24"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn bench_multi_on_two_logical_shards_finds_every_query_equal_to_one_device() {
+    let out = run(
+        &[
+            "bench-multi",
+            "--devices",
+            "cpu:0,cpu:0",
+            "--rows",
+            "3000",
+            "--dim",
+            "20",
+            "--queries",
+            "200",
+            "--singles",
+            "5",
+            "--repeat",
+            "1",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    let layout = |name: &str| {
+        *lines
+            .iter()
+            .find(|l| l.contains(&format!("\"layout\":\"{name}\"")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    assert_eq!(field(layout("replicated"), "queries_differing"), 0.0, "{text}");
+    assert_eq!(field(layout("sharded-against-one"), "queries_differing"), 0.0, "{text}");
+    assert_eq!(field(layout("sharded"), "rows"), 6000.0);
+    let summary = lines.last().expect("a summary");
+    assert!(field(summary, "replicated_qps_over_one") > 0.0, "{summary}");
+    // A device list that names no device is refused by name.
+    let out = run(&["bench-multi", "--devices", "cpu:7", "--rows", "10"], &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("7"), "{}", stderr(&out));
+}
+
+#[test]
+fn info_describes_a_sharded_collections_manifest_and_opens_it() {
+    let manifest =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hive-gpu/tests/data/formats/sharded/sharded.hgs");
+    let path = manifest.to_str().expect("a UTF-8 path");
+    let out = run(&["info", "--collection", path, "--open", "--backend", "cpu"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("a sharded collection's manifest"), "{text}");
+    assert!(text.contains("shards          2"), "{text}");
+    assert!(text.contains("opened"), "{text}");
+}

@@ -825,3 +825,47 @@ fn device_lists_name_backends_ordinals_and_repeats() {
         }
     }
 }
+
+/// The sharded collection kept in `tests/data/formats/sharded/` (manifest version 1, shard files
+/// of collection format version 3): every later build must open it.
+fn format_sharded(cpu: &GpuContext) -> ShardedStorage {
+    let config = config(GpuDistanceMetric::Cosine, StoragePrecision::F16);
+    let sharded =
+        ShardedStorage::create_weighted(&[cpu.clone(), cpu.clone()], config, &[2.0, 1.0]).expect("sharded");
+    let (writes, _) = history(41);
+    for write in &writes {
+        sharded.apply(write).expect("a write");
+    }
+    sharded
+}
+
+#[test]
+fn the_released_sharded_format_still_opens_with_the_same_answers() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let dir = std::path::Path::new("tests/data/formats/sharded");
+    let path = dir.join("sharded.hgs");
+    let expected = format_sharded(&cpu);
+    if std::env::var("HIVE_GPU_WRITE_FORMAT_FILES").as_deref() == Ok("1") {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).expect("the format folder");
+        expected.save(&path).expect("write the format files");
+    }
+    let (_, queries) = history(41);
+    let queries: Vec<f32> = queries.concat();
+    for context in contexts() {
+        let opened = ShardedStorage::open(&path, &[context.clone()]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(opened.shard_weights(), [2.0, 1.0]);
+        assert_eq!(opened.shard_sizes(), expected.shard_sizes());
+        assert_answers_alike(
+            &format!("the released sharded format on {}", context.backend_type()),
+            &opened,
+            &expected,
+            &queries,
+        );
+        // Each shard file is a collection file of its own (version 3, with an order section).
+        let info = hive_gpu::persist::inspect_file(dir.join("sharded.hgs.shard-0000000000000001-0"))
+            .expect("a shard file");
+        assert_eq!(info.format_version, 3);
+        assert!(info.sections.iter().any(|s| s.name == "order"));
+    }
+}
