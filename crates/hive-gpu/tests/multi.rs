@@ -869,3 +869,57 @@ fn the_released_sharded_format_still_opens_with_the_same_answers() {
         assert!(info.sections.iter().any(|s| s.name == "order"));
     }
 }
+
+#[test]
+fn a_search_sees_a_write_on_every_member_or_on_none() {
+    // Each write adds (or removes) a group of 24 ids, spread over every shard, all at distance 0
+    // from the query: a search of k = 24 finds the whole group or none of it, never a part.
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let group = [cpu.clone(), cpu.clone(), cpu.clone()];
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    let sharded = ShardedStorage::create(&group, config).expect("sharded");
+    let replicated = ReplicatedStorage::create(&group, config).expect("replicated");
+    let far: Vec<GpuVector> =
+        (0..200).map(|i| GpuVector::new(format!("far{i}"), vec![10.0 + i as f32; DIM])).collect();
+    let query = vec![0.0f32; DIM];
+    for storage in [&sharded as &(dyn Storage + Sync), &replicated] {
+        storage.apply(&Write::Add(far.clone())).expect("the far vectors");
+        let group_ids = |round: usize| -> Vec<String> { (0..24).map(|i| format!("g{round}-{i}")).collect() };
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let searches = std::sync::atomic::AtomicUsize::new(0);
+        let (done, query, searches) = (&done, &query, &searches);
+        std::thread::scope(|s| {
+            let writer = s.spawn(move || {
+                // Until the searchers have searched a few hundred times beside the writes.
+                let mut round = 0;
+                while round < 50
+                    || (searches.load(std::sync::atomic::Ordering::Relaxed) < 300 && round < 20_000)
+                {
+                    round += 1;
+                    let ids = group_ids(round);
+                    let vectors: Vec<GpuVector> =
+                        ids.iter().map(|id| GpuVector::new(id.clone(), vec![0.0; DIM])).collect();
+                    storage.apply(&Write::Add(vectors)).expect("a group in");
+                    storage.apply(&Write::Remove(ids)).expect("a group out");
+                }
+                done.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            for _ in 0..2 {
+                s.spawn(move || {
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        let hits = storage.one(query, 24).expect("a search");
+                        let at_zero = hits.iter().filter(|h| h.score == 0.0).count();
+                        assert!(
+                            at_zero == 0 || at_zero == 24,
+                            "a search saw {at_zero} of a group's 24 vectors"
+                        );
+                        searches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+            writer.join().expect("the writer");
+        });
+        let searched = searches.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(searched >= 300, "only {searched} searches ran beside the writes");
+    }
+}
