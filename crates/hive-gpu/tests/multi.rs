@@ -853,7 +853,8 @@ fn the_released_sharded_format_still_opens_with_the_same_answers() {
     let (_, queries) = history(41);
     let queries: Vec<f32> = queries.concat();
     for context in contexts() {
-        let opened = ShardedStorage::open(&path, &[context.clone()]).unwrap_or_else(|e| panic!("{e}"));
+        let opened =
+            ShardedStorage::open(&path, std::slice::from_ref(&context)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(opened.shard_weights(), [2.0, 1.0]);
         assert_eq!(opened.shard_sizes(), expected.shard_sizes());
         assert_answers_alike(
