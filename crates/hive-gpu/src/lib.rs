@@ -9,12 +9,15 @@
 //! What ships: exact k-NN (flat) search of f32 and f16 vectors under Euclidean, cosine and
 //! inner-product metrics, single queries and batches, upserts and removals, payloads returned
 //! with results, and exact filtered search ([`Filter`]: id lists and predicates over typed
-//! payload fields). The CPU and CUDA backends and the wgpu backend on NVIDIA's Vulkan driver and on
-//! Mesa's software Vulkan are tested; the ROCm backend compiles its kernels for AMD targets but
-//! has never run on an AMD GPU. Collections are saved to and opened from one checksummed file
-//! ([`GpuVectorStorage::save`], [`GpuContext::open_storage`]) and kept durable with a
-//! write-ahead log ([`GpuContext::open_durable`]). Not there yet: approximate indexes (IVF,
-//! quantization, graphs), memory-mapped loading and Python bindings.
+//! payload fields). Approximate indexes ([`IndexSpec`]: IVF-Flat, IVF-SQ8, IVF-PQ, and flat SQ8,
+//! PQ and binary codes) end in an exact re-rank. The CPU and CUDA backends and the wgpu backend on
+//! NVIDIA's Vulkan driver and on Mesa's software Vulkan are tested; the ROCm backend compiles its
+//! kernels for AMD targets but has never run on an AMD GPU. Collections are saved to and opened
+//! from one checksummed file ([`GpuVectorStorage::save`], [`GpuContext::open_storage`]) and kept
+//! durable with a write-ahead log ([`GpuContext::open_durable`]). Several devices hold one
+//! collection as shards ([`ShardedStorage`], merged exactly) or as replicas
+//! ([`ReplicatedStorage`]); [`list_devices`] and [`GpuContext::on_devices`] name them. Not there
+//! yet: graph indexes and Python bindings.
 //!
 //! ```
 //! use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector};
