@@ -544,8 +544,10 @@ fn search_shards(
 /// A generation for a new save at `path`: past the current manifest's and past any shard file
 /// left beside it (an interrupted save's), so a save never writes over a file a manifest names.
 fn next_generation(path: &Path) -> Result<u64> {
+    // Whatever is at `path` is read only if it could be a manifest (a large collection file saved
+    // over is not read whole).
     let mut newest =
-        std::fs::read(path).ok().and_then(|bytes| manifest::parse(&bytes).ok()).map_or(0, |m| m.generation);
+        read_manifest(path).ok().and_then(|bytes| manifest::parse(&bytes).ok()).map_or(0, |m| m.generation);
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let entries = std::fs::read_dir(dir).map_err(crate::persist::io_error(dir))?;
     for entry in entries.flatten() {
