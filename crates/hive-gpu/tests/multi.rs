@@ -924,3 +924,70 @@ fn a_search_sees_a_write_on_every_member_or_on_none() {
         assert!(searched >= 300, "only {searched} searches ran beside the writes");
     }
 }
+
+/// The section table entry of `kind` in a collection file image: (entry offset, body offset,
+/// body length).
+fn section(image: &[u8], kind: u32) -> (usize, usize, usize) {
+    let count = u32::from_le_bytes(image[16..20].try_into().expect("4 bytes")) as usize;
+    (0..count)
+        .map(|i| 64 + i * 40)
+        .find(|&at| u32::from_le_bytes(image[at..at + 4].try_into().expect("4 bytes")) == kind)
+        .map(|at| {
+            let word = |o: usize| {
+                u64::from_le_bytes(image[at + o..at + o + 8].try_into().expect("8 bytes")) as usize
+            };
+            (at, word(8), word(16))
+        })
+        .expect("the section")
+}
+
+/// Rewrites every checksum after a change inside section `kind`'s body (its own, the table's,
+/// the header's), so that only the change itself can be refused.
+fn reseal(image: &mut [u8], kind: u32) {
+    let (entry, body, length) = section(image, kind);
+    let crc = crc32c::crc32c(&image[body..body + length]);
+    image[entry + 32..entry + 36].copy_from_slice(&crc.to_le_bytes());
+    let count = u32::from_le_bytes(image[16..20].try_into().expect("4 bytes")) as usize;
+    let table = crc32c::crc32c(&image[64..64 + count * 40]);
+    image[56..60].copy_from_slice(&table.to_le_bytes());
+    let header = crc32c::crc32c(&image[..60]);
+    image[60..64].copy_from_slice(&header.to_le_bytes());
+}
+
+#[test]
+fn a_shard_file_whose_order_keys_do_not_increase_or_that_claims_an_older_version_is_refused_by_offset() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let dir = scratch("order");
+    let good = std::fs::read("tests/data/formats/sharded/sharded.hgs.shard-0000000000000001-1")
+        .expect("a shard file");
+    let path = dir.join("shard.hgc");
+    let refused = |image: &[u8], needle: &str| {
+        std::fs::write(&path, image).expect("write");
+        let e = cpu.open_storage(&path).expect_err(needle);
+        assert!(matches!(e, HiveGpuError::InvalidFormat { .. }), "{e}");
+        assert!(e.to_string().contains(needle), "{e} does not mention {needle:?}");
+    };
+    std::fs::write(&path, &good).expect("write");
+    cpu.open_storage(&path).expect("the shard file opens as a collection of its own");
+    let (_, body, length) = section(&good, 8);
+    // Slot 1 repeating slot 0's key, then slot 2 going back to it (below slot 1's).
+    let first = u64::from_le_bytes(good[body..body + 8].try_into().expect("8 bytes"));
+    for slot in [1usize, 2] {
+        let mut bad = good.clone();
+        bad[body + slot * 8..body + slot * 8 + 8].copy_from_slice(&first.to_le_bytes());
+        reseal(&mut bad, 8);
+        refused(&bad, &format!("order at byte {}", body + slot * 8));
+    }
+    // A count that is not the slot count.
+    let mut bad = good.clone();
+    let (entry, _, _) = section(&bad, 8);
+    bad[entry + 24..entry + 32].copy_from_slice(&((length / 8) as u64 + 1).to_le_bytes());
+    reseal(&mut bad, 8);
+    refused(&bad, "keys in");
+    // An order section in a file that says it is format version 2.
+    let mut bad = good.clone();
+    bad[8..12].copy_from_slice(&2u32.to_le_bytes());
+    reseal(&mut bad, 8);
+    refused(&bad, "an order section in a format version 2 file");
+    let _ = std::fs::remove_dir_all(&dir);
+}
