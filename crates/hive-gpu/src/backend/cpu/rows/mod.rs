@@ -101,6 +101,37 @@ impl CpuRows {
         }
     }
 
+    /// Starts loading row `slot` into the cache without waiting for it: the rows a filtered
+    /// search or a refine reads in place are scattered, and each one's first touch would
+    /// otherwise wait on memory. A hint only: it changes no result, and faults on nothing.
+    fn prefetch_row(&self, slot: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let range = slot * self.dim..(slot + 1) * self.dim;
+            let (start, bytes) = match &self.elements {
+                Elements::F32(v) => match v.get(range) {
+                    Some(row) => (row.as_ptr().cast::<u8>(), std::mem::size_of_val(row)),
+                    None => return,
+                },
+                Elements::F16(v) => match v.get(range) {
+                    Some(row) => (row.as_ptr().cast::<u8>(), std::mem::size_of_val(row)),
+                    None => return,
+                },
+            };
+            for offset in (0..bytes).step_by(64) {
+                // SAFETY: a prefetch reads nothing into the program's state and cannot fault;
+                // the address is inside the row's slice besides.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        start.add(offset).cast::<i8>(),
+                    )
+                };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = slot;
+    }
+
     /// Norm and rounding residuals of the stored row in `slot`.
     fn row_stats(&self, slot: usize, scratch: &mut Vec<f32>) -> RowStats {
         let row = self.rows_f32(slot, 1, scratch);
@@ -410,6 +441,9 @@ impl CpuRows {
     }
 }
 
+/// `a . b` in f64, summed in component order: the order of the f64 reference every exact
+/// result must match bit for bit in its ties (a sum in another order, in lanes, differs in the
+/// last bit and broke ties the fuzzer checks: `tests/fuzz_exactness.rs`).
 fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }
@@ -717,7 +751,16 @@ impl RowStore for CpuRows {
         let nq = check_refine(self.dim, queries, candidates, k)?;
         let one = |q: usize| -> Result<Vec<Neighbor>> {
             let live = live_candidates(candidates, q, self.len_slots(), &self.dead)?;
-            Ok(self.rerank(&queries[q * self.dim..(q + 1) * self.dim], &live, k, metric))
+            let query = &queries[q * self.dim..(q + 1) * self.dim];
+            // Many candidates per neighbour asked (a quantized index's refine_factor * k): the
+            // scan's f32 kernels and error bound drop those that cannot be among the k best, and
+            // only the rest are scored in f64 (scoring all 80 of IVF-PQ's default candidates in
+            // f64 was most of its search: docs/PERFORMANCE.md). `live` is ascending, as
+            // `knn_among` needs.
+            if live.len() > 2 * k + REFINE_FILTER_SLACK {
+                return Ok(self.knn_among(query, k, metric, &live));
+            }
+            Ok(self.rerank(query, &live, k, metric))
         };
         // Queries in parallel once there is enough work to share (a few hundred row reads).
         if candidates.total() * self.dim >= PARALLEL_REFINE_VALUES {
@@ -751,6 +794,10 @@ impl RowStore for CpuRows {
         }
     }
 }
+
+/// Candidates beyond `2 * k` from which [`RowStore::refine`] first filters them with the f32
+/// kernels and their error bound (below that, scoring all of them in f64 is as cheap).
+const REFINE_FILTER_SLACK: usize = 16;
 
 /// Values (candidates x dimension, or scores) from which a refine or a selection spreads its
 /// queries over threads.

@@ -85,6 +85,9 @@ pub(super) const ROW_TILE: usize = 512;
 const SCAN_BLOCK_VALUES: usize = 8192;
 /// Rows per parallel scan task (at least).
 const SCAN_TASK_ROWS: usize = 16384;
+/// Scattered rows read in place are asked for this many rows ahead of their scoring
+/// (`CpuRows::prefetch_row`): enough to cover a memory access behind a few rows' arithmetic.
+const PREFETCH_AHEAD: usize = 4;
 /// Rows per parallel task when scattered rows are read in place (`CpuRows::scan_slots`).
 const SCATTERED_TASK_ROWS: usize = 2048;
 
@@ -148,6 +151,9 @@ impl CpuRows {
                 let mut scratch = Vec::new();
                 for (b, chunk) in task.chunks(block).enumerate() {
                     for (j, &slot) in chunk.iter().enumerate() {
+                        if let Some(&ahead) = task.get(b * block + j + PREFETCH_AHEAD) {
+                            self.prefetch_row(ahead);
+                        }
                         let row = self.rows_f32(slot, 1, &mut scratch);
                         simd::distances(self.simd, kernel, q, row, &mut raw[j..j + 1]);
                         (scale[j], offset[j]) = self.row_transform(metric, true, slot);
