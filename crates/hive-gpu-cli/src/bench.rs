@@ -499,11 +499,11 @@ fn p99_ms(calls: &[Duration]) -> Option<f64> {
     (calls.len() >= MIN_CALLS_FOR_P99).then(|| percentile(calls, 0.99).as_secs_f64() * 1e3)
 }
 
-fn median(values: &[Duration]) -> Duration {
+pub(crate) fn median(values: &[Duration]) -> Duration {
     percentile(values, 0.5)
 }
 
-fn percentile(values: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(values: &[Duration], p: f64) -> Duration {
     let mut sorted = values.to_vec();
     sorted.sort();
     match sorted.len() {

@@ -26,6 +26,7 @@ use hive_gpu::{
 use rayon::prelude::*;
 
 use crate::BenchMultiArgs;
+use crate::bench::{median, percentile};
 use crate::json::{Value, object};
 
 /// A storage under test, whichever layout.
@@ -85,19 +86,6 @@ struct Measured {
     passes: Vec<Duration>,
     singles: Vec<Duration>,
     results: SearchResults,
-}
-
-fn median(values: &[Duration]) -> Duration {
-    percentile(values, 0.5)
-}
-
-fn percentile(values: &[Duration], p: f64) -> Duration {
-    let mut sorted = values.to_vec();
-    sorted.sort();
-    match sorted.len() {
-        0 => Duration::ZERO,
-        n => sorted[((n - 1) as f64 * p).round() as usize],
-    }
 }
 
 fn ms(d: Duration) -> f64 {

@@ -10,11 +10,12 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::faulty::{FaultyBackend, Plan};
 use common::{Rng, contexts};
 use hive_gpu::{
-    Filter, GpuBackend, GpuBackendType, GpuContext, GpuDeviceInfo, GpuDistanceMetric, GpuSearchResult,
-    GpuVector, GpuVectorStorage, HiveGpuError, IndexSpec, Neighbor, ReplicatedStorage, RowStore,
-    SearchOptions, SearchPrecision, ShardedStorage, StorageConfig, StoragePrecision, list_devices,
+    Filter, GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, GpuVector, GpuVectorStorage,
+    HiveGpuError, IndexSpec, ReplicatedStorage, SearchOptions, ShardedStorage, StorageConfig,
+    StoragePrecision, list_devices,
 };
 
 /// Groups of contexts to spread storages over, with a name for messages.
@@ -422,112 +423,12 @@ fn a_bad_batch_or_query_is_refused_by_the_storage_with_the_callers_positions() {
     }
 }
 
-/// A backend whose row stores fail their next append when told to: a device fault in the
-/// middle of a write, on one member only.
-#[derive(Debug)]
-struct Faulty {
-    inner: Arc<dyn GpuBackend>,
-    fail_next_append: Arc<Mutex<bool>>,
-}
-
-impl GpuBackend for Faulty {
-    fn backend_type(&self) -> GpuBackendType {
-        self.inner.backend_type()
-    }
-    fn device_info(&self) -> GpuDeviceInfo {
-        self.inner.device_info()
-    }
-    fn new_rows(
-        &self,
-        dim: usize,
-        precision: StoragePrecision,
-        search: SearchPrecision,
-        tuning: &hive_gpu::Tuning,
-    ) -> hive_gpu::Result<Box<dyn RowStore>> {
-        Ok(Box::new(FaultyRows {
-            inner: self.inner.new_rows(dim, precision, search, tuning)?,
-            fail: self.fail_next_append.clone(),
-        }))
-    }
-}
-
-#[derive(Debug)]
-struct FaultyRows {
-    inner: Box<dyn RowStore>,
-    fail: Arc<Mutex<bool>>,
-}
-
-impl RowStore for FaultyRows {
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn reserve(&mut self, additional: usize) -> hive_gpu::Result<()> {
-        self.inner.reserve(additional)
-    }
-    fn append(&mut self, rows: &[f32]) -> hive_gpu::Result<()> {
-        if std::mem::take(&mut *self.fail.lock().expect("flag")) {
-            // Half the rows land before the fault: a torn write to roll back.
-            let half = rows.len() / DIM / 2 * DIM;
-            self.inner.append(&rows[..half])?;
-            return Err(HiveGpuError::CudaError {
-                call: "append".into(),
-                message: "fault injected by the test".into(),
-            });
-        }
-        self.inner.append(rows)
-    }
-    fn truncate(&mut self, len: usize) {
-        self.inner.truncate(len)
-    }
-    fn tombstone(&mut self, slots: &[usize]) {
-        self.inner.tombstone(slots)
-    }
-    fn compact(&mut self, keep: &[usize]) -> hive_gpu::Result<()> {
-        self.inner.compact(keep)
-    }
-    fn clear(&mut self) {
-        self.inner.clear()
-    }
-    fn read_row(&self, slot: usize) -> hive_gpu::Result<Vec<f32>> {
-        self.inner.read_row(slot)
-    }
-    fn memory_bytes(&self) -> usize {
-        self.inner.memory_bytes()
-    }
-    fn knn(
-        &self,
-        queries: &[f32],
-        k: usize,
-        metric: GpuDistanceMetric,
-        allowed: Option<&hive_gpu::slots::SlotSet>,
-    ) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
-        self.inner.knn(queries, k, metric, allowed)
-    }
-    fn gather(&self, slots: &[usize]) -> hive_gpu::Result<Vec<f32>> {
-        self.inner.gather(slots)
-    }
-    fn refine(
-        &self,
-        queries: &[f32],
-        candidates: &hive_gpu::backend::Candidates,
-        k: usize,
-        metric: GpuDistanceMetric,
-    ) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
-        self.inner.refine(queries, candidates, k, metric)
-    }
-    fn select_k(&self, scores: &[f32], width: usize, k: usize) -> hive_gpu::Result<Vec<Vec<Neighbor>>> {
-        self.inner.select_k(scores, width, k)
-    }
-}
-
 #[test]
 fn a_write_that_fails_on_one_member_leaves_every_member_as_it_was() {
     let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
-    let fail = Arc::new(Mutex::new(false));
-    let faulty = GpuContext::from_backend(Arc::new(Faulty {
-        inner: cpu.shared_backend(),
-        fail_next_append: fail.clone(),
-    }));
+    let plan = Arc::new(Mutex::new(Plan::default()));
+    let faulty =
+        GpuContext::from_backend(Arc::new(FaultyBackend { inner: cpu.shared_backend(), plan: plan.clone() }));
     let group = [cpu.clone(), faulty, cpu.clone()];
     let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
     let sharded = ShardedStorage::create_weighted(&group, config, &[1.0, 1.0, 1.0]).expect("sharded");
@@ -545,10 +446,14 @@ fn a_write_that_fails_on_one_member_leaves_every_member_as_it_was() {
         .map(|i| GpuVector::new(format!("v{}", 1 + i * 3), vec![0.25 * (i % 7) as f32; DIM]))
         .collect();
     for (name, storage) in [("sharded", &sharded as &dyn Storage), ("replicated", &replicated)] {
-        *fail.lock().expect("flag") = true;
+        // The faulty member's append fails after writing half its rows (a torn write).
+        *plan.lock().expect("plan") = Plan { append_after: Some(0), torn: true, ..Plan::default() };
         let e = storage.apply(&Write::Add(batch.clone())).expect_err("the injected fault");
         assert!(e.to_string().contains("fault injected"), "{name}: {e}");
-        assert!(!*fail.lock().expect("flag"), "{name}: the faulty member was never asked to append");
+        assert!(
+            plan.lock().expect("plan").append_after.is_none(),
+            "{name}: the faulty member was never asked to append"
+        );
         assert_answers_alike(&format!("{name} after a failed write"), storage, &reference, &queries);
         // And the storage goes on: the same write succeeds once the device is well.
         storage.apply(&Write::Add(batch.clone())).expect("the write again");

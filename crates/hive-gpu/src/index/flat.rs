@@ -8,7 +8,7 @@ use crate::payload::Payload;
 use crate::results::{RowsMut, SearchResults};
 use crate::slots::SlotSet;
 use crate::tuning::Tuning;
-use crate::types::{GpuDistanceMetric, GpuSearchResult, Metadata, SearchOptions, SmolStr};
+use crate::types::{GpuDistanceMetric, GpuSearchResult, Metadata, SearchOptions, SmolStr, StorageConfig};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -87,6 +87,26 @@ pub(crate) fn neighbours(
     Ok((plan.k, pieces.into_iter().flatten().collect()))
 }
 
+/// Checks a search's `k` and its row-major batch of queries against `config` (whole queries,
+/// valid values) and returns how many queries there are: what every search of one collection or
+/// of several (`crate::multi`) checks first.
+pub(crate) fn check_queries(config: &StorageConfig, queries: &[f32], k: usize) -> Result<usize> {
+    let dim = config.dimension;
+    if k == 0 {
+        return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
+    }
+    if !queries.len().is_multiple_of(dim) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "a batch of {} values is not a whole number of {dim}-dimensional queries",
+            queries.len()
+        )));
+    }
+    for (i, q) in queries.chunks_exact(dim).enumerate() {
+        check_values(q, config, Subject::Query(i))?;
+    }
+    Ok(queries.len() / dim)
+}
+
 /// A validated batch: its queries, the k its lists hold (0 when no vector passes the filter),
 /// the filter's live slots and how the batch is cut.
 struct Plan<'f> {
@@ -106,21 +126,7 @@ impl<'f> Plan<'f> {
         options: &'f SearchOptions,
         tuning: &Tuning,
     ) -> Result<Self> {
-        let config = *collection.config();
-        let dim = config.dimension;
-        if k == 0 {
-            return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
-        }
-        if !queries.len().is_multiple_of(dim) {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "a batch of {} values is not a whole number of {dim}-dimensional queries",
-                queries.len()
-            )));
-        }
-        for (i, q) in queries.chunks_exact(dim).enumerate() {
-            check_values(q, &config, Subject::Query(i))?;
-        }
-        let nq = queries.len() / dim;
+        let nq = check_queries(collection.config(), queries, k)?;
         if nq == 0 {
             return Ok(Self { nq, k: 0, probe: None, allowed: None, pieces: Pieces::of(0, tuning) });
         }

@@ -15,6 +15,80 @@
 //! members or on none. Locks are always taken in member order, so a writer and a reader cannot
 //! wait on each other.
 
+/// The methods every multi-device storage has in the same words, written over its
+/// `search_batch_results`, its `config` and its `members()` (the [`GpuVectorStorage`]s it is made
+/// of), so that the storages cannot drift apart.
+macro_rules! shared_methods {
+    ($storage:ident, $member:literal) => {
+        /// The `k` nearest neighbours of `query`, best first.
+        pub fn search(&self, query: &[f32], k: usize) -> crate::Result<Vec<crate::GpuSearchResult>> {
+            self.search_with(query, k, &crate::SearchOptions::default())
+        }
+
+        /// The `k` nearest neighbours of `query` among the vectors that pass `filter`.
+        pub fn search_filtered(
+            &self,
+            query: &[f32],
+            k: usize,
+            filter: &crate::Filter,
+        ) -> crate::Result<Vec<crate::GpuSearchResult>> {
+            self.search_with(query, k, &crate::SearchOptions::default().with_filter(filter.clone()))
+        }
+
+        #[doc = concat!("[`", stringify!($storage), "::search`] with options.")]
+        pub fn search_with(
+            &self,
+            query: &[f32],
+            k: usize,
+            options: &crate::SearchOptions,
+        ) -> crate::Result<Vec<crate::GpuSearchResult>> {
+            super::check_query(&self.config, query)?;
+            let mut lists = self.search_batch_results(query, k, options)?.to_lists();
+            lists.pop().ok_or_else(|| crate::HiveGpuError::Internal("search returned no result list".into()))
+        }
+
+        /// The `k` nearest neighbours of every query of a row-major batch, one list per query.
+        pub fn search_batch(&self, queries: &[f32], k: usize) -> crate::Result<Vec<Vec<crate::GpuSearchResult>>> {
+            self.search_batch_with(queries, k, &crate::SearchOptions::default())
+        }
+
+        #[doc = concat!("[`", stringify!($storage), "::search_batch`] with options.")]
+        pub fn search_batch_with(
+            &self,
+            queries: &[f32],
+            k: usize,
+            options: &crate::SearchOptions,
+        ) -> crate::Result<Vec<Vec<crate::GpuSearchResult>>> {
+            Ok(self.search_batch_results(queries, k, options)?.to_lists())
+        }
+
+        #[doc = concat!("`filter` turned into every ", $member, "'s slots now, for many searches to reuse (see")]
+        /// [`crate::GpuVectorStorage::prepare_filter`]).
+        pub fn prepare_filter(&self, filter: &crate::Filter) -> crate::Result<crate::PreparedFilter> {
+            let guards = super::read_all(self.members());
+            let parts = guards.iter().map(|g| g.prepare(filter)).collect::<crate::Result<Vec<_>>>()?;
+            crate::PreparedFilter::combine(parts)
+                .ok_or_else(|| crate::HiveGpuError::Internal(concat!("a storage without a ", $member).into()))
+        }
+
+        /// Components per vector.
+        pub fn dimension(&self) -> usize {
+            self.config.dimension
+        }
+
+        /// The metric searches use.
+        pub fn metric(&self) -> crate::GpuDistanceMetric {
+            self.config.metric
+        }
+
+        #[doc = concat!("The storage's configuration (every ", $member, "'s).")]
+        pub fn config(&self) -> crate::StorageConfig {
+            self.config
+        }
+    };
+}
+use shared_methods;
+
 mod merge;
 mod replicated;
 mod route;
@@ -25,8 +99,9 @@ pub use sharded::ShardedStorage;
 
 use std::sync::{Mutex, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::collection::{Batch, Collection, StagedUpsert, check_values};
+use crate::collection::{Batch, Collection, StagedUpsert};
 use crate::error::{HiveGpuError, Result};
+use crate::index::flat::check_queries;
 use crate::payload::Payload;
 use crate::types::{Metadata, StorageConfig};
 use crate::{GpuContext, GpuVectorStorage};
@@ -105,36 +180,31 @@ fn upsert_all<B: Batch + Send>(collections: Vec<&mut Collection>, parts: Vec<Opt
         }
         return Err(error);
     }
-    on_each(commits, |_, (collection, staged)| {
-        // A commit's compaction may run parallel work: on the library's pool. (Only starting
-        // the pool can fail here, and then the commit has not run: it runs right here.)
-        let mut staged = Some(staged);
-        if crate::exec::run(|| collection.commit_upsert(staged.take().expect("staged once"))).is_err()
-            && let Some(staged) = staged
-        {
-            collection.commit_upsert(staged);
-        }
-    });
+    on_each(commits, |_, (collection, staged)| commit(collection, |c| c.commit_upsert(staged)));
     Ok(())
 }
 
-/// Checks a batch of queries against `config` as a single collection's search does, and
-/// returns how many there are.
-fn check_queries(config: &StorageConfig, queries: &[f32], k: usize) -> Result<usize> {
-    let dim = config.dimension;
-    if k == 0 {
-        return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
+/// Removes `slots` from each member at once (each list checked by
+/// [`Collection::slots_to_remove`]).
+fn remove_all(removals: Vec<(&mut Collection, Vec<usize>)>) {
+    on_each(removals, |_, (collection, slots)| commit(collection, |c| c.commit_remove(&slots)));
+}
+
+/// Runs a member's commit on the library's pool (a compaction it sets off runs parallel work
+/// under the member's lock), or on this thread where the pool cannot start: a commit runs either
+/// way, once.
+fn commit(collection: &mut Collection, change: impl FnOnce(&mut Collection) + Send) {
+    let mut change = Some(change);
+    let on_pool = crate::exec::run(|| {
+        if let Some(change) = change.take() {
+            change(collection);
+        }
+    });
+    if on_pool.is_err()
+        && let Some(change) = change.take()
+    {
+        change(collection);
     }
-    if !queries.len().is_multiple_of(dim) {
-        return Err(HiveGpuError::InvalidArgument(format!(
-            "a batch of {} values is not a whole number of {dim}-dimensional queries",
-            queries.len()
-        )));
-    }
-    for (i, q) in queries.chunks_exact(dim).enumerate() {
-        check_values(q, config, crate::collection::Subject::Query(i))?;
-    }
-    Ok(queries.len() / dim)
 }
 
 /// One query's dimension check, as [`crate::GpuVectorStorage::search_with`] makes it.

@@ -6,16 +6,15 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{
-    Whole, check_contexts, check_queries, check_query, lock, on_each, read_all, upsert_all, write_all,
+    Whole, check_contexts, check_queries, lock, on_each, read_all, remove_all, upsert_all, write_all,
 };
 use crate::backend::Neighbor;
 use crate::collection::{Collection, FlatBatch, check_batch};
 use crate::error::{HiveGpuError, Result};
-use crate::filter::{Filter, PreparedFilter};
 use crate::index::flat::{Resolved, fill_columns};
 use crate::index::spec::IndexSpec;
 use crate::results::SearchResults;
-use crate::types::{GpuDistanceMetric, GpuSearchResult, GpuVector, IndexStats, SearchOptions, StorageConfig};
+use crate::types::{GpuVector, IndexStats, SearchOptions, StorageConfig};
 use crate::{GpuContext, GpuVectorStorage};
 
 /// A collection copied onto several devices: each holds every vector, so any one answers any
@@ -66,6 +65,8 @@ impl Drop for Running<'_> {
 }
 
 impl ReplicatedStorage {
+    super::shared_methods!(ReplicatedStorage, "replica");
+
     /// An empty replicated collection with one replica per context.
     pub fn create(contexts: &[GpuContext], config: StorageConfig) -> Result<Self> {
         check_contexts(contexts, "replicated")?;
@@ -76,6 +77,11 @@ impl ReplicatedStorage {
     fn of(config: StorageConfig, replicas: Vec<GpuVectorStorage>) -> Self {
         let running = replicas.iter().map(|_| AtomicUsize::new(0)).collect();
         Self { config, replicas, running, turn: AtomicUsize::new(0), writes: Mutex::new(()) }
+    }
+
+    /// The replicas, for the shared methods.
+    fn members(&self) -> &[GpuVectorStorage] {
+        &self.replicas
     }
 
     /// Number of replicas.
@@ -115,53 +121,8 @@ impl ReplicatedStorage {
         let slots = guards.iter().map(|g| g.slots_to_remove(ids)).collect::<Result<Vec<_>>>()?;
         let collections: Vec<(&mut Collection, Vec<usize>)> =
             guards.iter_mut().map(|g| &mut **g).zip(slots).collect();
-        on_each(collections, |_, (collection, slots)| {
-            let mut slots = Some(slots);
-            if crate::exec::run(|| collection.commit_remove(&slots.take().expect("once"))).is_err()
-                && let Some(slots) = slots
-            {
-                collection.commit_remove(&slots);
-            }
-        });
+        remove_all(collections);
         Ok(())
-    }
-
-    /// The `k` nearest neighbours of `query`, on the least busy replica.
-    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<GpuSearchResult>> {
-        self.search_with(query, k, &SearchOptions::default())
-    }
-
-    /// The `k` nearest neighbours of `query` among the vectors that pass `filter`.
-    pub fn search_filtered(&self, query: &[f32], k: usize, filter: &Filter) -> Result<Vec<GpuSearchResult>> {
-        self.search_with(query, k, &SearchOptions::default().with_filter(filter.clone()))
-    }
-
-    /// [`ReplicatedStorage::search`] with options.
-    pub fn search_with(
-        &self,
-        query: &[f32],
-        k: usize,
-        options: &SearchOptions,
-    ) -> Result<Vec<GpuSearchResult>> {
-        check_query(&self.config, query)?;
-        let mut lists = self.search_batch_results(query, k, options)?.to_lists();
-        lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
-    }
-
-    /// The `k` nearest neighbours of every query of a row-major batch, the batch split across
-    /// the replicas.
-    pub fn search_batch(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<GpuSearchResult>>> {
-        self.search_batch_with(queries, k, &SearchOptions::default())
-    }
-
-    /// [`ReplicatedStorage::search_batch`] with options.
-    pub fn search_batch_with(
-        &self,
-        queries: &[f32],
-        k: usize,
-        options: &SearchOptions,
-    ) -> Result<Vec<Vec<GpuSearchResult>>> {
-        Ok(self.search_batch_results(queries, k, options)?.to_lists())
     }
 
     /// [`ReplicatedStorage::search_batch_with`] into flat arrays ([`SearchResults`]).
@@ -235,14 +196,6 @@ impl ReplicatedStorage {
         order
     }
 
-    /// `filter` turned into every replica's slots now, for many searches to reuse.
-    pub fn prepare_filter(&self, filter: &Filter) -> Result<PreparedFilter> {
-        let guards = read_all(&self.replicas);
-        let parts = guards.iter().map(|g| g.prepare(filter)).collect::<Result<Vec<_>>>()?;
-        PreparedFilter::combine(parts)
-            .ok_or_else(|| HiveGpuError::Internal("a storage without replicas".into()))
-    }
-
     /// The stored vector and its payload.
     pub fn get_vector(&self, id: &str) -> Result<Option<GpuVector>> {
         self.replicas[0].get_vector(id)
@@ -256,21 +209,6 @@ impl ReplicatedStorage {
     /// Live vectors (each replica holds them all).
     pub fn vector_count(&self) -> usize {
         self.replicas[0].vector_count()
-    }
-
-    /// Components per vector.
-    pub fn dimension(&self) -> usize {
-        self.config.dimension
-    }
-
-    /// The metric searches use.
-    pub fn metric(&self) -> GpuDistanceMetric {
-        self.config.metric
-    }
-
-    /// The storage's configuration.
-    pub fn config(&self) -> StorageConfig {
-        self.config
     }
 
     /// Removes every vector from every replica.

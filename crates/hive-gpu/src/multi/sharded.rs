@@ -9,19 +9,18 @@ use rayon::prelude::*;
 use super::merge::{Placed, merge};
 use super::route::Router;
 use super::{
-    Subset, check_contexts, check_queries, check_query, lock, memory_weights, on_each, read_all, upsert_all,
+    Subset, check_contexts, check_queries, lock, memory_weights, on_each, read_all, remove_all, upsert_all,
     write_all,
 };
 use crate::backend::{Neighbor, PARALLEL_RESULTS};
 use crate::collection::{Collection, FlatBatch, check_batch};
 use crate::error::{HiveGpuError, Result};
-use crate::filter::{Filter, PreparedFilter};
 use crate::index::flat::{Resolved, fill_columns};
 use crate::index::spec::IndexSpec;
 use crate::persist::log::SnapshotId;
 use crate::persist::manifest::{self, Manifest, ShardEntry};
 use crate::results::SearchResults;
-use crate::types::{GpuDistanceMetric, GpuSearchResult, GpuVector, IndexStats, SearchOptions, StorageConfig};
+use crate::types::{GpuVector, IndexStats, SearchOptions, StorageConfig};
 use crate::{GpuContext, GpuVectorStorage};
 
 /// What a sharded collection's manifest is called in errors.
@@ -73,6 +72,8 @@ pub struct ShardedStorage {
 }
 
 impl ShardedStorage {
+    super::shared_methods!(ShardedStorage, "shard");
+
     /// An empty sharded collection with one shard per context, each routed a share of ids
     /// proportional to its device's free memory now (a device listed several times splits its
     /// memory among its shards; where a device does not report free memory, all shards weigh
@@ -94,6 +95,11 @@ impl ShardedStorage {
         }
         let shards = contexts.iter().map(|c| c.create_shard(config)).collect::<Result<Vec<_>>>()?;
         Ok(Self { config, shards, router: Router::new(weights.to_vec(), 0), writes: Mutex::new(0) })
+    }
+
+    /// The shards, for the shared methods.
+    fn members(&self) -> &[GpuVectorStorage] {
+        &self.shards
     }
 
     /// Number of shards.
@@ -185,53 +191,8 @@ impl ShardedStorage {
         }
         let collections: Vec<(&mut Collection, Vec<usize>)> =
             guards.iter_mut().map(|g| &mut **g).zip(slots).filter(|(_, s)| !s.is_empty()).collect();
-        on_each(collections, |_, (collection, slots)| {
-            let mut slots = Some(slots);
-            // The removal's compaction may run parallel work: on the library's pool.
-            if crate::exec::run(|| collection.commit_remove(&slots.take().expect("once"))).is_err()
-                && let Some(slots) = slots
-            {
-                collection.commit_remove(&slots);
-            }
-        });
+        remove_all(collections);
         Ok(())
-    }
-
-    /// The `k` nearest neighbours of `query` over every shard, best first.
-    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<GpuSearchResult>> {
-        self.search_with(query, k, &SearchOptions::default())
-    }
-
-    /// The `k` nearest neighbours of `query` among the vectors that pass `filter`.
-    pub fn search_filtered(&self, query: &[f32], k: usize, filter: &Filter) -> Result<Vec<GpuSearchResult>> {
-        self.search_with(query, k, &SearchOptions::default().with_filter(filter.clone()))
-    }
-
-    /// [`ShardedStorage::search`] with options.
-    pub fn search_with(
-        &self,
-        query: &[f32],
-        k: usize,
-        options: &SearchOptions,
-    ) -> Result<Vec<GpuSearchResult>> {
-        check_query(&self.config, query)?;
-        let mut lists = self.search_batch_results(query, k, options)?.to_lists();
-        lists.pop().ok_or_else(|| HiveGpuError::Internal("search returned no result list".into()))
-    }
-
-    /// The `k` nearest neighbours of every query of a row-major batch, one list per query.
-    pub fn search_batch(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<GpuSearchResult>>> {
-        self.search_batch_with(queries, k, &SearchOptions::default())
-    }
-
-    /// [`ShardedStorage::search_batch`] with options.
-    pub fn search_batch_with(
-        &self,
-        queries: &[f32],
-        k: usize,
-        options: &SearchOptions,
-    ) -> Result<Vec<Vec<GpuSearchResult>>> {
-        Ok(self.search_batch_results(queries, k, options)?.to_lists())
     }
 
     /// [`ShardedStorage::search_batch_with`] into flat arrays ([`SearchResults`]); each
@@ -247,15 +208,6 @@ impl ShardedStorage {
         search_shards(&self.config, &self.shards, &collections, queries, k, options)
     }
 
-    /// `filter` turned into every shard's slots now, for many searches to reuse (see
-    /// [`GpuVectorStorage::prepare_filter`]).
-    pub fn prepare_filter(&self, filter: &Filter) -> Result<PreparedFilter> {
-        let guards = read_all(&self.shards);
-        let parts = guards.iter().map(|g| g.prepare(filter)).collect::<Result<Vec<_>>>()?;
-        PreparedFilter::combine(parts)
-            .ok_or_else(|| HiveGpuError::Internal("a storage without shards".into()))
-    }
-
     /// The stored vector and its payload, from the shard that owns `id`.
     pub fn get_vector(&self, id: &str) -> Result<Option<GpuVector>> {
         self.shards[self.router.shard_of(id)].get_vector(id)
@@ -269,21 +221,6 @@ impl ShardedStorage {
     /// Live vectors over every shard.
     pub fn vector_count(&self) -> usize {
         self.shard_sizes().into_iter().sum()
-    }
-
-    /// Components per vector.
-    pub fn dimension(&self) -> usize {
-        self.config.dimension
-    }
-
-    /// The metric searches use.
-    pub fn metric(&self) -> GpuDistanceMetric {
-        self.config.metric
-    }
-
-    /// The storage's configuration (every shard's).
-    pub fn config(&self) -> StorageConfig {
-        self.config
     }
 
     /// Removes every vector from every shard.

@@ -2,6 +2,7 @@
 //! exactness check every backend must pass.
 #![allow(dead_code)]
 
+pub mod faulty;
 pub mod stored;
 
 use std::collections::HashMap;
