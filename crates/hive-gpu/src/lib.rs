@@ -395,28 +395,14 @@ impl GpuContext {
             path.try_exists().map_err(|source| HiveGpuError::Io { path: path.to_path_buf(), source })?;
         let mut storage = if exists {
             persist::with_checked(path, false, |file| {
-                let found = file.config();
-                if (found.dimension, found.metric, found.precision)
-                    != (config.dimension, config.metric, config.precision)
-                {
-                    return Err(HiveGpuError::InvalidArgument(format!(
-                        "{} holds a collection of dimension {}, {:?}, {:?} storage; asked for dimension {}, {:?}, {:?}",
-                        path.display(),
-                        found.dimension,
-                        found.metric,
-                        found.precision,
-                        config.dimension,
-                        config.metric,
-                        config.precision
-                    )));
-                }
+                persist::durable::check_config(path, &file.config(), &config)?;
                 let storage = self.storage_from(file, path, false, &mut |_, _| {})?;
-                let log = persist::durable::Log::open(lock, path, file.id, &mut storage.write(), options)?;
+                let log = persist::durable::Log::open(lock, path, file.id, &mut *storage.write(), options)?;
                 Ok((storage, log))
             })?
         } else {
             let storage = self.create_storage_with(config)?;
-            let log = persist::durable::Log::create(lock, path, &storage.read(), options)?;
+            let log = persist::durable::Log::create(lock, path, &*storage.read(), options)?;
             (storage, log)
         };
         storage.0.log = Some(storage.1);
@@ -489,7 +475,7 @@ impl GpuVectorStorage {
             // The write is durable in the log whatever happens here: a failed checkpoint is
             // reported by the next write (the log refuses writes until one succeeds) and by
             // `checkpoint`, not by this write.
-            let _ = log.checkpoint_if_due(&self.read());
+            let _ = log.checkpoint_if_due(&*self.read());
         }
         Ok(())
     }
@@ -629,7 +615,7 @@ impl GpuVectorStorage {
         let collection: &mut Collection = &mut guard;
         exec::run(|| collection.build_index(self.backend.as_ref(), &self.tuning, spec))??;
         if let Some(log) = &self.log {
-            log.checkpoint(&guard)?;
+            log.checkpoint(&*guard)?;
         }
         Ok(())
     }
@@ -744,7 +730,7 @@ impl GpuVectorStorage {
                 "checkpoint needs a durable collection (GpuContext::open_durable)".into(),
             ));
         };
-        log.checkpoint(&self.read())
+        log.checkpoint(&*self.read())
     }
 
     /// The write-ahead log's counters, on a durable collection.

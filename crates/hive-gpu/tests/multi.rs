@@ -896,3 +896,157 @@ fn a_shard_file_whose_order_keys_do_not_increase_or_that_claims_an_older_version
     refused(&bad, "an order section in a format version 2 file");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn durable_sharded_and_replicated_storages_replay_their_log_and_fold_it_in_at_a_checkpoint() {
+    use hive_gpu::DurableOptions;
+    let dir = scratch("durable");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let group = [cpu.clone(), cpu.clone(), cpu.clone()];
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    let (writes, queries) = history(51);
+    let queries: Vec<f32> = queries.concat();
+    let reference = cpu.create_storage_with(config).expect("one collection");
+    for write in &writes {
+        reference.apply(write).expect("a write");
+    }
+    let (sharded_path, replicated_path) = (dir.join("s.hgs"), dir.join("r.hgc"));
+    let open_sharded =
+        || ShardedStorage::open_durable(&sharded_path, &group, config, DurableOptions::default());
+    let open_replicated =
+        || ReplicatedStorage::open_durable(&replicated_path, &group, config, DurableOptions::default());
+    {
+        let sharded = open_sharded().expect("a new durable sharded storage");
+        let replicated = open_replicated().expect("a new durable replicated storage");
+        // One storage at a time holds a durable collection.
+        assert!(
+            open_sharded().is_err() && open_replicated().is_err(),
+            "a second open while the first holds it"
+        );
+        for write in &writes {
+            sharded.apply(write).expect("a sharded write");
+            replicated.apply(write).expect("a replicated write");
+        }
+        assert!(sharded.log_stats().expect("a log").log_bytes > 64);
+    }
+    // Everything is in the logs: the opens replay them (every write of the history, compactions
+    // aside, which are not logged).
+    let logged = writes.iter().filter(|w| !matches!(w, Write::Compact)).count() as u64;
+    {
+        let sharded = open_sharded().expect("the sharded storage again");
+        let replicated = open_replicated().expect("the replicated storage again");
+        assert_eq!(sharded.log_stats().expect("a log").replayed, logged);
+        assert_eq!(replicated.log_stats().expect("a log").replayed, logged);
+        assert_answers_alike("durable sharded, replayed", &sharded, &reference, &queries);
+        assert_answers_alike("durable replicated, replayed", &replicated, &reference, &queries);
+        sharded.checkpoint().expect("a checkpoint");
+        replicated.save(&replicated_path).expect("a save to its own path checkpoints");
+        // A write after the checkpoint is in the new log only.
+        let late = [GpuVector::new("late", vec![0.5; DIM])];
+        sharded.add_vectors(&late).expect("a late write");
+        replicated.add_vectors(&late).expect("a late write");
+    }
+    reference.add_vectors(&[GpuVector::new("late", vec![0.5; DIM])]).expect("the late write");
+    let sharded = open_sharded().expect("after the checkpoint");
+    let replicated = open_replicated().expect("after the checkpoint");
+    assert_eq!(sharded.log_stats().expect("a log").replayed, 1);
+    assert_eq!(replicated.log_stats().expect("a log").replayed, 1);
+    assert_answers_alike("durable sharded, checkpointed", &sharded, &reference, &queries);
+    assert_answers_alike("durable replicated, checkpointed", &replicated, &reference, &queries);
+    // The snapshot is an ordinary sharded save: it opens without the log too (the late write
+    // aside, which only the log holds).
+    drop(sharded);
+    let plain = ShardedStorage::open(&sharded_path, std::slice::from_ref(&cpu)).expect("the snapshot alone");
+    assert_eq!(plain.vector_count(), reference.vector_count() - 1);
+    // A durable collection of another shape is refused by name.
+    drop(replicated);
+    let other = StorageConfig::new(DIM + 1, GpuDistanceMetric::Euclidean);
+    let e = ReplicatedStorage::open_durable(&replicated_path, &group, other, DurableOptions::default())
+        .expect_err("another dimension");
+    assert!(e.to_string().contains("dimension"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const DURABLE_KILL_ENV: &str = "HIVE_GPU_SHARDED_WRITER";
+
+/// The values writer `t` gives its `i`-th vector.
+fn durable_value(t: usize, i: usize) -> Vec<f32> {
+    (0..DIM).map(|d| ((t * 131 + i * 17 + d * 7) % 53) as f32 * 0.25).collect()
+}
+
+/// The child of the sharded kill test: four writers upsert one vector at a time into a durable
+/// sharded storage, printing each acknowledgement, until killed. Returns at once in a normal run.
+#[test]
+fn durable_sharded_writer_child() {
+    let Ok(spec) = std::env::var(DURABLE_KILL_ENV) else { return };
+    let (round, path) = spec.split_once(':').expect("round:path");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let group = [cpu.clone(), cpu.clone(), cpu];
+    let options = hive_gpu::DurableOptions::default().with_durability(hive_gpu::Durability::Process);
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    let storage = ShardedStorage::open_durable(path, &group, config, options).expect("open");
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let storage = &storage;
+            s.spawn(move || {
+                use std::io::Write;
+                for i in 0.. {
+                    let id = format!("r{round}t{t}-{i}");
+                    storage.add_vectors(&[GpuVector::new(id.clone(), durable_value(t, i))]).expect("upsert");
+                    writeln!(std::io::stdout().lock(), "ack {id}").expect("stdout");
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_sharded_writer_killed_at_any_moment_loses_no_acknowledged_write() {
+    use std::io::BufRead;
+    let dir = scratch("durable-kill");
+    let path = dir.join("k.hgs");
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut rng = Rng::new(5);
+    let mut acknowledged: Vec<String> = Vec::new();
+    for round in 0..6 {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", "durable_sharded_writer_child", "--nocapture", "--test-threads", "1"])
+            .env(DURABLE_KILL_ENV, format!("{round}:{}", path.display()))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the child");
+        let stdout = child.stdout.take().expect("a pipe");
+        let reader = std::thread::spawn(move || {
+            let mut acks = Vec::new();
+            let mut lines = std::io::BufReader::new(stdout);
+            let mut line = String::new();
+            // A line cut by the kill has no newline: not an acknowledgement.
+            while lines.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                if let Some(id) = line.strip_prefix("ack ").and_then(|l| l.strip_suffix('\n')) {
+                    acks.push(id.to_string());
+                }
+                line.clear();
+            }
+            acks
+        });
+        std::thread::sleep(Duration::from_millis(200 + rng.below(500) as u64));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("the child ends");
+        acknowledged.extend(reader.join().expect("the reader"));
+        let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+        let opened =
+            ShardedStorage::open_durable(&path, std::slice::from_ref(&cpu), config, Default::default())
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        for id in &acknowledged {
+            let (t, i) =
+                id.split_once('t').and_then(|(_, rest)| rest.split_once('-')).expect("an id of ours");
+            let (t, i): (usize, usize) = (t.parse().expect("t"), i.parse().expect("i"));
+            let stored = opened.get_vector(id).expect("a read");
+            assert_eq!(stored.map(|v| v.data), Some(durable_value(t, i)), "round {round}: acknowledged {id}");
+        }
+    }
+    assert!(acknowledged.len() > 200, "the children acknowledged only {} writes", acknowledged.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -237,6 +237,40 @@ fn memory_weights(contexts: &[GpuContext]) -> Vec<f64> {
     if weights.iter().all(|w| w.is_finite() && *w > 0.0) { weights } else { vec![1.0; contexts.len()] }
 }
 
+/// Runs `change` under `writes`; on a durable storage (`log`), logs `record()` once the change
+/// has taken effect (still under `writes`, so the log's order is the order of the changes) and
+/// returns once the log holds it durably, checkpointing `storage` when the log has grown past
+/// its length. A change that fails is not logged. (The steps of one collection's
+/// `GpuVectorStorage::write_logged`, with the storage's write lock for the collection's.)
+fn logged(
+    writes: &Mutex<()>,
+    log: Option<&crate::persist::durable::Log>,
+    storage: &dyn crate::persist::durable::Logged,
+    record: impl FnOnce() -> crate::persist::log::PendingRecord,
+    change: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let Some(log) = log else {
+        let _writing = lock(writes);
+        return change();
+    };
+    // Encoded before the lock is taken: other writers need not wait for it.
+    let record = record();
+    let ticket = {
+        let _writing = lock(writes);
+        log.check_writable()?;
+        change()?;
+        log.append(&record)
+    };
+    log.wait(ticket)?;
+    if log.wants_checkpoint() {
+        // Durable in the log whatever happens here: a failed checkpoint is reported by the next
+        // write and by `checkpoint`.
+        let _writing = lock(writes);
+        let _ = log.checkpoint_if_due(storage);
+    }
+    Ok(())
+}
+
 /// Checks the members' contexts of a new storage.
 fn check_contexts(contexts: &[GpuContext], what: &str) -> Result<()> {
     if contexts.is_empty() {

@@ -6,13 +6,15 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{
-    Whole, check_contexts, check_queries, lock, on_each, read_all, remove_all, upsert_all, write_all,
+    Whole, check_contexts, check_queries, lock, logged, on_each, read_all, remove_all, upsert_all, write_all,
 };
 use crate::backend::Neighbor;
 use crate::collection::{Collection, FlatBatch, check_batch};
 use crate::error::{HiveGpuError, Result};
 use crate::index::flat::{Resolved, fill_columns};
 use crate::index::spec::IndexSpec;
+use crate::persist::durable::{Log, Logged};
+use crate::persist::log::{PendingRecord, SnapshotId};
 use crate::results::SearchResults;
 use crate::types::{GpuVector, IndexStats, SearchOptions, StorageConfig};
 use crate::{GpuContext, GpuVectorStorage};
@@ -50,9 +52,11 @@ pub struct ReplicatedStorage {
     running: Vec<AtomicUsize>,
     /// Where the next search starts looking for an idle replica, so that ties rotate.
     turn: AtomicUsize,
-    /// Held by every write from start to end: writes take effect one at a time, on every
-    /// replica in the same order.
+    /// Held by every write, save and checkpoint from start to end: writes take effect one at a
+    /// time, on every replica in the same order (and in the log's).
     writes: Mutex<()>,
+    /// The write-ahead log of a durable storage ([`ReplicatedStorage::open_durable`]).
+    log: Option<Log>,
 }
 
 /// Counts a search on a replica while it runs.
@@ -76,7 +80,7 @@ impl ReplicatedStorage {
 
     fn of(config: StorageConfig, replicas: Vec<GpuVectorStorage>) -> Self {
         let running = replicas.iter().map(|_| AtomicUsize::new(0)).collect();
-        Self { config, replicas, running, turn: AtomicUsize::new(0), writes: Mutex::new(()) }
+        Self { config, replicas, running, turn: AtomicUsize::new(0), writes: Mutex::new(()), log: None }
     }
 
     /// The replicas, for the shared methods.
@@ -105,8 +109,18 @@ impl ReplicatedStorage {
     }
 
     fn upsert<B: crate::collection::Batch + ?Sized>(&self, batch: &B) -> Result<()> {
-        let _writing = lock(&self.writes);
         crate::exec::run(|| check_batch(&self.config, batch))??;
+        let dim = self.config.dimension;
+        let record = || {
+            PendingRecord::upsert(batch.len(), dim, |i| {
+                (batch.id(i), batch.values(i, dim), batch.metadata(i), batch.payload(i))
+            })
+        };
+        logged(&self.writes, self.log.as_ref(), self, record, || self.apply_upsert(batch))
+    }
+
+    /// Applies a checked batch to every replica (call with `writes` held), all or nothing.
+    fn apply_upsert<B: crate::collection::Batch + ?Sized>(&self, batch: &B) -> Result<()> {
         let mut guards = write_all(&self.replicas);
         let collections: Vec<&mut Collection> = guards.iter_mut().map(|g| &mut **g).collect();
         let parts = (0..collections.len()).map(|_| Some(Whole(batch))).collect();
@@ -116,7 +130,17 @@ impl ReplicatedStorage {
     /// Removes vectors by id from every replica. Every id must be present and listed once;
     /// otherwise nothing is removed.
     pub fn remove_vectors<S: AsRef<str> + Sync>(&self, ids: &[S]) -> Result<()> {
-        let _writing = lock(&self.writes);
+        logged(
+            &self.writes,
+            self.log.as_ref(),
+            self,
+            || PendingRecord::remove(ids),
+            || self.apply_remove(ids),
+        )
+    }
+
+    /// Removes `ids` from every replica (call with `writes` held), all or none.
+    fn apply_remove<S: AsRef<str>>(&self, ids: &[S]) -> Result<()> {
         let mut guards = write_all(&self.replicas);
         let slots = guards.iter().map(|g| g.slots_to_remove(ids)).collect::<Result<Vec<_>>>()?;
         let collections: Vec<(&mut Collection, Vec<usize>)> =
@@ -213,11 +237,16 @@ impl ReplicatedStorage {
 
     /// Removes every vector from every replica.
     pub fn clear(&self) -> Result<()> {
-        let _writing = lock(&self.writes);
+        logged(&self.writes, self.log.as_ref(), self, PendingRecord::clear, || {
+            self.apply_clear();
+            Ok(())
+        })
+    }
+
+    fn apply_clear(&self) {
         for mut guard in write_all(&self.replicas) {
             guard.clear();
         }
-        Ok(())
     }
 
     /// Reclaims removed slots on every replica now.
@@ -226,10 +255,15 @@ impl ReplicatedStorage {
         on_each(self.replicas.iter().collect(), |_, replica| replica.compact()).into_iter().collect()
     }
 
-    /// Builds `spec`'s index on every replica at once, all or nothing.
+    /// Builds `spec`'s index on every replica at once, all or nothing. On a durable storage the
+    /// build ends with a checkpoint (an error from it is returned with the indexes built).
     pub fn build_index(&self, spec: IndexSpec) -> Result<()> {
         let _writing = lock(&self.writes);
-        super::sharded::build_everywhere(&self.replicas, spec)
+        super::sharded::build_everywhere(&self.replicas, spec)?;
+        match &self.log {
+            Some(log) => log.checkpoint(self),
+            None => Ok(()),
+        }
     }
 
     /// The index searches go through ([`IndexSpec::Flat`] when none).
@@ -248,10 +282,66 @@ impl ReplicatedStorage {
     }
 
     /// Writes the collection to `path` as an ordinary collection file (one replica's: they hold
-    /// the same vectors), crash-safe as [`GpuVectorStorage::save`].
+    /// the same vectors), crash-safe as [`GpuVectorStorage::save`]. On a durable storage, saving
+    /// to its own snapshot's path is a [`ReplicatedStorage::checkpoint`].
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        if let Some(log) = &self.log
+            && crate::same_file(path, log.snapshot())
+        {
+            return self.checkpoint();
+        }
         let _writing = lock(&self.writes);
-        self.replicas[0].save(path)
+        crate::persist::save(&self.replicas[0].read(), path, &mut |_, _| {}).map(|_| ())
+    }
+
+    /// On a durable storage ([`ReplicatedStorage::open_durable`]): writes a new snapshot and
+    /// empties the log. A storage that is not durable has no log: an error.
+    pub fn checkpoint(&self) -> Result<()> {
+        let Some(log) = &self.log else {
+            return Err(HiveGpuError::InvalidArgument(
+                "checkpoint needs a durable storage (ReplicatedStorage::open_durable)".into(),
+            ));
+        };
+        let _writing = lock(&self.writes);
+        log.checkpoint(self)
+    }
+
+    /// The write-ahead log's counters, on a durable storage.
+    pub fn log_stats(&self) -> Option<crate::LogStats> {
+        self.log.as_ref().map(|log| log.stats())
+    }
+
+    /// Opens the durable collection at `path` with one replica on each context, creating it
+    /// (empty, as `config` describes) when there is no file there. Durable as
+    /// [`crate::GpuContext::open_durable`] is, with the same files (a collection file at `path`
+    /// and its write-ahead log at `path` + `.wal`): every write returns once its record is in the
+    /// log as `options.durability` says, and an open replays the log into every replica.
+    pub fn open_durable(
+        path: impl AsRef<Path>,
+        contexts: &[GpuContext],
+        config: StorageConfig,
+        options: crate::DurableOptions,
+    ) -> Result<Self> {
+        check_contexts(contexts, "replicated")?;
+        let path = path.as_ref();
+        if path.file_name().is_none() {
+            return Err(HiveGpuError::InvalidArgument(format!("{} names no file", path.display())));
+        }
+        let path = &std::path::absolute(path).map_err(crate::persist::io_error(path))?;
+        let lock = crate::persist::durable::lock(path)?;
+        let exists = path.try_exists().map_err(crate::persist::io_error(path))?;
+        if !exists {
+            let mut storage = Self::create(contexts, config)?;
+            storage.log = Some(Log::create(lock, path, &storage, options)?);
+            return Ok(storage);
+        }
+        let base = crate::persist::snapshot_id(path)?;
+        let mut storage = Self::open(path, contexts)?;
+        crate::persist::durable::check_config(path, &storage.config, &config)?;
+        let log = Log::open(lock, path, base, &mut storage, options)?;
+        storage.log = Some(log);
+        Ok(storage)
     }
 
     /// Opens the collection file at `path` on every context, one replica each, at once.
@@ -261,5 +351,28 @@ impl ReplicatedStorage {
         let opened = on_each(contexts.iter().collect(), |_, context| context.open_storage(path));
         let replicas = opened.into_iter().collect::<Result<Vec<_>>>()?;
         Ok(Self::of(replicas[0].config(), replicas))
+    }
+}
+
+/// A replicated storage's snapshot is one replica's collection file (they hold the same slots);
+/// replayed writes go to every replica. `write_snapshot` runs under `writes` (a checkpoint) or
+/// before the storage is shared (its creation).
+impl Logged for ReplicatedStorage {
+    fn dimension(&self) -> usize {
+        self.config.dimension
+    }
+    fn write_snapshot(&self, path: &Path) -> Result<SnapshotId> {
+        crate::persist::save(&self.replicas[0].read(), path, &mut |_, _| {})
+    }
+    fn replay_upsert(&mut self, batch: &crate::persist::Vectors) -> Result<()> {
+        crate::exec::run(|| check_batch(&self.config, batch))??;
+        self.apply_upsert(batch)
+    }
+    fn replay_remove(&mut self, ids: &[String]) -> Result<()> {
+        self.apply_remove(ids)
+    }
+    fn replay_clear(&mut self) -> Result<()> {
+        self.apply_clear();
+        Ok(())
     }
 }

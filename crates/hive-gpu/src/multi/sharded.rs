@@ -3,21 +3,23 @@
 
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
 use super::merge::{Placed, merge};
 use super::route::Router;
 use super::{
-    Subset, check_contexts, check_queries, lock, memory_weights, on_each, read_all, remove_all, upsert_all,
-    write_all,
+    Subset, check_contexts, check_queries, lock, logged, memory_weights, on_each, read_all, remove_all,
+    upsert_all, write_all,
 };
 use crate::backend::{Neighbor, PARALLEL_RESULTS};
 use crate::collection::{Collection, FlatBatch, check_batch};
 use crate::error::{HiveGpuError, Result};
 use crate::index::flat::{Resolved, fill_columns};
 use crate::index::spec::IndexSpec;
-use crate::persist::log::SnapshotId;
+use crate::persist::durable::{Log, Logged};
+use crate::persist::log::{PendingRecord, SnapshotId};
 use crate::persist::manifest::{self, Manifest, ShardEntry};
 use crate::results::SearchResults;
 use crate::types::{GpuVector, IndexStats, SearchOptions, StorageConfig};
@@ -66,9 +68,13 @@ pub struct ShardedStorage {
     config: StorageConfig,
     shards: Vec<GpuVectorStorage>,
     router: Router,
-    /// Held by every write and save from start to end, so that writes take effect one at a
-    /// time in the order of their keys: the key the next write's first vector gets.
-    writes: Mutex<u64>,
+    /// Held by every write, save and checkpoint from start to end, so that writes take effect
+    /// one at a time, in the order of their keys and of the log.
+    writes: Mutex<()>,
+    /// The order key the next write's first vector gets (changed only under `writes`).
+    next_order: AtomicU64,
+    /// The write-ahead log of a durable storage ([`ShardedStorage::open_durable`]).
+    log: Option<Log>,
 }
 
 impl ShardedStorage {
@@ -94,7 +100,18 @@ impl ShardedStorage {
             )));
         }
         let shards = contexts.iter().map(|c| c.create_shard(config)).collect::<Result<Vec<_>>>()?;
-        Ok(Self { config, shards, router: Router::new(weights.to_vec(), 0), writes: Mutex::new(0) })
+        Ok(Self::of(config, shards, Router::new(weights.to_vec(), 0), 0))
+    }
+
+    fn of(config: StorageConfig, shards: Vec<GpuVectorStorage>, router: Router, next_order: u64) -> Self {
+        Self {
+            config,
+            shards,
+            router,
+            writes: Mutex::new(()),
+            next_order: AtomicU64::new(next_order),
+            log: None,
+        }
     }
 
     /// The shards, for the shared methods.
@@ -141,10 +158,21 @@ impl ShardedStorage {
     }
 
     fn upsert<B: crate::collection::Batch + ?Sized>(&self, batch: &B) -> Result<()> {
-        let mut next = lock(&self.writes);
         crate::exec::run(|| check_batch(&self.config, batch))??;
+        let dim = self.config.dimension;
+        let record = || {
+            PendingRecord::upsert(batch.len(), dim, |i| {
+                (batch.id(i), batch.values(i, dim), batch.metadata(i), batch.payload(i))
+            })
+        };
+        self.logged(record, || self.apply_upsert(batch))
+    }
+
+    /// Applies a checked batch (call with `writes` held): each shard stages its part, then all
+    /// commit, or all abort.
+    fn apply_upsert<B: crate::collection::Batch + ?Sized>(&self, batch: &B) -> Result<()> {
         let routed = self.route(batch.len(), |i| batch.id(i))?;
-        let first_order = *next;
+        let first_order = self.next_order.load(Ordering::Relaxed);
         let mut guards = write_all(&self.shards);
         let collections: Vec<&mut Collection> = guards.iter_mut().map(|g| &mut **g).collect();
         let parts = routed
@@ -152,8 +180,16 @@ impl ShardedStorage {
             .map(|indices| (!indices.is_empty()).then_some(Subset { batch, indices, first_order }))
             .collect();
         upsert_all(collections, parts)?;
-        *next += batch.len() as u64;
+        self.next_order.store(first_order + batch.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn logged(
+        &self,
+        record: impl FnOnce() -> PendingRecord,
+        change: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        logged(&self.writes, self.log.as_ref(), self, record, change)
     }
 
     /// Each shard's indices of a batch of `count` ids.
@@ -175,7 +211,11 @@ impl ShardedStorage {
     /// Removes vectors by id, each from its shard. Every id must be present and listed once;
     /// otherwise nothing is removed on any shard.
     pub fn remove_vectors<S: AsRef<str> + Sync>(&self, ids: &[S]) -> Result<()> {
-        let _next = lock(&self.writes);
+        self.logged(|| PendingRecord::remove(ids), || self.apply_remove(ids))
+    }
+
+    /// Removes `ids` from their shards (call with `writes` held), all or none.
+    fn apply_remove<S: AsRef<str> + Sync>(&self, ids: &[S]) -> Result<()> {
         let mut seen = std::collections::HashMap::with_capacity(ids.len());
         for (i, id) in ids.iter().enumerate() {
             if let Some(first) = seen.insert(id.as_ref(), i) {
@@ -225,26 +265,36 @@ impl ShardedStorage {
 
     /// Removes every vector from every shard.
     pub fn clear(&self) -> Result<()> {
-        let _next = lock(&self.writes);
-        let mut guards = write_all(&self.shards);
-        for guard in &mut guards {
+        self.logged(PendingRecord::clear, || {
+            self.apply_clear();
+            Ok(())
+        })
+    }
+
+    fn apply_clear(&self) {
+        for mut guard in write_all(&self.shards) {
             guard.clear();
         }
-        Ok(())
     }
 
     /// Reclaims removed slots on every shard now.
     pub fn compact(&self) -> Result<()> {
-        let _next = lock(&self.writes);
+        let _writing = lock(&self.writes);
         on_each(self.shards.iter().collect(), |_, shard| shard.compact()).into_iter().collect()
     }
 
     /// Builds `spec`'s index on every shard, each trained on its own vectors, at once; searches
     /// then go through them ([`IndexSpec::Flat`] drops them). All or nothing: if any shard's
     /// training fails (fewer vectors than lists, say), no shard's index changes.
+    /// On a durable storage the build ends with a checkpoint, so the indexes survive a crash
+    /// once it returns (an error from that checkpoint is returned with the indexes built).
     pub fn build_index(&self, spec: IndexSpec) -> Result<()> {
-        let _next = lock(&self.writes);
-        build_everywhere(&self.shards, spec)
+        let _writing = lock(&self.writes);
+        build_everywhere(&self.shards, spec)?;
+        match &self.log {
+            Some(log) => log.checkpoint(self),
+            None => Ok(()),
+        }
     }
 
     /// The index searches go through ([`IndexSpec::Flat`] when none).
@@ -267,15 +317,29 @@ impl ShardedStorage {
     /// one rename. A crash at any moment leaves the previous save or this one whole: the
     /// manifest names the previous save's files until the rename, and those are deleted only
     /// after it. Writes wait while it runs; searches do not.
+    ///
+    /// On a durable storage, saving to its own manifest's path is a
+    /// [`ShardedStorage::checkpoint`].
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
+        if let Some(log) = &self.log
+            && crate::same_file(path, log.snapshot())
+        {
+            return self.checkpoint();
+        }
+        let _writing = lock(&self.writes);
+        self.save_locked(path).map(|_| ())
+    }
+
+    /// [`ShardedStorage::save`] with `writes` held (or the storage not yet shared): returns the
+    /// manifest's identity (what a write-ahead log names as its base).
+    fn save_locked(&self, path: &Path) -> Result<SnapshotId> {
         if path.file_name().is_none() {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "{} names no file to save to",
                 path.display()
             )));
         }
-        let next = lock(&self.writes);
         let guards = read_all(&self.shards);
         let collections: Vec<&Collection> = guards.iter().map(|g| &**g).collect();
         let generation = next_generation(path)?;
@@ -299,13 +363,73 @@ impl ShardedStorage {
                 }
             }
         }
-        let manifest = Manifest { generation, next_order: *next, seed: self.router.seed(), shards };
-        if let Err(error) = write_manifest(path, &manifest::encode(&manifest)) {
+        let next_order = self.next_order.load(Ordering::Relaxed);
+        let manifest = Manifest { generation, next_order, seed: self.router.seed(), shards };
+        let bytes = manifest::encode(&manifest);
+        if let Err(error) = write_manifest(path, &bytes) {
             remove_new();
             return Err(error);
         }
         remove_stale(path, generation);
-        Ok(())
+        Ok(SnapshotId::of_header(&bytes, bytes.len() as u64))
+    }
+
+    /// On a durable storage ([`ShardedStorage::open_durable`]): writes a new snapshot (every
+    /// shard file and the manifest) and empties the log, so the next open replays nothing.
+    /// Writes wait while it runs; searches do not. A storage that is not durable has no log:
+    /// an error.
+    pub fn checkpoint(&self) -> Result<()> {
+        let Some(log) = &self.log else {
+            return Err(HiveGpuError::InvalidArgument(
+                "checkpoint needs a durable storage (ShardedStorage::open_durable)".into(),
+            ));
+        };
+        let _writing = lock(&self.writes);
+        log.checkpoint(self)
+    }
+
+    /// The write-ahead log's counters, on a durable storage.
+    pub fn log_stats(&self) -> Option<crate::LogStats> {
+        self.log.as_ref().map(|log| log.stats())
+    }
+
+    /// Opens the durable sharded collection at `path` on `contexts` (shard `i` on context
+    /// `i % contexts.len()`), creating it (empty, as `config` describes, one shard per
+    /// context weighted as [`ShardedStorage::create`] weighs them) when there is no manifest
+    /// there. Durable as [`crate::GpuContext::open_durable`] is: every add, removal and clear
+    /// returns only once its record is in the write-ahead log at `path` + `.wal` as
+    /// `options.durability` says, concurrent writers share the log's flushes, an open replays
+    /// the log over the last snapshot (the manifest and its shard files) and drops a torn last
+    /// record, and [`ShardedStorage::checkpoint`] (or a log past `options.checkpoint_log_bytes`)
+    /// folds the log into a new snapshot. One storage at a time holds the collection (a lock at
+    /// `path` + `.lock`). An existing collection must have `config`'s dimension, metric and
+    /// storage precision.
+    pub fn open_durable(
+        path: impl AsRef<Path>,
+        contexts: &[GpuContext],
+        config: StorageConfig,
+        options: crate::DurableOptions,
+    ) -> Result<Self> {
+        check_contexts(contexts, "sharded")?;
+        let path = path.as_ref();
+        if path.file_name().is_none() {
+            return Err(HiveGpuError::InvalidArgument(format!("{} names no file", path.display())));
+        }
+        let path = &std::path::absolute(path).map_err(crate::persist::io_error(path))?;
+        let lock = crate::persist::durable::lock(path)?;
+        let exists = path.try_exists().map_err(crate::persist::io_error(path))?;
+        if !exists {
+            let mut storage = Self::create(contexts, config)?;
+            storage.log = Some(Log::create(lock, path, &storage, options)?);
+            return Ok(storage);
+        }
+        let bytes = read_manifest(path)?;
+        let base = SnapshotId::of_header(&bytes, bytes.len() as u64);
+        let mut storage = Self::open(path, contexts)?;
+        crate::persist::durable::check_config(path, &storage.config, &config)?;
+        let log = Log::open(lock, path, base, &mut storage, options)?;
+        storage.log = Some(log);
+        Ok(storage)
     }
 
     /// Opens the sharded collection saved at `path` ([`ShardedStorage::save`]), shard `i` on
@@ -381,7 +505,7 @@ impl ShardedStorage {
                 ));
             }
         }
-        Ok(Self { config, shards, router, writes: Mutex::new(manifest.next_order) })
+        Ok(Self::of(config, shards, router, manifest.next_order))
     }
 }
 
@@ -547,4 +671,27 @@ fn read_manifest(path: &Path) -> Result<Vec<u8>> {
         });
     }
     std::fs::read(path).map_err(io)
+}
+
+/// A sharded storage's snapshot is its save (the shard files and the manifest); replayed writes
+/// are routed as any write. The log's `write_snapshot` runs where no write can take effect: under
+/// `writes` (a checkpoint), or before the storage is shared (its creation).
+impl Logged for ShardedStorage {
+    fn dimension(&self) -> usize {
+        self.config.dimension
+    }
+    fn write_snapshot(&self, path: &Path) -> Result<SnapshotId> {
+        self.save_locked(path)
+    }
+    fn replay_upsert(&mut self, batch: &crate::persist::Vectors) -> Result<()> {
+        crate::exec::run(|| check_batch(&self.config, batch))??;
+        self.apply_upsert(batch)
+    }
+    fn replay_remove(&mut self, ids: &[String]) -> Result<()> {
+        self.apply_remove(ids)
+    }
+    fn replay_clear(&mut self) -> Result<()> {
+        self.apply_clear();
+        Ok(())
+    }
 }

@@ -30,6 +30,66 @@ use super::{Vectors, io_error, sync_directory_of, temporary_path};
 use crate::collection::{Batch, Collection};
 use crate::error::{HiveGpuError, Result};
 
+/// What a write-ahead log keeps durable: a storage that writes itself as the log's snapshot and
+/// takes the log's writes back at an open. One collection is one; so is a storage over several
+/// devices (`crate::multi`), whose snapshot is its manifest and shard files and whose replayed
+/// writes are routed as any write of it.
+pub(crate) trait Logged {
+    /// Components per vector (records are checked against it).
+    fn dimension(&self) -> usize;
+    /// Writes the storage whole as the snapshot at `path`, crash-safe, and returns the new file's
+    /// identity. Called where no write can take effect meanwhile (see [`Log::checkpoint`]).
+    fn write_snapshot(&self, path: &Path) -> Result<SnapshotId>;
+    /// Applies a replayed run of upserts.
+    fn replay_upsert(&mut self, batch: &Vectors) -> Result<()>;
+    /// Applies a replayed removal.
+    fn replay_remove(&mut self, ids: &[String]) -> Result<()>;
+    /// Applies a replayed clear.
+    fn replay_clear(&mut self) -> Result<()>;
+}
+
+impl Logged for Collection {
+    fn dimension(&self) -> usize {
+        self.config().dimension
+    }
+    fn write_snapshot(&self, path: &Path) -> Result<SnapshotId> {
+        super::save(self, path, &mut |_, _| {})
+    }
+    fn replay_upsert(&mut self, batch: &Vectors) -> Result<()> {
+        crate::exec::run(|| self.upsert(batch))?
+    }
+    fn replay_remove(&mut self, ids: &[String]) -> Result<()> {
+        crate::exec::run(|| self.remove(ids))?
+    }
+    fn replay_clear(&mut self) -> Result<()> {
+        self.clear();
+        Ok(())
+    }
+}
+
+/// Refuses to open the durable collection at `path`, which holds `found`, as `wanted`: the
+/// dimension, metric and storage precision must agree (the error says which differ).
+pub(crate) fn check_config(
+    path: &Path,
+    found: &crate::StorageConfig,
+    wanted: &crate::StorageConfig,
+) -> Result<()> {
+    if (found.dimension, found.metric, found.precision) != (wanted.dimension, wanted.metric, wanted.precision)
+    {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "{} holds a collection of dimension {}, {:?}, {:?} storage; asked for dimension {}, {:?}, {:?}",
+            path.display(),
+            found.dimension,
+            found.metric,
+            found.precision,
+            wanted.dimension,
+            wanted.metric,
+            wanted.precision
+        )));
+    }
+    Ok(())
+}
+
 /// When a durable collection acknowledges a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
@@ -275,10 +335,10 @@ impl Log {
     pub(crate) fn create(
         lock: File,
         snapshot: &Path,
-        collection: &Collection,
+        storage: &dyn Logged,
         options: DurableOptions,
     ) -> Result<Self> {
-        let base = super::save(collection, snapshot, &mut |_, _| {})?;
+        let base = storage.write_snapshot(snapshot)?;
         let log = create_log(&log_path(snapshot), base)?;
         let stats = LogStats { log_bytes: LOG_HEADER_BYTES as u64, ..LogStats::default() };
         Ok(Self::new(lock, snapshot, log, options, 1, stats))
@@ -291,7 +351,7 @@ impl Log {
         lock: File,
         snapshot: &Path,
         base: SnapshotId,
-        collection: &mut Collection,
+        storage: &mut dyn Logged,
         options: DurableOptions,
     ) -> Result<Self> {
         let path = log_path(snapshot);
@@ -324,7 +384,7 @@ impl Log {
         }
         let salt =
             log::header_salt(image[..LOG_HEADER_BYTES].try_into().expect("a whole header was scanned"));
-        let scanned = replay(&image, collection, &path)?;
+        let scanned = replay(&image, storage, &path)?;
         if scanned.valid_bytes < image.len() as u64 {
             let io = io_error(&path);
             file.set_len(scanned.valid_bytes).map_err(&io)?;
@@ -454,25 +514,24 @@ impl Log {
 
     /// [`Log::checkpoint`] if the log is still past its checkpoint length once this thread's
     /// turn comes (writers that found it long together checkpoint once).
-    pub(crate) fn checkpoint_if_due(&self, collection: &Collection) -> Result<()> {
+    pub(crate) fn checkpoint_if_due(&self, storage: &dyn Logged) -> Result<()> {
         let _one = self.checkpointing.lock().unwrap_or_else(|e| e.into_inner());
-        if self.wants_checkpoint() { self.checkpoint_locked(collection) } else { Ok(()) }
+        if self.wants_checkpoint() { self.checkpoint_locked(storage) } else { Ok(()) }
     }
 
     /// Writes `collection` as the new snapshot and starts an empty log after it. Call with the
     /// collection's read lock held (no write can take effect meanwhile): every record logged
     /// so far is in the snapshot, so every waiting writer is acknowledged.
-    pub(crate) fn checkpoint(&self, collection: &Collection) -> Result<()> {
+    pub(crate) fn checkpoint(&self, storage: &dyn Logged) -> Result<()> {
         let _one = self.checkpointing.lock().unwrap_or_else(|e| e.into_inner());
-        self.checkpoint_locked(collection)
+        self.checkpoint_locked(storage)
     }
 
     /// A failure anywhere refuses writes until a checkpoint succeeds: once the new snapshot
     /// may have replaced the old one, the old log no longer continues the snapshot on disk,
     /// and a write appended to it would be dropped as stale at the next open.
-    fn checkpoint_locked(&self, collection: &Collection) -> Result<()> {
-        let written = super::save(collection, &self.snapshot, &mut |_, _| {})
-            .and_then(|base| create_log(&self.path, base));
+    fn checkpoint_locked(&self, storage: &dyn Logged) -> Result<()> {
+        let written = storage.write_snapshot(&self.snapshot).and_then(|base| create_log(&self.path, base));
         let (file, salt) = match written {
             Ok(log) => log,
             Err(e) => {
@@ -506,14 +565,14 @@ impl Log {
 /// with no id twice go as one batch: that is the same as upserting them one after another
 /// (each gets the next slots, each replaced id's old slot is removed) and much faster to
 /// open.
-fn replay(image: &[u8], collection: &mut Collection, path: &Path) -> Result<log::Scanned> {
-    let dim = collection.config().dimension;
+fn replay(image: &[u8], storage: &mut dyn Logged, path: &Path) -> Result<log::Scanned> {
+    let dim = storage.dimension();
     let mut run = Run { vectors: Vectors::default(), ids: HashSet::new(), offset: 0, path };
     let scanned = log::scan(image, dim, |offset, change| -> Result<()> {
         match change {
             Change::Upsert(vectors) => {
                 if run.vectors.len() >= REPLAY_RUN || vectors.ids().iter().any(|id| run.ids.contains(id)) {
-                    run.apply(collection)?;
+                    run.apply(storage)?;
                 }
                 if run.vectors.len() == 0 {
                     run.offset = offset;
@@ -523,13 +582,12 @@ fn replay(image: &[u8], collection: &mut Collection, path: &Path) -> Result<log:
                 Ok(())
             }
             Change::Remove(ids) => {
-                run.apply(collection)?;
-                crate::exec::run(|| collection.remove(&ids))?.map_err(|e| not_applicable(path, offset, e))
+                run.apply(storage)?;
+                storage.replay_remove(&ids).map_err(|e| not_applicable(path, offset, e))
             }
             Change::Clear => {
-                run.apply(collection)?;
-                collection.clear();
-                Ok(())
+                run.apply(storage)?;
+                storage.replay_clear().map_err(|e| not_applicable(path, offset, e))
             }
         }
     })?;
@@ -538,7 +596,7 @@ fn replay(image: &[u8], collection: &mut Collection, path: &Path) -> Result<log:
         format: LOG_FORMAT_NAME,
         reason: e.to_string(),
     })?;
-    run.apply(collection)?;
+    run.apply(storage)?;
     Ok(scanned)
 }
 
@@ -571,12 +629,12 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn apply(&mut self, collection: &mut Collection) -> Result<()> {
+    fn apply(&mut self, storage: &mut dyn Logged) -> Result<()> {
         if self.vectors.len() == 0 {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.vectors);
         self.ids.clear();
-        crate::exec::run(|| collection.upsert(&batch))?.map_err(|e| not_applicable(self.path, self.offset, e))
+        storage.replay_upsert(&batch).map_err(|e| not_applicable(self.path, self.offset, e))
     }
 }

@@ -600,6 +600,18 @@ pub fn inspect_file(path: impl AsRef<Path>) -> Result<FileInfo> {
     })
 }
 
+/// The identity of the collection file at `path` (its length and header checksum: what a
+/// write-ahead log names as its base), read from its first 64 bytes alone.
+pub(crate) fn snapshot_id(path: &Path) -> Result<SnapshotId> {
+    use std::io::Read;
+    let io = io_error(path);
+    let mut file = std::fs::File::open(path).map_err(&io)?;
+    let bytes = file.metadata().map_err(&io)?.len();
+    let mut header = [0u8; format::HEADER_BYTES];
+    file.read_exact(&mut header).map_err(&io)?;
+    Ok(SnapshotId::of_header(&header, bytes))
+}
+
 /// The whole file at `path`, within the process's memory budget.
 pub(crate) fn read_image(path: &Path) -> Result<Vec<u8>> {
     let io = io_error(path);
