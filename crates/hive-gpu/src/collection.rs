@@ -444,7 +444,10 @@ impl Collection {
         let orders: Vec<u64> = match &mut self.order {
             Some(order) => {
                 order.try_reserve(count).map_err(|_| out_of_memory(count))?;
-                (0..count).map(|i| batch.order(i)).collect()
+                // A shard file opened as a collection of its own keeps increasing keys when
+                // written to directly (a save must find them increasing to write a readable file).
+                let next = order.last().map_or(0, |&last| last + 1);
+                (0..count).map(|i| batch.order(i).unwrap_or(next + i as u64)).collect()
             }
             None => Vec::new(),
         };
@@ -886,10 +889,11 @@ pub(crate) trait Batch: Sync {
     fn flat_values(&self) -> Option<&[f32]> {
         None
     }
-    /// Vector `i`'s order key, for a collection that keeps them (a shard: `crate::multi` gives
-    /// each vector of a write its place in the storage's write order).
-    fn order(&self, i: usize) -> u64 {
-        i as u64
+    /// Vector `i`'s order key, for a collection that keeps them: a shard's writes carry their
+    /// place in the storage's write order (`crate::multi`). None (any other batch) continues
+    /// after the collection's last key.
+    fn order(&self, _i: usize) -> Option<u64> {
+        None
     }
 }
 

@@ -873,7 +873,17 @@ fn a_shard_file_whose_order_keys_do_not_increase_or_that_claims_an_older_version
         assert!(e.to_string().contains(needle), "{e} does not mention {needle:?}");
     };
     std::fs::write(&path, &good).expect("write");
-    cpu.open_storage(&path).expect("the shard file opens as a collection of its own");
+    // A shard file opens as a collection of its own, and stays writable and savable: its keys
+    // go on increasing after direct writes (an upsert of a stored id among them).
+    let own = cpu.open_storage(&path).expect("the shard file opens as a collection of its own");
+    let stored = own.search(&[1.0; DIM], 1).expect("a search")[0].id.to_string();
+    let count = own.vector_count();
+    own.add_vectors(&[GpuVector::new(stored, vec![1.0; DIM]), GpuVector::new("direct", vec![2.0; DIM])])
+        .expect("direct writes");
+    own.save(&path).expect("a save of the written shard file");
+    let again = cpu.open_storage(&path).expect("the saved file opens again");
+    assert_eq!(again.vector_count(), count + 1, "one upsert and one new id");
+    std::fs::write(&path, &good).expect("write");
     let (_, body, length) = section(&good, 8);
     // Slot 1 repeating slot 0's key, then slot 2 going back to it (below slot 1's).
     let first = u64::from_le_bytes(good[body..body + 8].try_into().expect("8 bytes"));

@@ -316,8 +316,8 @@ impl<B: Batch + ?Sized> Batch for Subset<'_, B> {
             .map(|&i| crate::collection::payload_bytes(self.batch.metadata(i), self.batch.payload(i)))
             .sum()
     }
-    fn order(&self, i: usize) -> u64 {
-        self.first_order + self.indices[i] as u64
+    fn order(&self, i: usize) -> Option<u64> {
+        Some(self.first_order + self.indices[i] as u64)
     }
 }
 
