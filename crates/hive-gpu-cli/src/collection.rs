@@ -145,7 +145,7 @@ pub fn open_with_bar(
 }
 
 /// Whether the file at `path` starts like a sharded collection's manifest.
-fn is_manifest(path: &Path) -> Result<bool, HiveGpuError> {
+pub fn is_manifest(path: &Path) -> Result<bool, HiveGpuError> {
     use std::io::Read as _;
     let io = |source| HiveGpuError::Io { path: path.into(), source };
     let mut head = Vec::with_capacity(8);

@@ -312,7 +312,9 @@ struct SearchArgs {
     /// Base vectors (.fvecs, .bvecs, .npy, IDX).
     #[arg(long, required_unless_present = "collection", conflicts_with = "collection")]
     base: Option<PathBuf>,
-    /// A collection file to search instead of --base (its metric and precision apply).
+    /// A collection file to search instead of --base (its metric and precision apply), or a
+    /// sharded collection's manifest (`ShardedStorage::save`), opened on every device of
+    /// --backend (under auto: those of HIVE_GPU_DEVICES, else every device of the best backend).
     #[arg(long)]
     collection: Option<PathBuf>,
     /// Keep the collection's rows in the file, memory-mapped: the CPU backend searches them

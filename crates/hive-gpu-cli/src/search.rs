@@ -21,6 +21,33 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
     spinner.set_message("loading vectors");
     let queries = io::read_vectors(&args.query)?;
     let settings = &args.settings;
+    let dimension_mismatch = |path: &std::path::Path, dim: usize| {
+        HiveGpuError::InvalidArgument(format!(
+            "dimension mismatch: query file {} has {} components per vector, collection {} has {dim}",
+            args.query.display(),
+            queries.dim,
+            path.display(),
+        ))
+    };
+    // A sharded collection's manifest opens on every device of the backend asked for (all of
+    // HIVE_GPU_DEVICES, or of the best backend, under --backend auto).
+    if let Some(path) = &args.collection
+        && crate::collection::is_manifest(path)?
+    {
+        let contexts = match settings.backend {
+            crate::BackendArg::Auto => hive_gpu::GpuContext::all_devices()?,
+            other => vec![other.context()?],
+        };
+        spinner.set_message(format!("opening {} on {} device(s)", path.display(), contexts.len()));
+        let storage = hive_gpu::ShardedStorage::open(path, &contexts)?;
+        if storage.dimension() != queries.dim {
+            return Err(dimension_mismatch(path, storage.dimension()));
+        }
+        spinner.set_message(format!("searching {} queries", queries.rows));
+        let results = storage.search_batch_with(&queries.data, settings.k, &options)?;
+        spinner.finish_and_clear();
+        return print(args, &results);
+    }
     let context = settings.context()?;
     let storage = match (&args.base, &args.collection) {
         (_, Some(path)) => {
@@ -28,13 +55,7 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
             let storage =
                 spinner.suspend(|| crate::collection::open(&context, path, args.mapped, args.json))?;
             if storage.dimension() != queries.dim {
-                return Err(HiveGpuError::InvalidArgument(format!(
-                    "dimension mismatch: query file {} has {} components per vector, collection {} has {}",
-                    args.query.display(),
-                    queries.dim,
-                    path.display(),
-                    storage.dimension()
-                )));
+                return Err(dimension_mismatch(path, storage.dimension()));
             }
             storage
         }
@@ -56,6 +77,11 @@ pub fn run(args: &SearchArgs) -> Result<(), HiveGpuError> {
     spinner.set_message(format!("searching {} queries", queries.rows));
     let results = storage.search_batch_with(&queries.data, settings.k, &options)?;
     spinner.finish_and_clear();
+    print(args, &results)
+}
+
+/// Prints each query's neighbours, as text or JSON lines.
+fn print(args: &SearchArgs, results: &[Vec<hive_gpu::GpuSearchResult>]) -> Result<(), HiveGpuError> {
     for (qi, list) in results.iter().enumerate() {
         if args.json {
             let ids = list.iter().map(|r| Value::Str(r.id.to_string())).collect();

@@ -628,3 +628,59 @@ fn info_describes_a_sharded_collections_manifest_and_opens_it() {
     assert!(text.contains("shards          2"), "{text}");
     assert!(text.contains("opened"), "{text}");
 }
+
+#[test]
+fn search_reads_a_sharded_collections_manifest_and_names_a_dimension_mismatch() {
+    // The released sharded format's files: 12-dimensional, cosine, f16 (the library's tests check
+    // its answers against one collection's; here, that the CLI opens and searches it).
+    let manifest = data_dir().join("../crates/hive-gpu/tests/data/formats/sharded/sharded.hgs");
+    let manifest = manifest.to_str().expect("a UTF-8 path");
+    let dir = std::env::temp_dir().join(format!("hive-gpu-cli-sharded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let queries = dir.join("q.fvecs");
+    let rows: Vec<Vec<f32>> =
+        (0..3).map(|i| (0..12).map(|d| ((i * 5 + d) % 7) as f32 - 3.0).collect()).collect();
+    let mut bytes = Vec::new();
+    for row in &rows {
+        bytes.extend_from_slice(&12i32.to_le_bytes());
+        row.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+    }
+    std::fs::write(&queries, bytes).expect("the queries");
+    let out = run(
+        &[
+            "search",
+            "--collection",
+            manifest,
+            "--query",
+            queries.to_str().expect("utf-8"),
+            "-k",
+            "4",
+            "--json",
+            "--backend",
+            "cpu",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert!(text.lines().all(|l| l.contains("\"ids\":[\"")), "{text}");
+    // A query of another dimension names both files.
+    let out = run(
+        &[
+            "search",
+            "--collection",
+            manifest,
+            "--query",
+            &sift("siftsmall_query.fvecs"),
+            "-k",
+            "1",
+            "--backend",
+            "cpu",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("dimension mismatch"), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}
