@@ -390,6 +390,91 @@ mod tests {
         assert_eq!(got, vec![(7, 0.0), (4, 1.0), (8, 1.0), (1, 3.0)]);
     }
 
+    /// The scan against a brute force over every shape its tasks cut: codes of one word or
+    /// many (padding bits in the last), one query or several blocks of them, rows split over
+    /// threads (one query over 20,000 rows), several lists probed, removed and filtered rows,
+    /// and k beyond what the lists hold; ties (many equal distances) everywhere.
+    #[test]
+    fn the_scan_equals_a_brute_force_for_every_cut_of_its_work() {
+        let mut x = 99u64;
+        let mut next = move || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        for dim in [5, 64, 70, 784] {
+            let words = words(dim);
+            let lists = 3;
+            let rows = 20_000;
+            let centroids: Vec<f32> = (0..lists * dim).map(|_| (next() % 3) as f32 - 1.0).collect();
+            let mut slots = vec![Vec::new(); lists];
+            let mut codes = vec![Vec::new(); lists];
+            for slot in 0..rows as u32 {
+                let l = (next() % lists as u64) as usize;
+                let v: Vec<f32> = (0..dim).map(|_| (next() % 5) as f32 - 2.0).collect();
+                slots[l].push(slot);
+                pack(&v, &centroids[l * dim..(l + 1) * dim], &mut codes[l]);
+            }
+            let mut removed = SlotSet::default();
+            let mut allowed = SlotSet::default();
+            for s in 0..rows {
+                removed.set(s, s % 7 == 3);
+                allowed.set(s, s % 3 != 1);
+            }
+            for (nq, nprobe) in [(1, 1), (1, 3), (9, 2), (20, 1)] {
+                let queries: Vec<f32> = (0..nq * dim).map(|_| (next() % 5) as f32 - 2.0).collect();
+                let probes: Vec<u32> =
+                    (0..nq).flat_map(|q| (0..nprobe).map(move |p| ((q + p) % lists) as u32)).collect();
+                for filter in [None, Some(&allowed)] {
+                    for k in [1, 10, 300, 30_000] {
+                        let scan = BitScan {
+                            dim,
+                            queries: &queries,
+                            centroids: &centroids,
+                            slots: &slots,
+                            codes: &codes,
+                            probes: &probes,
+                            nprobe,
+                            removed: &removed,
+                            allowed: filter,
+                            generation: 0,
+                        };
+                        let got = scan_on_host(&scan, k).expect("a scan");
+                        for q in 0..nq {
+                            let mut want: Vec<(u32, u32)> = Vec::new();
+                            for &l in &probes[q * nprobe..(q + 1) * nprobe] {
+                                let l = l as usize;
+                                let mut packed = Vec::new();
+                                pack(
+                                    &queries[q * dim..(q + 1) * dim],
+                                    &centroids[l * dim..(l + 1) * dim],
+                                    &mut packed,
+                                );
+                                for (&slot, code) in slots[l].iter().zip(codes[l].chunks_exact(words)) {
+                                    let s = slot as usize;
+                                    if removed.contains(s) || filter.is_some_and(|a| !a.contains(s)) {
+                                        continue;
+                                    }
+                                    let d = code.iter().zip(&packed).map(|(a, b)| (a ^ b).count_ones()).sum();
+                                    want.push((d, slot));
+                                }
+                            }
+                            want.sort_unstable();
+                            want.truncate(k);
+                            let got: Vec<(u32, u32)> =
+                                got[q].iter().map(|n| (n.distance as u32, n.slot as u32)).collect();
+                            assert_eq!(
+                                got,
+                                want,
+                                "dim {dim} nq {nq} nprobe {nprobe} k {k} query {q} filtered {}",
+                                filter.is_some()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn many_rows_tighten_to_the_same_k_best_as_a_sort() {
         let mut best = Best::new(10, 2);
