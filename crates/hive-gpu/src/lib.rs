@@ -382,17 +382,8 @@ impl GpuContext {
         config: StorageConfig,
         options: DurableOptions,
     ) -> Result<GpuVectorStorage> {
-        let path = path.as_ref();
-        if path.file_name().is_none() {
-            return Err(HiveGpuError::InvalidArgument(format!("{} names no file", path.display())));
-        }
-        // Absolute, so that checkpoints go to the same file whatever the working directory
-        // becomes.
-        let path = &std::path::absolute(path)
-            .map_err(|source| HiveGpuError::Io { path: path.to_path_buf(), source })?;
-        let lock = persist::durable::lock(path)?;
-        let exists =
-            path.try_exists().map_err(|source| HiveGpuError::Io { path: path.to_path_buf(), source })?;
+        let (path, lock, exists) = persist::durable::claim(path.as_ref())?;
+        let path = &path;
         let mut storage = if exists {
             persist::with_checked(path, false, |file| {
                 persist::durable::check_config(path, &file.config(), &config)?;

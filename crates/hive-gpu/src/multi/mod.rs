@@ -16,8 +16,8 @@
 //! wait on each other.
 
 /// The methods every multi-device storage has in the same words, written over its
-/// `search_batch_results`, its `config` and its `members()` (the [`GpuVectorStorage`]s it is made
-/// of), so that the storages cannot drift apart.
+/// `search_batch_results`, its `config`, `writes` and `log` and its `members()` (the
+/// [`GpuVectorStorage`]s it is made of), so that the storages cannot drift apart.
 macro_rules! shared_methods {
     ($storage:ident, $member:literal) => {
         /// The `k` nearest neighbours of `query`, best first.
@@ -84,6 +84,24 @@ macro_rules! shared_methods {
         #[doc = concat!("The storage's configuration (every ", $member, "'s).")]
         pub fn config(&self) -> crate::StorageConfig {
             self.config
+        }
+
+        #[doc = concat!("On a durable storage ([`", stringify!($storage), "::open_durable`]): writes a new snapshot")]
+        /// and empties the log, so the next open replays nothing. Writes wait while it runs;
+        /// searches do not. A storage that is not durable has no log: an error.
+        pub fn checkpoint(&self) -> crate::Result<()> {
+            let Some(log) = &self.log else {
+                return Err(crate::HiveGpuError::InvalidArgument(
+                    concat!("checkpoint needs a durable storage (", stringify!($storage), "::open_durable)").into(),
+                ));
+            };
+            let _writing = super::lock(&self.writes);
+            log.checkpoint(self)
+        }
+
+        /// The write-ahead log's counters, on a durable storage.
+        pub fn log_stats(&self) -> Option<crate::LogStats> {
+            self.log.as_ref().map(|log| log.stats())
         }
     };
 }

@@ -295,23 +295,6 @@ impl ReplicatedStorage {
         crate::persist::save(&self.replicas[0].read(), path, &mut |_, _| {}).map(|_| ())
     }
 
-    /// On a durable storage ([`ReplicatedStorage::open_durable`]): writes a new snapshot and
-    /// empties the log. A storage that is not durable has no log: an error.
-    pub fn checkpoint(&self) -> Result<()> {
-        let Some(log) = &self.log else {
-            return Err(HiveGpuError::InvalidArgument(
-                "checkpoint needs a durable storage (ReplicatedStorage::open_durable)".into(),
-            ));
-        };
-        let _writing = lock(&self.writes);
-        log.checkpoint(self)
-    }
-
-    /// The write-ahead log's counters, on a durable storage.
-    pub fn log_stats(&self) -> Option<crate::LogStats> {
-        self.log.as_ref().map(|log| log.stats())
-    }
-
     /// Opens the durable collection at `path` with one replica on each context, creating it
     /// (empty, as `config` describes) when there is no file there. Durable as
     /// [`crate::GpuContext::open_durable`] is, with the same files (a collection file at `path`
@@ -324,13 +307,8 @@ impl ReplicatedStorage {
         options: crate::DurableOptions,
     ) -> Result<Self> {
         check_contexts(contexts, "replicated")?;
-        let path = path.as_ref();
-        if path.file_name().is_none() {
-            return Err(HiveGpuError::InvalidArgument(format!("{} names no file", path.display())));
-        }
-        let path = &std::path::absolute(path).map_err(crate::persist::io_error(path))?;
-        let lock = crate::persist::durable::lock(path)?;
-        let exists = path.try_exists().map_err(crate::persist::io_error(path))?;
+        let (path, lock, exists) = crate::persist::durable::claim(path.as_ref())?;
+        let path = &path;
         if !exists {
             let mut storage = Self::create(contexts, config)?;
             storage.log = Some(Log::create(lock, path, &storage, options)?);

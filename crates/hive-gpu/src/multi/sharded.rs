@@ -374,25 +374,6 @@ impl ShardedStorage {
         Ok(SnapshotId::of_header(&bytes, bytes.len() as u64))
     }
 
-    /// On a durable storage ([`ShardedStorage::open_durable`]): writes a new snapshot (every
-    /// shard file and the manifest) and empties the log, so the next open replays nothing.
-    /// Writes wait while it runs; searches do not. A storage that is not durable has no log:
-    /// an error.
-    pub fn checkpoint(&self) -> Result<()> {
-        let Some(log) = &self.log else {
-            return Err(HiveGpuError::InvalidArgument(
-                "checkpoint needs a durable storage (ShardedStorage::open_durable)".into(),
-            ));
-        };
-        let _writing = lock(&self.writes);
-        log.checkpoint(self)
-    }
-
-    /// The write-ahead log's counters, on a durable storage.
-    pub fn log_stats(&self) -> Option<crate::LogStats> {
-        self.log.as_ref().map(|log| log.stats())
-    }
-
     /// Opens the durable sharded collection at `path` on `contexts` (shard `i` on context
     /// `i % contexts.len()`), creating it (empty, as `config` describes, one shard per
     /// context weighted as [`ShardedStorage::create`] weighs them) when there is no manifest
@@ -411,13 +392,8 @@ impl ShardedStorage {
         options: crate::DurableOptions,
     ) -> Result<Self> {
         check_contexts(contexts, "sharded")?;
-        let path = path.as_ref();
-        if path.file_name().is_none() {
-            return Err(HiveGpuError::InvalidArgument(format!("{} names no file", path.display())));
-        }
-        let path = &std::path::absolute(path).map_err(crate::persist::io_error(path))?;
-        let lock = crate::persist::durable::lock(path)?;
-        let exists = path.try_exists().map_err(crate::persist::io_error(path))?;
+        let (path, lock, exists) = crate::persist::durable::claim(path.as_ref())?;
+        let path = &path;
         if !exists {
             let mut storage = Self::create(contexts, config)?;
             storage.log = Some(Log::create(lock, path, &storage, options)?);

@@ -67,6 +67,19 @@ impl Logged for Collection {
     }
 }
 
+/// What every durable open starts with: `path` made absolute (so that checkpoints go to the same
+/// file whatever the working directory becomes), the lock beside it taken ([`lock`]), and whether
+/// a snapshot is there already.
+pub(crate) fn claim(path: &Path) -> Result<(PathBuf, File, bool)> {
+    if path.file_name().is_none() {
+        return Err(HiveGpuError::InvalidArgument(format!("{} names no file", path.display())));
+    }
+    let path = std::path::absolute(path).map_err(io_error(path))?;
+    let lock = lock(&path)?;
+    let exists = path.try_exists().map_err(io_error(&path))?;
+    Ok((path, lock, exists))
+}
+
 /// Refuses to open the durable collection at `path`, which holds `found`, as `wanted`: the
 /// dimension, metric and storage precision must agree (the error says which differ).
 pub(crate) fn check_config(
