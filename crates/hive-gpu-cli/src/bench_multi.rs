@@ -217,62 +217,73 @@ pub fn run(args: &BenchMultiArgs) -> Result<(), HiveGpuError> {
     drop(replicated);
     let replicated_qps = report("replicated", devices.len(), args.rows, &measured, Some(&single.results));
 
-    say("stage 3: sharded");
-    let sharded = Store::Sharded(ShardedStorage::create(&devices, config)?);
-    let measured_sharded =
-        measure(&sharded, &ids[..sharded_rows], &base[..sharded_rows * dim], &queries, args)?;
-    let sizes = match &sharded {
-        Store::Sharded(s) => s.shard_sizes(),
-        _ => Vec::new(),
-    };
-    drop(sharded);
-    say(&format!("shard sizes {sizes:?}"));
-    let sharded_qps = report("sharded", devices.len(), sharded_rows, &measured_sharded, None);
-
+    let mut sharded_stage = None;
     let mut single_sharded_qps = None;
-    if !args.skip_single_sharded {
-        say("stage 4: one device over the sharded rows");
-        let one = Store::One(Box::new(first.create_storage_with(config)?));
-        match measure(&one, &ids[..sharded_rows], &base[..sharded_rows * dim], &queries, args) {
-            Ok(m) => {
-                single_sharded_qps = Some(report("one", 1, sharded_rows, &m, None));
-                let (differing, worst) = differences(&measured_sharded.results, &m.results);
-                let line = object(&[
-                    ("layout", Value::Str("sharded-against-one".into())),
-                    ("rows", Value::Int(sharded_rows as u64)),
-                    ("queries_differing", Value::Int(differing as u64)),
-                    ("max_score_difference", Value::Num(worst)),
-                ]);
-                if args.json {
-                    println!("{line}");
-                } else {
-                    println!(
-                        "   sharded against one device on {sharded_rows} rows: {differing} queries differ (largest score difference {worst:e})"
-                    );
+    if !args.skip_sharded {
+        say("stage 3: sharded");
+        let sharded = Store::Sharded(ShardedStorage::create(&devices, config)?);
+        let measured_sharded =
+            measure(&sharded, &ids[..sharded_rows], &base[..sharded_rows * dim], &queries, args)?;
+        let sizes = match &sharded {
+            Store::Sharded(s) => s.shard_sizes(),
+            _ => Vec::new(),
+        };
+        drop(sharded);
+        say(&format!("shard sizes {sizes:?}"));
+        let sharded_qps = report("sharded", devices.len(), sharded_rows, &measured_sharded, None);
+
+        if !args.skip_single_sharded {
+            say("stage 4: one device over the sharded rows");
+            let one = Store::One(Box::new(first.create_storage_with(config)?));
+            match measure(&one, &ids[..sharded_rows], &base[..sharded_rows * dim], &queries, args) {
+                Ok(m) => {
+                    single_sharded_qps = Some(report("one", 1, sharded_rows, &m, None));
+                    let (differing, worst) = differences(&measured_sharded.results, &m.results);
+                    let line = object(&[
+                        ("layout", Value::Str("sharded-against-one".into())),
+                        ("rows", Value::Int(sharded_rows as u64)),
+                        ("queries_differing", Value::Int(differing as u64)),
+                        ("max_score_difference", Value::Num(worst)),
+                    ]);
+                    if args.json {
+                        println!("{line}");
+                    } else {
+                        println!(
+                            "   sharded against one device on {sharded_rows} rows: {differing} queries differ (largest score difference {worst:e})"
+                        );
+                    }
                 }
+                Err(e @ (HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. })) => {
+                    say(&format!("one device cannot hold {sharded_rows} rows: {e}"));
+                }
+                Err(e) => return Err(e),
             }
-            Err(e @ (HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::OutOfMemory { .. })) => {
-                say(&format!("one device cannot hold {sharded_rows} rows: {e}"));
-            }
-            Err(e) => return Err(e),
         }
+        sharded_stage = Some((sharded_qps, median(&measured_sharded.singles), sizes));
     }
     let ratio = |a: f64, b: Option<f64>| b.map_or(Value::Null, |b| Value::Num(a / b));
+    // Without the sharded stage its ratios are null.
+    let of_sharded = |value: &dyn Fn(f64, Duration) -> (f64, Option<f64>)| {
+        sharded_stage.as_ref().map_or(Value::Null, |(qps, single_p50, _)| {
+            let (a, b) = value(*qps, *single_p50);
+            ratio(a, b)
+        })
+    };
+    let sizes = sharded_stage.as_ref().map_or(&[][..], |(_, _, sizes)| &sizes[..]);
+    let single_p50 = median(&single.singles).as_secs_f64();
     let summary = object(&[
         ("summary", Value::Str("bench-multi".into())),
         ("devices", Value::Int(devices.len() as u64)),
         ("replicated_qps_over_one", Value::Num(replicated_qps / single_qps)),
-        ("sharded_qps_over_one_same_rows", ratio(sharded_qps, single_sharded_qps)),
-        ("sharded_qps_over_one_on_rows_per_device", Value::Num(sharded_qps / single_qps)),
+        ("sharded_qps_over_one_same_rows", of_sharded(&|qps, _| (qps, single_sharded_qps))),
+        ("sharded_qps_over_one_on_rows_per_device", of_sharded(&|qps, _| (qps, Some(single_qps)))),
         (
             "sharded_rows_x_qps_over_one",
-            Value::Num(sharded_qps * sharded_rows as f64 / (single_qps * args.rows as f64)),
+            of_sharded(&|qps, _| (qps * sharded_rows as f64, Some(single_qps * args.rows as f64))),
         ),
         (
             "sharded_single_p50_over_one_on_rows_per_device",
-            Value::Num(
-                median(&measured_sharded.singles).as_secs_f64() / median(&single.singles).as_secs_f64(),
-            ),
+            of_sharded(&|_, p50| (p50.as_secs_f64(), Some(single_p50))),
         ),
         ("shard_sizes", Value::List(sizes.iter().map(|&s| Value::Int(s as u64)).collect())),
     ]);

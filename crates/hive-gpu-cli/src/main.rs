@@ -98,6 +98,10 @@ struct BenchMultiArgs {
     /// exactness check).
     #[arg(long)]
     skip_single_sharded: bool,
+    /// Skip the sharded storage (and the single device over its rows): one device against the
+    /// replicated storage only.
+    #[arg(long)]
+    skip_sharded: bool,
     /// Distance metric.
     #[arg(long, value_enum, default_value_t = MetricArg::L2)]
     metric: MetricArg,

@@ -14,7 +14,11 @@
 //!   searches where their parallel work arises (a CPU search, a big batch's preparation, its
 //!   results), so a single GPU query, which has none, keeps the caller's thread and pays no
 //!   hand-over (about 15 us on the H100 machine, 7% of that query: docs/PERFORMANCE.md). No
-//!   code under a collection's lock calls rayon except inside [`run`];
+//!   code under a collection's lock calls rayon except inside [`run`] or a scope of
+//!   [`run_off_pool`];
+//! - no pool thread blocks on work that needs other pool threads to finish: a section that
+//!   waits for long on a device or threads of its own ([`run_off_pool`]: a batch searched in
+//!   pieces) waits off the pool and only hands its short jobs to it;
 //! - the caller's thread waits for the pool without running anything else: a plain thread
 //!   blocks inside `install`; a worker of another rayon pool (where `install` would keep it busy
 //!   with that pool's jobs) hands the section to a plain scoped thread and blocks on joining it;
@@ -46,6 +50,34 @@ pub(crate) fn run<R: Send>(section: impl FnOnce() -> R + Send) -> Result<R> {
         let waiter = std::thread::Builder::new()
             .name("hive-gpu-waiter".into())
             .spawn_scoped(scope, || pool.install(section))
+            .map_err(|e| HiveGpuError::Internal(format!("cannot start a thread to wait on: {e}")))?;
+        Ok(waiter.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    })
+}
+
+/// Runs `section` off the library's pool, with a scope whose spawned jobs run on the pool, and
+/// returns once the section and every job it spawned are done: for a section that blocks for
+/// long on something other than the pool (a device, threads of its own), such as a batch
+/// searched in pieces by worker threads.
+///
+/// Inside the pool (through [`run`]), such a section would hold a pool thread for all its
+/// blocking, while the jobs it waits for (its workers' preparations and results) need pool
+/// threads of their own: with as many of those sections at once as the pool has threads (the
+/// shards of a sharded search, each searched in pieces, on a two-core machine) no job could
+/// start and every section waited for good. Off the pool, the section runs on the calling
+/// thread, or, where that is a thread of some rayon pool (ours included, which it would hold),
+/// on a plain thread that the caller blocks on, running nothing else meanwhile.
+pub(crate) fn run_off_pool<'scope, R: Send>(
+    section: impl FnOnce(&rayon::Scope<'scope>) -> R + Send,
+) -> Result<R> {
+    let pool = pool()?;
+    if rayon::current_thread_index().is_none() {
+        return Ok(pool.in_place_scope(section));
+    }
+    std::thread::scope(|scope| {
+        let waiter = std::thread::Builder::new()
+            .name("hive-gpu-waiter".into())
+            .spawn_scoped(scope, || pool.in_place_scope(section))
             .map_err(|e| HiveGpuError::Internal(format!("cannot start a thread to wait on: {e}")))?;
         Ok(waiter.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     })

@@ -156,3 +156,68 @@ fn writers_and_searchers_inside_one_rayon_pool_never_deadlock() {
         assert_eq!(storage.vector_count(), 1000 + 24 * 600 + 24 * 300);
     }
 }
+
+/// Trap: a batch searched in pieces waits for its piece workers, and the workers need the
+/// library's pool (query preparation, CPU and wgpu searches, the pieces' results). A search
+/// that waited on a pool thread held it: with as many such searches at once as the pool has
+/// threads (the shards of a sharded search on a two-core machine, or that many callers) no
+/// worker could get a pool thread and every search waited for good. More plain threads than
+/// the pool has, and as many jobs of a foreign pool, search batches of many small pieces at
+/// once; a watchdog turns a hang into a failure.
+#[test]
+fn more_batches_in_pieces_than_pool_threads_never_deadlock() {
+    use rayon::prelude::*;
+    let callers = std::thread::available_parallelism().map_or(2, |n| n.get()) + 2;
+    for context in contexts() {
+        let backend = context.backend_type();
+        let mut tuning = context.tuning().clone();
+        tuning.piece_queries = 4;
+        tuning.piece_workers = 3;
+        let context = context.with_tuning(tuning);
+        let storage = Arc::new(context.create_storage(DIM, GpuDistanceMetric::Euclidean).expect("storage"));
+        let seed: Vec<GpuVector> = (0..2000)
+            .map(|i| format!("s{i}"))
+            .map(|id| GpuVector::new(id.clone(), vector_for(&id)))
+            .collect();
+        storage.add_vectors(&seed).expect("seed");
+        let search = |caller: usize| {
+            let queries = Rng::new(caller as u64).normals(48 * DIM);
+            for _ in 0..3 {
+                let lists = storage.search_batch(&queries, 7).expect("a batch in pieces");
+                assert_eq!(lists.len(), 48);
+                assert!(lists.iter().all(|l| l.len() == 7));
+            }
+        };
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            for caller in 0..callers {
+                let sender = sender.clone();
+                scope.spawn(move || {
+                    search(caller);
+                    let _ = sender.send(());
+                });
+            }
+            let sender = sender.clone();
+            scope.spawn(move || {
+                let pool =
+                    rayon::ThreadPoolBuilder::new().num_threads(callers).build().expect("a foreign pool");
+                pool.install(|| (0..callers).into_par_iter().for_each(|caller| search(callers + caller)));
+                let _ = sender.send(());
+            });
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+            for _ in 0..=callers {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if receiver.recv_timeout(left).is_err() {
+                    // The scope would wait for the hung threads: end the process with the verdict
+                    // (on stderr itself: the harness's capture dies with the process).
+                    use std::io::Write as _;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "{backend}: {callers} callers searching batches in pieces made no progress for 300 s (deadlock)"
+                    );
+                    std::process::exit(101);
+                }
+            }
+        });
+    }
+}

@@ -28,6 +28,14 @@ fn groups() -> Vec<(String, Vec<GpuContext>)> {
             format!("{backend}, 3 logical shards"),
             vec![context.clone(), context.clone(), context.clone()],
         ));
+        // Batches cut into many small pieces (about 3 queries, 3 workers per member): the
+        // replicas' workers take pieces from one queue, and a piece's results must land in its
+        // own rows whichever replica answered it.
+        let mut small = context.tuning().clone();
+        small.piece_queries = 3;
+        small.piece_workers = 3;
+        let small = context.clone().with_tuning(small);
+        out.push((format!("{backend}, 2 logical shards, pieces of 3 queries"), vec![small.clone(), small]));
         let devices = list_devices(backend).map_or(0, |d| d.len());
         if devices >= 2 {
             let all = GpuContext::on_devices(&format!("{}:all", backend.name())).expect("every device opens");

@@ -35,7 +35,7 @@ pub(crate) fn search(
     if plan.k == 0 {
         return Ok(vec![Vec::new(); plan.nq]);
     }
-    let pieces = search_pieces(collection, queries, &plan, |_, neighbours| {
+    let pieces = search_pieces(&[collection], queries, &plan, |_, _, neighbours| {
         to_results(collection, neighbours, plan.k, with_payload)
     })?;
     Ok(pieces.into_iter().flatten().collect())
@@ -50,8 +50,26 @@ pub(crate) fn search_results(
     options: &SearchOptions,
     tuning: &Tuning,
 ) -> Result<SearchResults> {
+    search_results_across(&[collection], queries, k, options, tuning)
+}
+
+/// [`search_results`] over several collections that hold the same vectors in the same slots
+/// (the replicas of `crate::multi`): the batch is cut into pieces, an equal number per member,
+/// and each member's workers take the next piece left, so a member that runs faster (or has
+/// less else to do) answers more of them. The results are the same whichever member answers a
+/// piece. A batch of one piece runs on `members[0]`.
+pub(crate) fn search_results_across(
+    members: &[&Collection],
+    queries: &[f32],
+    k: usize,
+    options: &SearchOptions,
+    tuning: &Tuning,
+) -> Result<SearchResults> {
+    let first =
+        members.first().ok_or_else(|| HiveGpuError::Internal("a search over no collection".into()))?;
     let with_payload = options.with_metadata;
-    let plan = Plan::of(collection, queries, k, options, tuning)?;
+    let mut plan = Plan::of(first, queries, k, options, tuning)?;
+    plan.pieces = Pieces::across(plan.nq, tuning, members.len());
     let mut results = SearchResults::padded(plan.nq, plan.k, with_payload);
     if plan.k == 0 {
         return Ok(results);
@@ -59,10 +77,10 @@ pub(crate) fn search_results(
     let sizes: Vec<usize> = (0..plan.pieces.count).map(|i| plan.pieces.range(i, plan.nq).len()).collect();
     let rows: Vec<std::sync::Mutex<Option<RowsMut<'_>>>> =
         results.split_rows(&sizes).into_iter().map(|r| std::sync::Mutex::new(Some(r))).collect();
-    search_pieces(collection, queries, &plan, |i, neighbours| {
+    search_pieces(members, queries, &plan, |i, member, neighbours| {
         let taken = rows[i].lock().ok().and_then(|mut r| r.take());
         let piece = taken.ok_or_else(|| HiveGpuError::Internal(format!("piece {i} written twice")))?;
-        to_columns(collection, neighbours, piece)
+        to_columns(member, neighbours, piece)
     })?;
     drop(rows);
     Ok(results)
@@ -83,7 +101,7 @@ pub(crate) fn neighbours(
     if plan.k == 0 {
         return Ok((0, vec![Vec::new(); plan.nq]));
     }
-    let pieces = search_pieces(collection, queries, &plan, |_, neighbours| Ok(neighbours))?;
+    let pieces = search_pieces(&[collection], queries, &plan, |_, _, neighbours| Ok(neighbours))?;
     Ok((plan.k, pieces.into_iter().flatten().collect()))
 }
 
@@ -155,25 +173,29 @@ impl<'f> Plan<'f> {
     }
 }
 
-/// Searches a planned batch piece by piece and turns piece `i`'s neighbours into results with
-/// `assemble(i, neighbours)`; the pieces' results come back in query order.
+/// Searches a planned batch piece by piece on `members` (collections holding the same vectors
+/// in the same slots; one for a plain search) and turns piece `i`'s neighbours, found by
+/// `member`, into results with `assemble(i, member, neighbours)`; the pieces' results come back
+/// in query order.
 fn search_pieces<T: Send + Sync>(
-    collection: &Collection,
+    members: &[&Collection],
     queries: &[f32],
     plan: &Plan<'_>,
-    assemble: impl Fn(usize, Vec<Vec<Neighbor>>) -> Result<T> + Sync,
+    assemble: impl Fn(usize, &Collection, Vec<Vec<Neighbor>>) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
-    let config = *collection.config();
-    let dim = config.dimension;
+    let first =
+        *members.first().ok_or_else(|| HiveGpuError::Internal("a search over no collection".into()))?;
+    let dim = first.config().dimension;
     let (nq, k, pieces) = (plan.nq, plan.k, &plan.pieces);
     let allowed = plan.allowed.as_deref();
     if pieces.count == 1 {
-        let neighbours = collection.neighbours(queries, k, allowed, plan.probe)?;
-        return Ok(vec![assemble(0, neighbours)?]);
+        let neighbours = first.neighbours(queries, k, allowed, plan.probe)?;
+        return Ok(vec![assemble(0, first, neighbours)?]);
     }
-    // Pieces are searched by `pieces.workers` threads in turn, and each piece's results are built on
-    // other threads while its worker searches the next: the device is not left idle while
-    // the host prepares queries or builds result structures.
+    // Pieces are searched by `pieces.workers` threads per member, each taking the next piece
+    // left, and each piece's results are built on other threads while its worker searches the
+    // next: the device is not left idle while the host prepares queries or builds result
+    // structures.
     //
     // The workers are threads of their own, not jobs of the library's pool: a worker blocks on
     // its device for a whole piece, and a pool thread that waits inside its own parallel work
@@ -186,44 +208,47 @@ fn search_pieces<T: Send + Sync>(
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let assemble = &assemble;
-    // On the library's pool (`crate::exec`): the caller holds the collection's lock.
-    crate::exec::run(|| {
-        rayon::scope(|scope| {
-            let work = || loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= pieces.count || failed.load(Ordering::Relaxed) {
-                    break;
+    // The pieces' results are built on the library's pool (`crate::exec`: the caller holds the
+    // collections' locks), while this thread only waits for the workers, off the pool.
+    crate::exec::run_off_pool(|scope| {
+        let work = |m: usize| loop {
+            let member = members[m];
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= pieces.count || failed.load(Ordering::Relaxed) {
+                break;
+            }
+            let range = pieces.range(i, nq);
+            let piece = &queries[range.start * dim..range.end * dim];
+            match member.neighbours(piece, k, allowed, plan.probe) {
+                Ok(neighbours) => {
+                    let slot = &done[i];
+                    scope.spawn(move |_| {
+                        let _ = slot.set(assemble(i, member, neighbours));
+                    });
                 }
-                let range = pieces.range(i, nq);
-                let piece = &queries[range.start * dim..range.end * dim];
-                match collection.neighbours(piece, k, allowed, plan.probe) {
-                    Ok(neighbours) => {
-                        let slot = &done[i];
-                        scope.spawn(move |_| {
-                            let _ = slot.set(assemble(i, neighbours));
-                        });
-                    }
-                    Err(e) => {
-                        failed.store(true, Ordering::Relaxed);
-                        let _ = done[i].set(Err(e));
-                    }
+                Err(e) => {
+                    failed.store(true, Ordering::Relaxed);
+                    let _ = done[i].set(Err(e));
                 }
-            };
-            std::thread::scope(|threads| {
-                let started = (0..pieces.workers)
-                    .filter(|w| {
-                        std::thread::Builder::new()
-                            .name(format!("hive-gpu-piece-{w}"))
-                            .spawn_scoped(threads, work)
-                            .is_ok()
-                    })
-                    .count();
-                // Where the OS refuses every thread, this one works through the pieces.
-                if started == 0 {
-                    work();
-                }
-            });
-        })
+            }
+        };
+        let work = &work;
+        std::thread::scope(|threads| {
+            // Started member by member in turn, so that the first pieces taken alternate.
+            let started = (0..pieces.workers)
+                .flat_map(|w| (0..members.len()).map(move |m| (w, m)))
+                .filter(|&(w, m)| {
+                    std::thread::Builder::new()
+                        .name(format!("hive-gpu-piece-{m}-{w}"))
+                        .spawn_scoped(threads, move || work(m))
+                        .is_ok()
+                })
+                .count();
+            // Where the OS refuses every thread, this one works through the pieces.
+            if started == 0 {
+                work(0);
+            }
+        });
     })?;
     let mut results = Vec::with_capacity(pieces.count);
     for (i, piece) in done.into_iter().enumerate() {
@@ -233,10 +258,10 @@ fn search_pieces<T: Send + Sync>(
             // out of it, and those skipped after it, run again on their own.
             Some(Err(HiveGpuError::VramLimitExceeded { .. })) | None => {
                 // The other pieces' idle workspaces would keep their memory: free them first.
-                collection.rows().release_scratch();
+                first.rows().release_scratch();
                 let range = pieces.range(i, nq);
                 let piece = &queries[range.start * dim..range.end * dim];
-                assemble(i, collection.neighbours(piece, k, allowed, plan.probe)?)?
+                assemble(i, first, first.neighbours(piece, k, allowed, plan.probe)?)?
             }
             Some(Err(e)) => return Err(e),
         };
@@ -245,11 +270,10 @@ fn search_pieces<T: Send + Sync>(
     Ok(results)
 }
 
-/// How a batch is cut for [`search_pieces`]: `count` pieces of at most `size` queries, searched by
-/// `workers` threads.
+/// How a batch is cut for [`search_pieces`]: `count` pieces of sizes that differ by one query at
+/// most (none empty while there are queries), searched by `workers` threads (per member).
 struct Pieces {
     count: usize,
-    size: usize,
     workers: usize,
 }
 
@@ -264,16 +288,28 @@ impl Pieces {
         let size = tuning.piece_queries.max(1);
         let workers = tuning.piece_workers.max(1);
         if nq < 2 * size || workers == 1 {
-            return Self { count: 1, size: nq, workers: 1 };
+            return Self { count: 1, workers: 1 };
         }
-        let count = nq.div_ceil(size);
-        let size = nq.div_ceil(count);
-        // Whole pieces of `size` (the last one shorter): none is left empty.
-        Self { count: nq.div_ceil(size), size, workers }
+        Self { count: nq.div_ceil(size), workers }
     }
 
+    /// Pieces for `members` collections searched at once, `workers` threads each: what
+    /// [`Pieces::of`] gives, raised to a whole number of pieces per member (at most one per
+    /// query), and at most as many workers per member as its even share of pieces, so that the
+    /// pieces the workers take at the start split evenly over the members.
+    fn across(nq: usize, tuning: &Tuning, members: usize) -> Self {
+        let one = Self::of(nq, tuning);
+        if members <= 1 || nq <= 1 {
+            return one;
+        }
+        let count = one.count.max(members).next_multiple_of(members).min(nq);
+        let workers = tuning.piece_workers.max(1).min((count / members).max(1));
+        Self { count, workers }
+    }
+
+    /// Piece `i` of a batch of `nq` queries.
     fn range(&self, i: usize, nq: usize) -> std::ops::Range<usize> {
-        i * self.size..((i + 1) * self.size).min(nq)
+        nq * i / self.count..nq * (i + 1) / self.count
     }
 }
 
@@ -441,29 +477,51 @@ mod tests {
 
     #[test]
     fn pieces_cover_every_query_once_and_none_is_empty() {
-        for nq in [0, 1, 9, 10, 11, 100, 4095, 4096, 4097, 10_000, 65_537] {
+        for nq in [0, 1, 2, 3, 9, 10, 11, 100, 4095, 4096, 4097, 10_000, 65_537] {
             for (size, workers) in [(1, 4), (3, 4), (2048, 4), (2048, 1), (1000, 8), (5000, 3)] {
-                let pieces = Pieces::of(nq, &tuning(size, workers));
-                let mut next = 0;
-                for i in 0..pieces.count {
-                    let range = pieces.range(i, nq);
-                    assert_eq!(range.start, next, "nq {nq} size {size} workers {workers} piece {i}");
-                    assert!(!range.is_empty() || nq == 0, "nq {nq} size {size}: piece {i} is empty");
-                    next = range.end;
+                for members in 1..=3 {
+                    let pieces = Pieces::across(nq, &tuning(size, workers), members);
+                    let at = format!("nq {nq} size {size} workers {workers} members {members}");
+                    assert!(pieces.workers >= 1 && pieces.workers <= workers.max(1), "{at}");
+                    if members > 1 && nq >= members {
+                        // Every member has pieces to take, as many as every other's.
+                        assert!(
+                            pieces.count.is_multiple_of(members) || pieces.count == nq,
+                            "{at}: {} pieces",
+                            pieces.count
+                        );
+                        assert!(pieces.workers * members <= pieces.count, "{at}: more workers than pieces");
+                    }
+                    assert_covered(&pieces, nq, &at);
                 }
-                assert_eq!(next, nq, "nq {nq} size {size} workers {workers}: queries left out");
+                let pieces = Pieces::of(nq, &tuning(size, workers));
+                assert_covered(&pieces, nq, &format!("nq {nq} size {size} workers {workers}"));
             }
         }
+    }
+
+    fn assert_covered(pieces: &Pieces, nq: usize, at: &str) {
+        let mut next = 0;
+        for i in 0..pieces.count {
+            let range = pieces.range(i, nq);
+            assert_eq!(range.start, next, "{at} piece {i}");
+            assert!(!range.is_empty() || nq == 0, "{at}: piece {i} is empty");
+            next = range.end;
+        }
+        assert_eq!(next, nq, "{at}: queries left out");
     }
 
     #[test]
     fn the_piece_knobs_decide_the_cut_and_a_batch_under_two_pieces_stays_whole() {
         let defaults = Tuning::default();
         let cut = Pieces::of(10_000, &defaults);
-        assert_eq!((cut.count, cut.size, cut.workers), (5, 2000, 4));
+        assert_eq!((cut.count, cut.range(0, 10_000).len(), cut.workers), (5, 2000, 4));
         assert_eq!(Pieces::of(4095, &defaults).count, 1);
         let five = Pieces::of(10_000, &tuning(2500, 5));
-        assert_eq!((five.count, five.size, five.workers), (4, 2500, 5));
+        assert_eq!((five.count, five.range(3, 10_000).len(), five.workers), (4, 2500, 5));
         assert_eq!(Pieces::of(10_000, &tuning(2048, 1)).count, 1);
+        // Two replicas: the five pieces of one device become six, three workers each.
+        let two = Pieces::across(10_000, &defaults, 2);
+        assert_eq!((two.count, two.workers), (6, 3));
     }
 }

@@ -8,10 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::{
     Whole, check_contexts, check_queries, lock, logged, on_each, read_all, remove_all, upsert_all, write_all,
 };
-use crate::backend::Neighbor;
 use crate::collection::{Collection, FlatBatch, check_batch};
 use crate::error::{HiveGpuError, Result};
-use crate::index::flat::{Resolved, fill_columns};
 use crate::index::spec::IndexSpec;
 use crate::persist::durable::{Log, Logged};
 use crate::persist::log::{PendingRecord, SnapshotId};
@@ -22,10 +20,10 @@ use crate::{GpuContext, GpuVectorStorage};
 /// A collection copied onto several devices: each holds every vector, so any one answers any
 /// search, and more devices answer more queries per second.
 ///
-/// A batch is split into one contiguous part per replica, searched at once, and the parts'
-/// results put back in query order; a search of fewer queries than there are replicas goes to
-/// the replicas with the fewest searches running (single queries from many threads spread over
-/// the devices). Writes go to every replica, all or nothing: each stages the write (memory,
+/// A batch is cut into pieces that every replica's workers take in turn, so that a faster or
+/// less busy device answers more of them, and the pieces' results are put back in query order;
+/// a search of one piece goes to the replica with the fewest searches running (single queries
+/// from many threads spread over the devices). Writes go to every replica, all or nothing: each stages the write (memory,
 /// uploads) before any commits, so the replicas always hold the same vectors in the same slots
 /// and every search returns exactly what one collection would, on whichever replica it runs.
 /// [`ReplicatedStorage::build_index`] trains the same index on each replica (training is
@@ -164,49 +162,23 @@ impl ReplicatedStorage {
         if guards[0].len() == 0 {
             return Err(HiveGpuError::EmptyCollection);
         }
-        // One contiguous part per chosen replica, the least busy first.
+        // Every replica takes pieces of the batch (a batch of one piece goes to the least busy).
         let chosen = self.least_busy(nq.min(self.replicas.len()));
-        let parts = chosen.len();
-        let sizes: Vec<usize> = (0..parts).map(|p| nq * (p + 1) / parts - nq * p / parts).collect();
-        let running: Vec<Running<'_>> = chosen
+        let _running: Vec<Running<'_>> = chosen
             .iter()
             .map(|&r| {
                 self.running[r].fetch_add(1, Ordering::Relaxed);
                 Running(&self.running[r])
             })
             .collect();
-        let dim = self.config.dimension;
-        let mut start = 0;
-        let work: Vec<(usize, &[f32])> = chosen
-            .iter()
-            .zip(&sizes)
-            .map(|(&r, &size)| {
-                let part = &queries[start * dim..(start + size) * dim];
-                start += size;
-                (r, part)
-            })
-            .collect();
-        let found: Vec<Result<(usize, Vec<Vec<Neighbor>>)>> = on_each(work, |_, (r, part)| {
-            crate::index::flat::neighbours(&guards[r], part, k, options, &self.replicas[r].tuning)
-        });
-        drop(running);
-        let found = found.into_iter().collect::<Result<Vec<_>>>()?;
-        // Every replica holds the same vectors: the same k (at most k, fewer under a filter).
-        let k = found.iter().map(|(k, _)| *k).max().unwrap_or(0);
-        let mut results = SearchResults::padded(nq, k, options.with_metadata);
-        if k == 0 {
-            return Ok(results);
-        }
-        for ((&r, (_, lists)), rows) in chosen.iter().zip(&found).zip(results.split_rows(&sizes)) {
-            let collection: &Collection = &guards[r];
-            fill_columns(self.config.metric, lists, rows, |n: &Neighbor| {
-                let (id, metadata, payload) = collection.entry(n.slot).ok_or_else(|| {
-                    HiveGpuError::Internal(format!("replica {r} returned removed slot {}", n.slot))
-                })?;
-                Ok(Resolved { slot: n.slot, id, metadata, payload, distance: n.distance })
-            })?;
-        }
-        Ok(results)
+        let members: Vec<&Collection> = chosen.iter().map(|&r| &*guards[r]).collect();
+        crate::index::flat::search_results_across(
+            &members,
+            queries,
+            k,
+            options,
+            &self.replicas[chosen[0]].tuning,
+        )
     }
 
     /// The `count` replicas with the fewest searches running, in replica order from a turn that
