@@ -917,24 +917,30 @@ fn a_shard_file_whose_order_keys_do_not_increase_or_that_claims_an_older_version
 
 #[test]
 fn durable_sharded_and_replicated_storages_replay_their_log_and_fold_it_in_at_a_checkpoint() {
+    for (name, group) in groups() {
+        durable_replay_and_checkpoint(&name, &group);
+    }
+}
+
+/// The durable storages over `group` against one collection on its first context.
+fn durable_replay_and_checkpoint(name: &str, group: &[GpuContext]) {
     use hive_gpu::DurableOptions;
-    let dir = scratch("durable");
-    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
-    let group = [cpu.clone(), cpu.clone(), cpu.clone()];
+    let dir = scratch(&format!("durable-{}", name.replace([' ', ','], "-")));
+    let first = &group[0];
     let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
     let (writes, queries) = history(51);
     let queries: Vec<f32> = queries.concat();
-    let reference = cpu.create_storage_with(config).expect("one collection");
+    let reference = first.create_storage_with(config).expect("one collection");
     for write in &writes {
         reference.apply(write).expect("a write");
     }
     let (sharded_path, replicated_path) = (dir.join("s.hgs"), dir.join("r.hgc"));
     let open_sharded =
-        || ShardedStorage::open_durable(&sharded_path, &group, config, DurableOptions::default());
+        || ShardedStorage::open_durable(&sharded_path, group, config, DurableOptions::default());
     let open_replicated =
-        || ReplicatedStorage::open_durable(&replicated_path, &group, config, DurableOptions::default());
+        || ReplicatedStorage::open_durable(&replicated_path, group, config, DurableOptions::default());
     {
-        let sharded = open_sharded().expect("a new durable sharded storage");
+        let sharded = open_sharded().unwrap_or_else(|e| panic!("{name}: a new durable sharded storage: {e}"));
         let replicated = open_replicated().expect("a new durable replicated storage");
         // One storage at a time holds a durable collection.
         assert!(
@@ -955,8 +961,8 @@ fn durable_sharded_and_replicated_storages_replay_their_log_and_fold_it_in_at_a_
         let replicated = open_replicated().expect("the replicated storage again");
         assert_eq!(sharded.log_stats().expect("a log").replayed, logged);
         assert_eq!(replicated.log_stats().expect("a log").replayed, logged);
-        assert_answers_alike("durable sharded, replayed", &sharded, &reference, &queries);
-        assert_answers_alike("durable replicated, replayed", &replicated, &reference, &queries);
+        assert_answers_alike(&format!("{name}: durable sharded, replayed"), &sharded, &reference, &queries);
+        assert_answers_alike(&format!("{name}: durable replicated, replayed"), &replicated, &reference, &queries);
         sharded.checkpoint().expect("a checkpoint");
         replicated.save(&replicated_path).expect("a save to its own path checkpoints");
         // A write after the checkpoint is in the new log only.
@@ -969,17 +975,17 @@ fn durable_sharded_and_replicated_storages_replay_their_log_and_fold_it_in_at_a_
     let replicated = open_replicated().expect("after the checkpoint");
     assert_eq!(sharded.log_stats().expect("a log").replayed, 1);
     assert_eq!(replicated.log_stats().expect("a log").replayed, 1);
-    assert_answers_alike("durable sharded, checkpointed", &sharded, &reference, &queries);
-    assert_answers_alike("durable replicated, checkpointed", &replicated, &reference, &queries);
+    assert_answers_alike(&format!("{name}: durable sharded, checkpointed"), &sharded, &reference, &queries);
+    assert_answers_alike(&format!("{name}: durable replicated, checkpointed"), &replicated, &reference, &queries);
     // The snapshot is an ordinary sharded save: it opens without the log too (the late write
     // aside, which only the log holds).
     drop(sharded);
-    let plain = ShardedStorage::open(&sharded_path, std::slice::from_ref(&cpu)).expect("the snapshot alone");
+    let plain = ShardedStorage::open(&sharded_path, std::slice::from_ref(first)).expect("the snapshot alone");
     assert_eq!(plain.vector_count(), reference.vector_count() - 1);
     // A durable collection of another shape is refused by name.
     drop(replicated);
     let other = StorageConfig::new(DIM + 1, GpuDistanceMetric::Euclidean);
-    let e = ReplicatedStorage::open_durable(&replicated_path, &group, other, DurableOptions::default())
+    let e = ReplicatedStorage::open_durable(&replicated_path, group, other, DurableOptions::default())
         .expect_err("another dimension");
     assert!(e.to_string().contains("dimension"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
