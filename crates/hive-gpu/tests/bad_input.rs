@@ -72,6 +72,24 @@ fn non_finite_values_are_rejected() {
     }
 }
 
+/// Trap: a big batch's values are checked in parallel, and whichever thread finds an invalid
+/// query first must not decide the error: the batch is refused by its first invalid query.
+#[test]
+fn a_big_batch_is_refused_by_its_first_invalid_query() {
+    for context in contexts() {
+        let storage = seeded(&context, GpuDistanceMetric::Euclidean);
+        let before = snapshot(&storage);
+        // 40,000 queries of 3 values: past the parallel check's threshold (65,536 values).
+        let mut queries = vec![0.5f32; 40_000 * 3];
+        for (query, bad) in [(39_000, f32::NAN), (25_001, f32::INFINITY), (31_000, 1e30)] {
+            queries[query * 3 + 2] = bad;
+        }
+        let err = storage.search_batch(&queries, 1).unwrap_err();
+        assert!(err.to_string().contains("query 25001:"), "{}: {err}", context.backend_type());
+        assert_eq!(snapshot(&storage), before);
+    }
+}
+
 #[test]
 fn cosine_zero_vectors_are_errors_not_nan() {
     for context in contexts() {

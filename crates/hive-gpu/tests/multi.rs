@@ -962,7 +962,12 @@ fn durable_replay_and_checkpoint(name: &str, group: &[GpuContext]) {
         assert_eq!(sharded.log_stats().expect("a log").replayed, logged);
         assert_eq!(replicated.log_stats().expect("a log").replayed, logged);
         assert_answers_alike(&format!("{name}: durable sharded, replayed"), &sharded, &reference, &queries);
-        assert_answers_alike(&format!("{name}: durable replicated, replayed"), &replicated, &reference, &queries);
+        assert_answers_alike(
+            &format!("{name}: durable replicated, replayed"),
+            &replicated,
+            &reference,
+            &queries,
+        );
         sharded.checkpoint().expect("a checkpoint");
         replicated.save(&replicated_path).expect("a save to its own path checkpoints");
         // A write after the checkpoint is in the new log only.
@@ -976,7 +981,12 @@ fn durable_replay_and_checkpoint(name: &str, group: &[GpuContext]) {
     assert_eq!(sharded.log_stats().expect("a log").replayed, 1);
     assert_eq!(replicated.log_stats().expect("a log").replayed, 1);
     assert_answers_alike(&format!("{name}: durable sharded, checkpointed"), &sharded, &reference, &queries);
-    assert_answers_alike(&format!("{name}: durable replicated, checkpointed"), &replicated, &reference, &queries);
+    assert_answers_alike(
+        &format!("{name}: durable replicated, checkpointed"),
+        &replicated,
+        &reference,
+        &queries,
+    );
     // The snapshot is an ordinary sharded save: it opens without the log too (the late write
     // aside, which only the log holds).
     drop(sharded);

@@ -31,7 +31,8 @@ pub(crate) fn search(
     tuning: &Tuning,
 ) -> Result<Vec<Vec<GpuSearchResult>>> {
     let with_payload = options.with_metadata;
-    let plan = Plan::of(collection, queries, k, options, tuning)?;
+    let batch = check_queries(collection.config(), queries, k)?;
+    let plan = Plan::of(collection, batch, k, options, tuning)?;
     if plan.k == 0 {
         return Ok(vec![Vec::new(); plan.nq]);
     }
@@ -50,7 +51,7 @@ pub(crate) fn search_results(
     options: &SearchOptions,
     tuning: &Tuning,
 ) -> Result<SearchResults> {
-    search_results_across(&[collection], queries, k, options, tuning)
+    search_results_across(&[collection], check_queries(collection.config(), queries, k)?, k, options, tuning)
 }
 
 /// [`search_results`] over several collections that hold the same vectors in the same slots
@@ -60,7 +61,7 @@ pub(crate) fn search_results(
 /// piece. A batch of one piece runs on `members[0]`.
 pub(crate) fn search_results_across(
     members: &[&Collection],
-    queries: &[f32],
+    batch: Checked<'_>,
     k: usize,
     options: &SearchOptions,
     tuning: &Tuning,
@@ -68,7 +69,8 @@ pub(crate) fn search_results_across(
     let first =
         members.first().ok_or_else(|| HiveGpuError::Internal("a search over no collection".into()))?;
     let with_payload = options.with_metadata;
-    let mut plan = Plan::of(first, queries, k, options, tuning)?;
+    let queries = batch.queries;
+    let mut plan = Plan::of(first, batch, k, options, tuning)?;
     plan.pieces = Pieces::across(plan.nq, tuning, members.len());
     let mut results = SearchResults::padded(plan.nq, plan.k, with_payload);
     if plan.k == 0 {
@@ -92,12 +94,13 @@ pub(crate) fn search_results_across(
 /// (the shards of `crate::multi`).
 pub(crate) fn neighbours(
     collection: &Collection,
-    queries: &[f32],
+    batch: Checked<'_>,
     k: usize,
     options: &SearchOptions,
     tuning: &Tuning,
 ) -> Result<(usize, Vec<Vec<Neighbor>>)> {
-    let plan = Plan::of(collection, queries, k, options, tuning)?;
+    let queries = batch.queries;
+    let plan = Plan::of(collection, batch, k, options, tuning)?;
     if plan.k == 0 {
         return Ok((0, vec![Vec::new(); plan.nq]));
     }
@@ -105,24 +108,44 @@ pub(crate) fn neighbours(
     Ok((plan.k, pieces.into_iter().flatten().collect()))
 }
 
+/// A row-major batch of queries that passed [`check_queries`] against a collection's (or a
+/// multi-device storage's) configuration, and how many queries it holds: the members of a
+/// sharded or replicated storage search it without checking every value again.
+#[derive(Clone, Copy)]
+pub(crate) struct Checked<'q> {
+    pub(crate) queries: &'q [f32],
+    pub(crate) nq: usize,
+}
+
+/// Values from which a batch's check runs on the library's pool: below it, handing the check
+/// over costs more than it saves (about 2 ms for 10,000 x 128 serially, a chain of f64 adds per
+/// query; `hive-gpu bench-multi`, docs/PERFORMANCE.md, multi-GPU section).
+const PARALLEL_CHECK_VALUES: usize = 1 << 16;
+
 /// Checks a search's `k` and its row-major batch of queries against `config` (whole queries,
-/// valid values) and returns how many queries there are: what every search of one collection or
-/// of several (`crate::multi`) checks first.
-pub(crate) fn check_queries(config: &StorageConfig, queries: &[f32], k: usize) -> Result<usize> {
+/// valid values): what every search of one collection or of several (`crate::multi`) checks
+/// first. An invalid batch is refused by its first invalid query.
+pub(crate) fn check_queries<'q>(config: &StorageConfig, queries: &'q [f32], k: usize) -> Result<Checked<'q>> {
     let dim = config.dimension;
     if k == 0 {
         return Err(HiveGpuError::InvalidArgument("k must be at least 1".into()));
     }
-    if !queries.len().is_multiple_of(dim) {
+    if dim == 0 || !queries.len().is_multiple_of(dim) {
         return Err(HiveGpuError::InvalidArgument(format!(
             "a batch of {} values is not a whole number of {dim}-dimensional queries",
             queries.len()
         )));
     }
-    for (i, q) in queries.chunks_exact(dim).enumerate() {
-        check_values(q, config, Subject::Query(i))?;
+    let valid = |q: &[f32]| check_values(q, config, Subject::Query(0)).is_ok();
+    let first_invalid = if queries.len() >= PARALLEL_CHECK_VALUES {
+        crate::exec::run(|| queries.par_chunks_exact(dim).position_first(|q| !valid(q)))?
+    } else {
+        queries.chunks_exact(dim).position(|q| !valid(q))
+    };
+    if let Some(i) = first_invalid {
+        check_values(&queries[i * dim..(i + 1) * dim], config, Subject::Query(i))?;
     }
-    Ok(queries.len() / dim)
+    Ok(Checked { queries, nq: queries.len() / dim })
 }
 
 /// A validated batch: its queries, the k its lists hold (0 when no vector passes the filter),
@@ -139,12 +162,12 @@ struct Plan<'f> {
 impl<'f> Plan<'f> {
     fn of(
         collection: &Collection,
-        queries: &[f32],
+        batch: Checked<'_>,
         k: usize,
         options: &'f SearchOptions,
         tuning: &Tuning,
     ) -> Result<Self> {
-        let nq = check_queries(collection.config(), queries, k)?;
+        let nq = batch.nq;
         if nq == 0 {
             return Ok(Self { nq, k: 0, probe: None, allowed: None, pieces: Pieces::of(0, tuning) });
         }
@@ -293,18 +316,23 @@ impl Pieces {
         Self { count: nq.div_ceil(size), workers }
     }
 
-    /// Pieces for `members` collections searched at once, `workers` threads each: what
-    /// [`Pieces::of`] gives, raised to a whole number of pieces per member (at most one per
-    /// query), and at most as many workers per member as its even share of pieces, so that the
-    /// pieces the workers take at the start split evenly over the members.
+    /// Pieces for `members` collections searched at once: at most two workers per member (one
+    /// piece on its device while the next is prepared), and pieces in whole rounds of one per
+    /// worker (at least what [`Pieces::of`] gives, at most one per query). The workers of one
+    /// device finish their pieces together; had a round fewer pieces than workers, the first
+    /// device to finish would take them all and the other would wait: with 10 pieces for 2 x 4
+    /// workers, 3 of 7 passes of a 10,000-query batch on two H200s took 96 ms instead of 80,
+    /// what one device searching 6 of the 10 pieces takes (`scripts/gpu-replicated-sweep.sh`,
+    /// docs/PERFORMANCE.md, multi-GPU section).
     fn across(nq: usize, tuning: &Tuning, members: usize) -> Self {
         let one = Self::of(nq, tuning);
         if members <= 1 || nq <= 1 {
             return one;
         }
-        let count = one.count.max(members).next_multiple_of(members).min(nq);
-        let workers = tuning.piece_workers.max(1).min((count / members).max(1));
-        Self { count, workers }
+        let workers = tuning.piece_workers.clamp(1, 2);
+        let round = members * workers;
+        let count = one.count.max(round).next_multiple_of(round).min(nq);
+        Self { count, workers: workers.min((count / members).max(1)) }
     }
 
     /// Piece `i` of a batch of `nq` queries.
@@ -520,8 +548,8 @@ mod tests {
         let five = Pieces::of(10_000, &tuning(2500, 5));
         assert_eq!((five.count, five.range(3, 10_000).len(), five.workers), (4, 2500, 5));
         assert_eq!(Pieces::of(10_000, &tuning(2048, 1)).count, 1);
-        // Two replicas: the five pieces of one device become six, three workers each.
+        // Two replicas: the five pieces of one device become two rounds of two per replica.
         let two = Pieces::across(10_000, &defaults, 2);
-        assert_eq!((two.count, two.workers), (6, 3));
+        assert_eq!((two.count, two.workers), (8, 2));
     }
 }

@@ -154,7 +154,8 @@ impl ReplicatedStorage {
         k: usize,
         options: &SearchOptions,
     ) -> Result<SearchResults> {
-        let nq = check_queries(&self.config, queries, k)?;
+        let batch = check_queries(&self.config, queries, k)?;
+        let nq = batch.nq;
         let guards = read_all(&self.replicas);
         if nq == 0 {
             return Ok(SearchResults::padded(0, 0, options.with_metadata));
@@ -174,7 +175,7 @@ impl ReplicatedStorage {
         let members: Vec<&Collection> = chosen.iter().map(|&r| &*guards[r]).collect();
         crate::index::flat::search_results_across(
             &members,
-            queries,
+            batch,
             k,
             options,
             &self.replicas[chosen[0]].tuning,

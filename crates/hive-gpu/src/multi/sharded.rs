@@ -521,7 +521,8 @@ fn search_shards(
     k: usize,
     options: &SearchOptions,
 ) -> Result<SearchResults> {
-    let nq = check_queries(config, queries, k)?;
+    let batch = check_queries(config, queries, k)?;
+    let nq = batch.nq;
     if nq == 0 {
         return Ok(SearchResults::padded(0, 0, options.with_metadata));
     }
@@ -534,7 +535,7 @@ fn search_shards(
             if collection.len() == 0 {
                 return Ok((0, vec![Vec::new(); nq]));
             }
-            crate::index::flat::neighbours(collection, queries, k, options, &shard.tuning)
+            crate::index::flat::neighbours(collection, batch, k, options, &shard.tuning)
         });
     let found = found.into_iter().collect::<Result<Vec<_>>>()?;
     let searched_at = began.elapsed();
