@@ -65,8 +65,11 @@ pub(crate) fn run<R: Send>(section: impl FnOnce() -> R + Send) -> Result<R> {
 /// threads of their own: with as many of those sections at once as the pool has threads (the
 /// shards of a sharded search, each searched in pieces, on a two-core machine) no job could
 /// start and every section waited for good. Off the pool, the section runs on the calling
-/// thread, or, where that is a thread of some rayon pool (ours included, which it would hold),
-/// on a plain thread that the caller blocks on, running nothing else meanwhile.
+/// thread, or, where that is a thread of some rayon pool, on a plain thread that the caller
+/// blocks on, running nothing else meanwhile. A caller that is one of our own pool's threads
+/// (a user's callback run inside a section, such as a save's progress) still holds that thread
+/// while it blocks: with a pool of one thread, a batch searched in pieces from such a callback
+/// cannot finish. Callbacks run by the library must not search.
 pub(crate) fn run_off_pool<'scope, R: Send>(
     section: impl FnOnce(&rayon::Scope<'scope>) -> R + Send,
 ) -> Result<R> {

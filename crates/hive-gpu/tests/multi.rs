@@ -15,7 +15,7 @@ use common::{Rng, contexts};
 use hive_gpu::{
     Filter, GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, GpuVector, GpuVectorStorage,
     HiveGpuError, IndexSpec, ReplicatedStorage, SearchOptions, ShardedStorage, StorageConfig,
-    StoragePrecision, list_devices,
+    StoragePrecision, Tuning, list_devices,
 };
 
 /// Groups of contexts to spread storages over, with a name for messages.
@@ -469,6 +469,38 @@ fn a_write_that_fails_on_one_member_leaves_every_member_as_it_was() {
     reference.apply(&Write::Add(batch)).expect("the reference write");
     assert_answers_alike("sharded after the write went through", &sharded, &reference, &queries);
     assert_answers_alike("replicated after the write went through", &replicated, &reference, &queries);
+}
+
+/// Trap: replicas hold the same vectors, but not always in the same slots: a compaction that
+/// fails on one replica (its device short of memory) leaves that replica's slots as they were
+/// while the others move theirs. A filter turned into one replica's slots and handed to
+/// another's pieces would let through vectors the filter excludes and drop ones it keeps.
+#[test]
+fn a_filtered_batch_over_replicas_whose_slots_differ_equals_one_collection() {
+    let mut small = Tuning::default();
+    small.piece_queries = 3;
+    small.piece_workers = 2;
+    let cpu =
+        GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend").with_tuning(small.clone());
+    let plan = Arc::new(Mutex::new(Plan::default()));
+    let faulty =
+        GpuContext::from_backend(Arc::new(FaultyBackend { inner: cpu.shared_backend(), plan: plan.clone() }))
+            .with_tuning(small);
+    let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+    let replicated = ReplicatedStorage::create(&[cpu.clone(), faulty], config).expect("replicated");
+    let reference = cpu.create_storage_with(config).expect("one collection");
+    let (writes, queries) = history(33);
+    let queries: Vec<f32> = queries.concat();
+    for write in writes.iter().filter(|w| !matches!(w, Write::Compact)) {
+        reference.apply(write).expect("a reference write");
+        replicated.apply(write).expect("a replicated write");
+    }
+    // The second replica's compaction fails; the first one's goes through.
+    *plan.lock().expect("plan") = Plan { compact: true, ..Plan::default() };
+    let e = replicated.compact().expect_err("the injected compaction fault");
+    assert!(e.to_string().contains("fault injected"), "{e}");
+    assert!(!plan.lock().expect("plan").compact, "the faulty replica was never asked to compact");
+    assert_answers_alike("replicas with slots apart", &replicated, &reference, &queries);
 }
 
 fn scratch(name: &str) -> std::path::PathBuf {

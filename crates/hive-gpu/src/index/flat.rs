@@ -55,9 +55,9 @@ pub(crate) fn search_results(
 }
 
 /// [`search_results`] over several collections that hold the same vectors in the same slots
-/// (the replicas of `crate::multi`): the batch is cut into pieces, an equal number per member,
-/// and each member's workers take the next piece left, so a member that runs faster (or has
-/// less else to do) answers more of them. The results are the same whichever member answers a
+/// (the replicas of `crate::multi`): the batch is cut into pieces ([`Pieces::across`]), and each
+/// member's workers take the next piece left, so a member that runs faster (or has less else
+/// to do) answers more of them. The results are the same whichever member answers a
 /// piece. A batch of one piece runs on `members[0]`.
 pub(crate) fn search_results_across(
     members: &[&Collection],
@@ -72,6 +72,12 @@ pub(crate) fn search_results_across(
     let queries = batch.queries;
     let mut plan = Plan::of(first, batch, k, options, tuning)?;
     plan.pieces = Pieces::across(plan.nq, tuning, members.len());
+    if plan.pieces.count > 1 {
+        plan.others_allowed = members[1..]
+            .iter()
+            .map(|m| options.filter.as_ref().map(|f| m.allowed(f)).transpose())
+            .collect::<Result<_>>()?;
+    }
     let mut results = SearchResults::padded(plan.nq, plan.k, with_payload);
     if plan.k == 0 {
         return Ok(results);
@@ -137,7 +143,7 @@ pub(crate) fn check_queries<'q>(config: &StorageConfig, queries: &'q [f32], k: u
         )));
     }
     let valid = |q: &[f32]| check_values(q, config, Subject::Query(0)).is_ok();
-    let first_invalid = if queries.len() >= PARALLEL_CHECK_VALUES {
+    let first_invalid = if queries.len() >= PARALLEL_CHECK_VALUES && queries.len() > dim {
         crate::exec::run(|| queries.par_chunks_exact(dim).position_first(|q| !valid(q)))?
     } else {
         queries.chunks_exact(dim).position(|q| !valid(q))
@@ -156,6 +162,9 @@ struct Plan<'f> {
     /// Lists per query through the collection's index; None searches every row exactly.
     probe: Option<crate::index::ivf::Probe>,
     allowed: Option<std::borrow::Cow<'f, SlotSet>>,
+    /// The filter's live slots in each further member of a search over several (replicas hold
+    /// the same vectors, but a compaction that failed on one of them leaves its slots apart).
+    others_allowed: Vec<Option<std::borrow::Cow<'f, SlotSet>>>,
     pieces: Pieces,
 }
 
@@ -169,7 +178,14 @@ impl<'f> Plan<'f> {
     ) -> Result<Self> {
         let nq = batch.nq;
         if nq == 0 {
-            return Ok(Self { nq, k: 0, probe: None, allowed: None, pieces: Pieces::of(0, tuning) });
+            return Ok(Self {
+                nq,
+                k: 0,
+                probe: None,
+                allowed: None,
+                others_allowed: Vec::new(),
+                pieces: Pieces::of(0, tuning),
+            });
         }
         if collection.len() == 0 {
             return Err(HiveGpuError::EmptyCollection);
@@ -192,7 +208,15 @@ impl<'f> Plan<'f> {
             None => None,
         };
         let pieces = Pieces::of(nq, tuning);
-        Ok(Self { nq, k: k.min(searched), probe, allowed, pieces })
+        Ok(Self { nq, k: k.min(searched), probe, allowed, others_allowed: Vec::new(), pieces })
+    }
+
+    /// The filter's live slots in member `m` of the search.
+    fn allowed_in(&self, m: usize) -> Option<&SlotSet> {
+        match m {
+            0 => self.allowed.as_deref(),
+            _ => self.others_allowed.get(m - 1).and_then(|a| a.as_deref()),
+        }
     }
 }
 
@@ -210,7 +234,7 @@ fn search_pieces<T: Send + Sync>(
         *members.first().ok_or_else(|| HiveGpuError::Internal("a search over no collection".into()))?;
     let dim = first.config().dimension;
     let (nq, k, pieces) = (plan.nq, plan.k, &plan.pieces);
-    let allowed = plan.allowed.as_deref();
+    let allowed = plan.allowed_in(0);
     if pieces.count == 1 {
         let neighbours = first.neighbours(queries, k, allowed, plan.probe)?;
         return Ok(vec![assemble(0, first, neighbours)?]);
@@ -242,7 +266,7 @@ fn search_pieces<T: Send + Sync>(
             }
             let range = pieces.range(i, nq);
             let piece = &queries[range.start * dim..range.end * dim];
-            match member.neighbours(piece, k, allowed, plan.probe) {
+            match member.neighbours(piece, k, plan.allowed_in(m), plan.probe) {
                 Ok(neighbours) => {
                     let slot = &done[i];
                     scope.spawn(move |_| {
@@ -310,7 +334,7 @@ impl Pieces {
     fn of(nq: usize, tuning: &Tuning) -> Self {
         let size = tuning.piece_queries.max(1);
         let workers = tuning.piece_workers.max(1);
-        if nq < 2 * size || workers == 1 {
+        if nq < size.saturating_mul(2) || workers == 1 {
             return Self { count: 1, workers: 1 };
         }
         Self { count: nq.div_ceil(size), workers }
@@ -328,6 +352,10 @@ impl Pieces {
         let one = Self::of(nq, tuning);
         if members <= 1 || nq <= 1 {
             return one;
+        }
+        if one.count == 1 {
+            // Under two pieces' worth: one part per member, as many as there are queries.
+            return Self { count: members.min(nq), workers: 1 };
         }
         let workers = tuning.piece_workers.clamp(1, 2);
         let round = members * workers;

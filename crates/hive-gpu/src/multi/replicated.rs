@@ -23,9 +23,11 @@ use crate::{GpuContext, GpuVectorStorage};
 /// A batch is cut into pieces that every replica's workers take in turn, so that a faster or
 /// less busy device answers more of them, and the pieces' results are put back in query order;
 /// a search of one piece goes to the replica with the fewest searches running (single queries
-/// from many threads spread over the devices). Writes go to every replica, all or nothing: each stages the write (memory,
-/// uploads) before any commits, so the replicas always hold the same vectors in the same slots
-/// and every search returns exactly what one collection would, on whichever replica it runs.
+/// from many threads spread over the devices). Writes go to every replica, all or nothing:
+/// each stages the write (memory, uploads) before any commits, so the replicas always hold the
+/// same vectors in the same write order, and every search returns exactly what one collection
+/// would, on whichever replica it runs. (Their slots can differ after a compaction that failed
+/// on one replica: each piece's filter is turned into its own replica's slots.)
 /// [`ReplicatedStorage::build_index`] trains the same index on each replica (training is
 /// deterministic: same vectors, same seed, same index on every backend).
 ///
@@ -305,7 +307,7 @@ impl ReplicatedStorage {
     }
 }
 
-/// A replicated storage's snapshot is one replica's collection file (they hold the same slots);
+/// A replicated storage's snapshot is one replica's collection file (they hold the same vectors);
 /// replayed writes go to every replica. `write_snapshot` runs under `writes` (a checkpoint) or
 /// before the storage is shared (its creation).
 impl Logged for ReplicatedStorage {
