@@ -1034,6 +1034,18 @@ fn durable_replay_and_checkpoint(name: &str, group: &[GpuContext]) {
 }
 
 const DURABLE_KILL_ENV: &str = "HIVE_GPU_SHARDED_WRITER";
+/// The devices the kill test's child writes over, as `GpuContext::on_devices` reads them.
+const DURABLE_KILL_DEVICES_ENV: &str = "HIVE_GPU_SHARDED_WRITER_DEVICES";
+
+/// The devices the sharded kill test writes over: every device of the first backend here that
+/// has several (two real GPUs where such a machine is lent), else three logical shards of the CPU.
+fn kill_test_devices() -> String {
+    contexts()
+        .iter()
+        .map(|c| c.backend_type())
+        .find(|&b| list_devices(b).map_or(0, |d| d.len()) >= 2)
+        .map_or_else(|| "cpu:0,cpu:0,cpu:0".to_string(), |b| format!("{}:all", b.name()))
+}
 
 /// The values writer `t` gives its `i`-th vector.
 fn durable_value(t: usize, i: usize) -> Vec<f32> {
@@ -1046,8 +1058,8 @@ fn durable_value(t: usize, i: usize) -> Vec<f32> {
 fn durable_sharded_writer_child() {
     let Ok(spec) = std::env::var(DURABLE_KILL_ENV) else { return };
     let (round, path) = spec.split_once(':').expect("round:path");
-    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
-    let group = [cpu.clone(), cpu.clone(), cpu];
+    let devices = std::env::var(DURABLE_KILL_DEVICES_ENV).unwrap_or_else(|_| "cpu:0,cpu:0,cpu:0".into());
+    let group = GpuContext::on_devices(&devices).expect("the writer's devices");
     let options = hive_gpu::DurableOptions::default().with_durability(hive_gpu::Durability::Process);
     let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
     let storage = ShardedStorage::open_durable(path, &group, config, options).expect("open");
@@ -1068,6 +1080,8 @@ fn durable_sharded_writer_child() {
 
 #[test]
 fn a_sharded_writer_killed_at_any_moment_loses_no_acknowledged_write() {
+    // Over two real GPUs where lent (`kill_test_devices`), else three logical CPU shards; the
+    // storage is opened again on the CPU (a sharded save opens on any devices).
     use std::io::BufRead;
     let dir = scratch("durable-kill");
     let path = dir.join("k.hgs");
@@ -1075,15 +1089,18 @@ fn a_sharded_writer_killed_at_any_moment_loses_no_acknowledged_write() {
     let exe = std::env::current_exe().expect("the test binary");
     let mut rng = Rng::new(5);
     let mut acknowledged: Vec<String> = Vec::new();
+    let devices = kill_test_devices();
     for round in 0..6 {
         let mut child = std::process::Command::new(&exe)
             .args(["--exact", "durable_sharded_writer_child", "--nocapture", "--test-threads", "1"])
             .env(DURABLE_KILL_ENV, format!("{round}:{}", path.display()))
+            .env(DURABLE_KILL_DEVICES_ENV, &devices)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("the child");
         let stdout = child.stdout.take().expect("a pipe");
+        let (writing, first_ack) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut acks = Vec::new();
             let mut lines = std::io::BufReader::new(stdout);
@@ -1091,12 +1108,17 @@ fn a_sharded_writer_killed_at_any_moment_loses_no_acknowledged_write() {
             // A line cut by the kill has no newline: not an acknowledgement.
             while lines.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
                 if let Some(id) = line.strip_prefix("ack ").and_then(|l| l.strip_suffix('\n')) {
+                    if acks.is_empty() {
+                        let _ = writing.send(());
+                    }
                     acks.push(id.to_string());
                 }
                 line.clear();
             }
             acks
         });
+        // The kill lands while the writers write, however long the devices took to open.
+        let _ = first_ack.recv_timeout(Duration::from_secs(120));
         std::thread::sleep(Duration::from_millis(200 + rng.below(500) as u64));
         child.kill().expect("SIGKILL");
         child.wait().expect("the child ends");
