@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Issue 22's shape sweep: exact k-NN of hive-gpu (CUDA backend, through `hive-gpu bench`) against
+FAISS GPU (GpuIndexFlatL2, or GpuIndexFlatIP over normalized vectors for cosine) and PyTorch's
+obvious implementation (torch.mm tiles + torch.topk, TF32 off), on the same data in the same run,
+for every dimension x rows x batch size x metric of the grid.
+
+On the GPU machine, with FAISS GPU made importable (../shared/tools/faiss-gpu-prep.sh) and the
+bundle of scripts/gpu-bundle unpacked:
+
+    . scripts/cuda-libs.sh; . .gpu/env; . /tmp/faiss/env.sh
+    python3 scripts/gpu-shape-sweep.py --metrics l2 --out $OUT/sweep
+
+Data: uniform [0, 1) components (torch.rand, seeded per shape, as the other GPU benchmarks),
+10,000 queries drawn the same way. Each number is a median: hive-gpu's QPS as `hive-gpu bench`
+reports it (end to end from the host: queries up, results down; one process per dataset and batch
+group, so the collection is loaded once), FAISS timed end to end from host arrays (what a FAISS
+user calls), PyTorch with CUDA events around a search whose data and queries already sit on the
+device (its best case). Batches of one query are 200 calls of different queries. hive-gpu's
+recall@k is measured against an f64 brute force (`--exact-recall`), so every cell is also an
+exactness check. A dataset larger than --max-bytes is left out (it would not change the picture
+and costs the run's time in file writes).
+
+Output: sweep.json (every cell), a Markdown table on stdout, and heat maps of the ratio to FAISS
+per cell (sweep-<metric>.png) when matplotlib is importable (else plot sweep.json elsewhere with
+--plot-only).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def write_vecs(path, x):
+    """fvecs: each row prefixed by its dimension (int32)."""
+    import numpy as np
+
+    n, d = x.shape
+    rows = np.empty((n, d + 1), dtype=np.int32)
+    rows[:, 0] = d
+    rows[:, 1:] = x.view(np.int32)
+    rows.tofile(path)
+
+
+def cuda_timed(torch, fn, reps, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return statistics.median(times)
+
+
+def wall_timed(fn, reps, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def torch_knn(torch, xb, extra, xq, k, cosine, tile_bytes=2 << 30):
+    """Exact k-NN the obvious way: distance tiles by torch.mm, torch.topk per tile, merged.
+    L2 ranks by |b|^2 - 2 q.b (extra = the rows' squared norms); cosine by -q.b over unit rows
+    and queries (extra unused)."""
+    nq, n = xq.shape[0], xb.shape[0]
+    tile = max(k, min(n, tile_bytes // max(1, nq * xb.element_size())))
+    best_d = best_i = None
+    for s in range(0, n, tile):
+        e = min(n, s + tile)
+        product = torch.mm(xq, xb[s:e].T)
+        dist = -product if cosine else extra[s:e].unsqueeze(0) - 2 * product
+        dd, ii = torch.topk(dist, min(k, e - s), dim=1, largest=False)
+        ii += s
+        if best_d is None:
+            best_d, best_i = dd, ii
+        else:
+            cd, ci = torch.cat([best_d, dd], 1), torch.cat([best_i, ii], 1)
+            best_d, pos = torch.topk(cd, k, dim=1, largest=False)
+            best_i = torch.gather(ci, 1, pos)
+    return best_d, best_i
+
+
+def hive(base, query, metric, batches, k, nq):
+    cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--backend", "cuda", "--metric", metric,
+           "--batch", ",".join(map(str, batches)), "-k", str(k), "--nq", str(nq), "--exact-recall", "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        print("FAILED:", " ".join(cmd), run.stderr[-2000:], file=sys.stderr, flush=True)
+        return []
+    out = []
+    for line in run.stdout.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return [r for r in out if "batch" in r and "qps" in r]
+
+
+def plot(cells, out):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        print("# no matplotlib here: plot sweep.json with --plot-only elsewhere", flush=True)
+        return
+    for metric in sorted({c["metric"] for c in cells}):
+        mine = [c for c in cells if c["metric"] == metric and c.get("faiss_qps")]
+        rows = sorted({(c["n"], c["nq"]) for c in mine})
+        dims = sorted({c["d"] for c in mine})
+        grid = np.full((len(rows), len(dims)), np.nan)
+        for c in mine:
+            grid[rows.index((c["n"], c["nq"])), dims.index(c["d"])] = c["hive_qps"] / c["faiss_qps"]
+        fig, ax = plt.subplots(figsize=(1.1 * len(dims) + 2, 0.45 * len(rows) + 1.5))
+        image = ax.imshow(np.log2(grid), cmap="RdYlGn", vmin=-2, vmax=2, aspect="auto")
+        ax.set_xticks(range(len(dims)), [str(d) for d in dims])
+        ax.set_yticks(range(len(rows)), [f"n {n:,} nq {nq:,}" for n, nq in rows])
+        ax.set_xlabel("dimension")
+        for i in range(len(rows)):
+            for j in range(len(dims)):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_title(f"hive-gpu QPS / FAISS GPU QPS, exact {metric}, k 10")
+        fig.colorbar(image, ax=ax, label="log2 of the ratio")
+        fig.tight_layout()
+        fig.savefig(f"{out}/sweep-{metric}.png", dpi=110)
+        plt.close(fig)
+        print(f"# heat map: {out}/sweep-{metric}.png", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dims", default="25,64,100,128,384,768,1536")
+    parser.add_argument("--rows", default="100000,1000000")
+    parser.add_argument("--nqs", default="1,100,1000,10000")
+    parser.add_argument("--metrics", default="l2,cosine")
+    parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("--max-bytes", type=float, default=1.6e9, help="largest dataset (n x d x 4 bytes)")
+    parser.add_argument("--singles", type=int, default=200, help="one-query calls timed per cell")
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/hive-sweep"))
+    parser.add_argument("--work", default="/tmp/hive-sweep-data")
+    parser.add_argument("--plot-only", help="a sweep.json to draw the heat maps of")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            plot(json.load(f)["cells"], args.out)
+        return
+    import faiss
+    import numpy as np
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    os.makedirs(args.work, exist_ok=True)
+    dims = [int(x) for x in args.dims.split(",")]
+    sizes = [int(x) for x in args.rows.split(",")]
+    nqs = [int(x) for x in args.nqs.split(",")]
+    k = args.k
+    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} (TF32 off) | faiss {faiss.__version__}",
+          flush=True)
+    res = faiss.StandardGpuResources()
+    cells = []
+    for metric in args.metrics.split(","):
+        cosine = metric == "cosine"
+        for n in sizes:
+            for d in dims:
+                if n * d * 4 > args.max_bytes:
+                    continue
+                gen = torch.Generator(device=dev).manual_seed(n * 7919 + d)
+                xb = torch.rand(n, d, device=dev, generator=gen)
+                xq = torch.rand(max(nqs), d, device=dev, generator=gen)
+                base, query = f"{args.work}/base.fvecs", f"{args.work}/query.fvecs"
+                write_vecs(base, xb.cpu().numpy())
+                write_vecs(query, xq.cpu().numpy())
+                if cosine:
+                    xb = torch.nn.functional.normalize(xb, dim=1)
+                    xq = torch.nn.functional.normalize(xq, dim=1)
+                # hive-gpu: one process for the single queries, one for the batches.
+                found = {}
+                for batches, limit in (([1], args.singles), ([b for b in nqs if b > 1], max(nqs))):
+                    if batches:
+                        for r in hive(base, query, metric, batches, k, limit):
+                            found[r["batch"]] = r
+                # FAISS GPU, from host arrays.
+                hb, hq = xb.cpu().numpy(), xq.cpu().numpy()
+                index = faiss.GpuIndexFlatIP(res, d) if cosine else faiss.GpuIndexFlatL2(res, d)
+                index.add(hb)
+                faiss_s, torch_s = {}, {}
+                for nq in nqs:
+                    if nq == 1:
+                        calls = iter(range(10**9))
+                        faiss_s[nq] = wall_timed(lambda: index.search(hq[next(calls) % len(hq)][None, :], k),
+                                                 args.singles)
+                    else:
+                        faiss_s[nq] = wall_timed(lambda: index.search(hq[:nq], k), 5 if nq >= 1000 else 20)
+                del index
+                # PyTorch, data on the device.
+                extra = None if cosine else (xb * xb).sum(1)
+                for nq in nqs:
+                    q = xq[:nq]
+                    reps = 50 if nq == 1 else (20 if nq <= 1000 else 5)
+                    torch_s[nq] = cuda_timed(torch, lambda: torch_knn(torch, xb, extra, q, k, cosine), reps)
+                del xb, xq, extra
+                torch.cuda.empty_cache()
+                for nq in nqs:
+                    r = found.get(nq)
+                    cell = {
+                        "metric": metric, "n": n, "d": d, "nq": nq, "k": k,
+                        "hive_qps": r["qps"] if r else None, "hive_p50_ms": r["p50_ms"] if r else None,
+                        "hive_recall": r.get("recall") if r else None,
+                        "faiss_qps": nq / faiss_s[nq], "torch_qps": nq / torch_s[nq],
+                    }
+                    cells.append(cell)
+                    if r:
+                        print(f"{metric} n {n} d {d} nq {nq}: hive {r['qps']:,.0f} QPS (recall {r.get('recall')}) | "
+                              f"faiss {cell['faiss_qps']:,.0f} ({r['qps'] / cell['faiss_qps']:.2f}x) | "
+                              f"torch {cell['torch_qps']:,.0f} ({r['qps'] / cell['torch_qps']:.2f}x)", flush=True)
+                    else:
+                        print(f"{metric} n {n} d {d} nq {nq}: hive FAILED", flush=True)
+                with open(f"{args.out}/sweep.json", "w") as f:
+                    json.dump({"device": torch.cuda.get_device_name(), "cells": cells}, f, indent=1)
+    print("\n| metric | n | d | nq | hive QPS | recall@k | FAISS GPU QPS | hive / FAISS | PyTorch QPS | hive / PyTorch |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in cells:
+        if c["hive_qps"] is None:
+            print(f"| {c['metric']} | {c['n']:,} | {c['d']} | {c['nq']:,} | failed | | {c['faiss_qps']:,.0f} | | "
+                  f"{c['torch_qps']:,.0f} | |")
+            continue
+        print(f"| {c['metric']} | {c['n']:,} | {c['d']} | {c['nq']:,} | {c['hive_qps']:,.0f} | {c['hive_recall']} | "
+              f"{c['faiss_qps']:,.0f} | {c['hive_qps'] / c['faiss_qps']:.2f} | {c['torch_qps']:,.0f} | "
+              f"{c['hive_qps'] / c['torch_qps']:.2f} |")
+    plot(cells, args.out)
+
+
+if __name__ == "__main__":
+    main()
