@@ -26,6 +26,9 @@ pub struct Tuning {
     /// The collection size from which CUDA and wgpu batches take the fused filter (at least 1;
     /// tests use 1). `HIVE_GPU_FUSED_MIN_ROWS`.
     pub fused_min_rows: usize,
+    /// Below `fused_min_rows`, a CUDA batch (piece) still takes the fused filter when its rows
+    /// times its queries reach this (at least 1). `HIVE_GPU_FUSED_MIN_WORK`.
+    pub fused_min_work: usize,
     /// Row tiles each block of CUDA's fused filter streams (at least 1; tests use 3).
     /// `HIVE_GPU_FUSED_TILES`.
     pub fused_tiles: usize,
@@ -91,6 +94,10 @@ impl Default for Tuning {
             own_gemm: false,
             fused: true,
             fused_min_rows: 131_072,
+            // On the H100 over 100k x 128 (docs/PERFORMANCE.md, the shape sweep): pieces of
+            // 2,000 queries ran 1.53x faster on the fused filter than on cuBLAS tiles (2e8), one
+            // batch of 1,000 8-23% faster (1e8), and 100 queries 1.8x slower (1e7).
+            fused_min_work: 100_000_000,
             fused_tiles: 32,
             f16_filter: true,
             rounded_copy_bytes: 512 << 20,
@@ -170,8 +177,9 @@ impl Tuning {
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
-        let sizes: [(&str, usize, &mut usize); 13] = [
+        let sizes: [(&str, usize, &mut usize); 14] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
+            ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", 0, &mut t.rounded_copy_bytes),
             ("HIVE_GPU_SELECT_MIN", 1, &mut t.select_min_candidates),
@@ -216,6 +224,7 @@ mod tests {
             ("HIVE_GPU_OWN_GEMM", "1"),
             ("HIVE_GPU_FUSED", "0"),
             ("HIVE_GPU_FUSED_MIN_ROWS", "1"),
+            ("HIVE_GPU_FUSED_MIN_WORK", "77"),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", "0"),
             ("HIVE_GPU_TILE_ROWS", "512"),
             ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
@@ -230,6 +239,7 @@ mod tests {
         assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.code_scan);
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
+        assert_eq!(t.fused_min_work, 77);
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);
     }
 

@@ -347,7 +347,8 @@ impl<D: Driver> GpuRows<D> {
     /// L2 and dot product, dimension a multiple of 8), else run on TF32: the gate's band and
     /// the f64 re-rank keep them exact, and queries whose band overflowed re-run on plain f32
     /// GEMMs. `Tuning::fused` turns the filter off and `Tuning::f16_filter` keeps f32 rows on
-    /// TF32; `Tuning::fused_min_rows` is the size from which it runs (tests use 1).
+    /// TF32; `Tuning::fused_min_rows` is the size from which it runs (tests use 1), and
+    /// `Tuning::fused_min_work` the rows x queries from which a smaller collection's batch does.
     fn fused_approximation(
         &self,
         ws: &Workspace<D>,
@@ -381,7 +382,7 @@ impl<D: Driver> GpuRows<D> {
         let min_rows = self.tuning.fused_min_rows;
         let kcap = self.path_list_size(k, tensor_path);
         let fits = nq >= GEMM_MIN_QUERIES
-            && self.len >= min_rows
+            && (self.len >= min_rows || self.len.saturating_mul(nq) >= self.tuning.fused_min_work)
             && (self.dim * self.element_bytes()).is_multiple_of(16)
             && kcap < FUSED_CAP
             // Without a sample every row passes: only small collections fit the buffers.
