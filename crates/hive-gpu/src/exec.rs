@@ -46,10 +46,16 @@ pub(crate) fn run<R: Send>(section: impl FnOnce() -> R + Send) -> Result<R> {
         return Ok(pool.install(section));
     }
     // A worker of another pool would run that pool's jobs while it waits in `install`.
+    on_plain_thread(|| pool.install(section))
+}
+
+/// Runs `work` on a plain thread of its own and blocks on joining it: how a thread of a rayon
+/// pool waits without running that pool's jobs meanwhile.
+fn on_plain_thread<R: Send>(work: impl FnOnce() -> R + Send) -> Result<R> {
     std::thread::scope(|scope| {
         let waiter = std::thread::Builder::new()
             .name("hive-gpu-waiter".into())
-            .spawn_scoped(scope, || pool.install(section))
+            .spawn_scoped(scope, work)
             .map_err(|e| HiveGpuError::Internal(format!("cannot start a thread to wait on: {e}")))?;
         Ok(waiter.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     })
@@ -77,13 +83,7 @@ pub(crate) fn run_off_pool<'scope, R: Send>(
     if rayon::current_thread_index().is_none() {
         return Ok(pool.in_place_scope(section));
     }
-    std::thread::scope(|scope| {
-        let waiter = std::thread::Builder::new()
-            .name("hive-gpu-waiter".into())
-            .spawn_scoped(scope, || pool.in_place_scope(section))
-            .map_err(|e| HiveGpuError::Internal(format!("cannot start a thread to wait on: {e}")))?;
-        Ok(waiter.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-    })
+    on_plain_thread(|| pool.in_place_scope(section))
 }
 
 /// [`run`], except that a `small` section called from a thread of no rayon pool runs right
