@@ -12,8 +12,9 @@ bundle of scripts/gpu-bundle unpacked:
 
 Data: uniform [0, 1) components (torch.rand, seeded per shape, as the other GPU benchmarks),
 10,000 queries drawn the same way. Each number is a median: hive-gpu's QPS as `hive-gpu bench`
-reports it (end to end from the host: queries up, results down; one process per dataset and batch
-group, so the collection is loaded once), FAISS timed end to end from host arrays (what a FAISS
+reports it (end to end from the host: queries up, results down, as flat arrays of ids and scores
+like FAISS's and PyTorch's, `--columnar`; `--lists` takes a list of result structures per query
+instead; one process per dataset and batch group, so the collection is loaded once), FAISS timed end to end from host arrays (what a FAISS
 user calls), PyTorch with CUDA events around a search whose data and queries already sit on the
 device (its best case). Batches of one query are 200 calls of different queries. hive-gpu's
 recall@k is measured against an f64 brute force (`--exact-recall`), so every cell is also an
@@ -91,9 +92,11 @@ def torch_knn(torch, xb, extra, xq, k, cosine, tile_bytes=2 << 30):
     return best_d, best_i
 
 
-def hive(base, query, metric, batches, k, nq):
+def hive(base, query, metric, batches, k, nq, columnar):
     cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--backend", "cuda", "--metric", metric,
            "--batch", ",".join(map(str, batches)), "-k", str(k), "--nq", str(nq), "--exact-recall", "--json"]
+    if columnar:
+        cmd.append("--columnar")
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         print("FAILED:", " ".join(cmd), run.stderr[-2000:], file=sys.stderr, flush=True)
@@ -153,6 +156,9 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/hive-sweep"))
     parser.add_argument("--work", default="/tmp/hive-sweep-data")
     parser.add_argument("--plot-only", help="a sweep.json to draw the heat maps of")
+    parser.add_argument("--lists", action="store_true",
+                        help="hive-gpu returns a list of result structures per query (ids as strings) instead of "
+                             "flat arrays, the default and what FAISS and PyTorch return")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.plot_only:
@@ -194,7 +200,7 @@ def main():
                 found = {}
                 for batches, limit in (([1], args.singles), ([b for b in nqs if b > 1], max(nqs))):
                     if batches:
-                        for r in hive(base, query, metric, batches, k, limit):
+                        for r in hive(base, query, metric, batches, k, limit, not args.lists):
                             found[r["batch"]] = r
                 # FAISS GPU, from host arrays.
                 hb, hq = xb.cpu().numpy(), xq.cpu().numpy()
