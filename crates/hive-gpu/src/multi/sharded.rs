@@ -392,18 +392,19 @@ impl ShardedStorage {
         options: crate::DurableOptions,
     ) -> Result<Self> {
         check_contexts(contexts, "sharded")?;
-        let (path, lock, exists) = crate::persist::durable::claim(path.as_ref())?;
-        let path = &path;
-        if !exists {
-            let mut storage = Self::create(contexts, config)?;
-            storage.log = Some(Log::create(lock, path, &storage, options)?);
-            return Ok(storage);
-        }
-        let bytes = read_manifest(path)?;
-        let base = SnapshotId::of_header(&bytes, bytes.len() as u64);
-        let mut storage = Self::open(path, contexts)?;
-        crate::persist::durable::check_config(path, &storage.config, &config)?;
-        let log = Log::open(lock, path, base, &mut storage, options)?;
+        let (mut storage, log) = super::open_durable_with(
+            path.as_ref(),
+            config,
+            options,
+            || Self::create(contexts, config),
+            |path| {
+                let bytes = read_manifest(path)?;
+                let base = SnapshotId::of_header(&bytes, bytes.len() as u64);
+                let storage = Self::open(path, contexts)?;
+                let found = storage.config;
+                Ok((storage, base, found))
+            },
+        )?;
         storage.log = Some(log);
         Ok(storage)
     }
