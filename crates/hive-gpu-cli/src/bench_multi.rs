@@ -228,9 +228,29 @@ pub fn run(args: &BenchMultiArgs) -> Result<(), HiveGpuError> {
             Store::Sharded(s) => s.shard_sizes(),
             _ => Vec::new(),
         };
+        let on_device = match &sharded {
+            Store::Sharded(s) => s.merges_on_device(),
+            _ => false,
+        };
         drop(sharded);
-        say(&format!("shard sizes {sizes:?}"));
+        say(&format!("shard sizes {sizes:?}, merged on {}", if on_device { "a device" } else { "the host" }));
         let sharded_qps = report("sharded", devices.len(), sharded_rows, &measured_sharded, None);
+
+        if args.host_merge_too {
+            say("stage 3b: sharded, merged on the host");
+            let host_devices: Vec<GpuContext> = devices
+                .iter()
+                .map(|d| {
+                    let mut tuning = d.tuning().clone();
+                    tuning.device_merge = false;
+                    d.clone().with_tuning(tuning)
+                })
+                .collect();
+            let host = Store::Sharded(ShardedStorage::create(&host_devices, config)?);
+            let m = measure(&host, &ids[..sharded_rows], &base[..sharded_rows * dim], &queries, args)?;
+            drop(host);
+            report("sharded-host-merge", devices.len(), sharded_rows, &m, Some(&measured_sharded.results));
+        }
 
         if !args.skip_single_sharded {
             say("stage 4: one device over the sharded rows");

@@ -102,6 +102,11 @@ struct BenchMultiArgs {
     /// replicated storage only.
     #[arg(long)]
     skip_sharded: bool,
+    /// Also measure the sharded storage with its shards' lists merged on the host
+    /// (`Tuning::device_merge` off), against the device merge the sharded stage takes where
+    /// the shards' devices copy into one another.
+    #[arg(long)]
+    host_merge_too: bool,
     /// Distance metric.
     #[arg(long, value_enum, default_value_t = MetricArg::L2)]
     metric: MetricArg,

@@ -86,6 +86,10 @@ pub struct Tuning {
     /// Pieces searched at once (at least 1; 1 searches a batch whole). A GPU keeps up to this
     /// many search workspaces. `HIVE_GPU_PIECE_WORKERS`.
     pub piece_workers: usize,
+    /// Whether a sharded search merges its shards' lists on a device where every shard can
+    /// copy into the first shard's device (`crate::backend::merge`); off, the host merges
+    /// them. `HIVE_GPU_DEVICE_MERGE`.
+    pub device_merge: bool,
 }
 
 impl Default for Tuning {
@@ -125,6 +129,7 @@ impl Default for Tuning {
             // to 8 (no faster) (docs/PERFORMANCE.md).
             piece_queries: 2048,
             piece_workers: 4,
+            device_merge: true,
         }
     }
 }
@@ -177,6 +182,7 @@ impl Tuning {
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
+        switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
         let sizes: [(&str, usize, &mut usize); 14] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),

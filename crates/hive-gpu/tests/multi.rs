@@ -1138,3 +1138,68 @@ fn a_sharded_writer_killed_at_any_moment_loses_no_acknowledged_write() {
     assert!(acknowledged.len() > 200, "the children acknowledged only {} writes", acknowledged.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_device_merge_is_taken_where_shards_reach_one_device_and_equals_the_host_merge_ties_included() {
+    // Many exact copies of few vectors, spread over every shard: nearly every pick ties another
+    // shard's head, and the k-th often ties entries left out. Those queries the device flags for
+    // the host; the rest it merges alone. Both must give the order one collection gives.
+    let mut rng = Rng::new(77);
+    let distinct: Vec<Vec<f32>> = (0..6).map(|_| vector(&mut rng)).collect();
+    let vectors: Vec<GpuVector> = (0..600)
+        .map(|i| {
+            let data = if i % 3 == 0 { vector(&mut rng) } else { distinct[i % distinct.len()].clone() };
+            GpuVector::new(format!("v{i}"), data).with_field("group", (i % 4) as i64)
+        })
+        .collect();
+    // A batch big enough to go in pieces, fresh queries and copies of the repeated vectors.
+    let queries: Vec<f32> =
+        (0..4500).flat_map(|i| if i % 2 == 0 { vector(&mut rng) } else { distinct[i % 6].clone() }).collect();
+    let require_peer = std::env::var("HIVE_GPU_REQUIRE_DEVICES").is_ok_and(|v| v.trim() != "1");
+    for (name, group) in groups() {
+        let backend = group[0].backend_type();
+        let mut host_tuning = group[0].tuning().clone();
+        host_tuning.device_merge = false;
+        let host_group: Vec<GpuContext> =
+            group.iter().map(|c| c.clone().with_tuning(host_tuning.clone())).collect();
+        for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine] {
+            let config = config(metric, StoragePrecision::F32);
+            let what = format!("{name}, {metric:?}");
+            let reference = group[0].create_storage_with(config).expect("one collection");
+            let device = ShardedStorage::create(&group, config).expect("sharded");
+            let host = ShardedStorage::create(&host_group, config).expect("sharded, host merge");
+            for storage in [&reference as &dyn Storage, &device, &host] {
+                storage.apply(&Write::Add(vectors.clone())).expect("adds");
+            }
+            let same_device =
+                group.iter().all(|c| c.device_info().device_id == group[0].device_info().device_id);
+            let expected = backend == GpuBackendType::Cuda && (same_device || require_peer);
+            if expected {
+                assert!(device.merges_on_device(), "{what}: CUDA shards that reach one device merge there");
+            }
+            assert!(!host.merges_on_device(), "{what}: Tuning::device_merge off merges on the host");
+            if backend != GpuBackendType::Cuda && backend != GpuBackendType::Rocm {
+                assert!(!device.merges_on_device(), "{what}: {backend} has no device merge");
+            }
+            // k past what a shard holds (and past the whole storage) on a few queries.
+            let few = &queries[..20 * DIM];
+            for (k, filter, batch) in [
+                (1, None, &queries[..]),
+                (10, None, &queries[..]),
+                (64, Some(Filter::eq("group", 1i64)), &queries[..]),
+                (250, None, few),
+                (700, None, few),
+            ] {
+                let mut options = SearchOptions::default().with_metadata(true);
+                if let Some(f) = filter.clone() {
+                    options = options.with_filter(f);
+                }
+                let want = reference.batch(batch, k, &options).expect("reference");
+                let got = device.batch(batch, k, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_same(&format!("{what}, k {k}, {filter:?}, device merge"), &got, &want);
+                let got = host.batch(batch, k, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_same(&format!("{what}, k {k}, {filter:?}, host merge"), &got, &want);
+            }
+        }
+    }
+}

@@ -40,6 +40,7 @@ pub(crate) mod cpu;
 // but only the CUDA and ROCm backends call it.
 #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) mod gpu;
+pub mod merge;
 pub mod pq;
 
 #[cfg(feature = "vulkan")]
@@ -48,6 +49,7 @@ pub(crate) mod wgpu;
 pub use bits::BitScan;
 pub use candidates::{Candidates, ListProbes};
 pub use codes::{CodeScan, ListCodes};
+pub use merge::{MergeBuffer, Merged, SourceList};
 pub use pq::PqScan;
 
 use crate::error::{HiveGpuError, Result};
@@ -273,6 +275,39 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// refused. It reads no stored row: it is the device's selection, for scores an index
     /// computed itself (IVF's coarse assignment).
     fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>>;
+    /// A buffer on this store's device for the top-k lists of `lists` searches of a batch of
+    /// `queries`, at most `k` entries per query each, and their merge there (see [`merge`]);
+    /// None where this backend merges on the host (this default) or the device has no room.
+    fn merge_buffer(
+        &self,
+        _queries: usize,
+        _lists: usize,
+        _k: usize,
+    ) -> Result<Option<Box<dyn MergeBuffer>>> {
+        Ok(None)
+    }
+    /// Whether [`RowStore::knn_into`] can write into `buffer`: a buffer of this backend on this
+    /// store's device, or on a device this one copies into directly (peer access).
+    fn can_write_into(&self, _buffer: &dyn MergeBuffer) -> bool {
+        false
+    }
+    /// [`RowStore::knn`] of a piece of a batch (queries `first_query..` of the buffer's batch),
+    /// its lists written into list `list` of `buffer` instead of returned. `k` must be the
+    /// list's width ([`MergeBuffer::set_width`]); only after [`RowStore::can_write_into`] said
+    /// yes for `buffer`.
+    #[allow(clippy::too_many_arguments)]
+    fn knn_into(
+        &self,
+        _queries: &[f32],
+        _k: usize,
+        _metric: GpuDistanceMetric,
+        _allowed: Option<&SlotSet>,
+        _buffer: &dyn MergeBuffer,
+        _list: usize,
+        _first_query: usize,
+    ) -> Result<()> {
+        Err(HiveGpuError::Internal("this backend writes no lists into a merge buffer".into()))
+    }
     /// Frees the scratch memory idle searches keep for reuse (a GPU backend's workspaces and
     /// its device copy of inverted lists). Called before a search that ran out of device memory
     /// beside others runs again alone, and when a collection's index is replaced or dropped.

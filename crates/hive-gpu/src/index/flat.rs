@@ -1,7 +1,7 @@
 //! Exact (brute-force) search: validation, the backend's fused k-NN, and the one place where
 //! canonical distances become the metric's public score.
 
-use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
+use crate::backend::{MergeBuffer, Neighbor, PARALLEL_RESULTS, profiling};
 use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
 use crate::payload::Payload;
@@ -114,6 +114,31 @@ pub(crate) fn neighbours(
     Ok((plan.k, pieces.into_iter().flatten().collect()))
 }
 
+/// [`neighbours`], each query's list written into list `list` of a device merge buffer
+/// (`crate::backend::merge`) instead of returned, after recording its width there (the `k`
+/// this collection can give, 0 where no row passes). Only for an exact search: a search
+/// through the collection's index is refused.
+pub(crate) fn neighbours_into(
+    collection: &Collection,
+    batch: Checked<'_>,
+    k: usize,
+    options: &SearchOptions,
+    tuning: &Tuning,
+    buffer: &dyn MergeBuffer,
+    list: usize,
+) -> Result<()> {
+    let mut plan = Plan::of(collection, batch, k, options, tuning)?;
+    if plan.probe.is_some() {
+        return Err(HiveGpuError::Internal("an index search cannot write into a merge buffer".into()));
+    }
+    buffer.set_width(list, plan.k)?;
+    if plan.k == 0 {
+        return Ok(());
+    }
+    plan.into = Some((buffer, list));
+    search_pieces(&[collection], batch.queries, &plan, |_, _, _| Ok(())).map(drop)
+}
+
 /// A row-major batch of queries that passed [`check_queries`] against a collection's (or a
 /// multi-device storage's) configuration, and how many queries it holds: the members of a
 /// sharded or replicated storage search it without checking every value again.
@@ -166,6 +191,9 @@ struct Plan<'f> {
     /// the same vectors, but a compaction that failed on one of them leaves its slots apart).
     others_allowed: Vec<Option<std::borrow::Cow<'f, SlotSet>>>,
     pieces: Pieces,
+    /// Where the pieces' lists go instead of coming back: list `.1` of a device merge buffer
+    /// (a sharded search's shard, `crate::backend::merge`).
+    into: Option<(&'f dyn MergeBuffer, usize)>,
 }
 
 impl<'f> Plan<'f> {
@@ -185,6 +213,7 @@ impl<'f> Plan<'f> {
                 allowed: None,
                 others_allowed: Vec::new(),
                 pieces: Pieces::of(0, tuning),
+                into: None,
             });
         }
         if collection.len() == 0 {
@@ -208,7 +237,7 @@ impl<'f> Plan<'f> {
             None => None,
         };
         let pieces = Pieces::of(nq, tuning);
-        Ok(Self { nq, k: k.min(searched), probe, allowed, others_allowed: Vec::new(), pieces })
+        Ok(Self { nq, k: k.min(searched), probe, allowed, others_allowed: Vec::new(), pieces, into: None })
     }
 
     /// The filter's live slots in member `m` of the search.
@@ -216,6 +245,33 @@ impl<'f> Plan<'f> {
         match m {
             0 => self.allowed.as_deref(),
             _ => self.others_allowed.get(m - 1).and_then(|a| a.as_deref()),
+        }
+    }
+
+    /// Searches the queries `range` of the batch (`piece`) on member `m`: its neighbours, or
+    /// none where they go into the plan's merge buffer.
+    fn search_piece(
+        &self,
+        m: usize,
+        member: &Collection,
+        range: std::ops::Range<usize>,
+        piece: &[f32],
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        match self.into {
+            Some((buffer, list)) => {
+                let metric = member.config().metric;
+                member.rows().knn_into(
+                    piece,
+                    self.k,
+                    metric,
+                    self.allowed_in(m),
+                    buffer,
+                    list,
+                    range.start,
+                )?;
+                Ok(Vec::new())
+            }
+            None => member.neighbours(piece, self.k, self.allowed_in(m), self.probe),
         }
     }
 }
@@ -233,10 +289,9 @@ fn search_pieces<T: Send + Sync>(
     let first =
         *members.first().ok_or_else(|| HiveGpuError::Internal("a search over no collection".into()))?;
     let dim = first.config().dimension;
-    let (nq, k, pieces) = (plan.nq, plan.k, &plan.pieces);
-    let allowed = plan.allowed_in(0);
+    let (nq, pieces) = (plan.nq, &plan.pieces);
     if pieces.count == 1 {
-        let neighbours = first.neighbours(queries, k, allowed, plan.probe)?;
+        let neighbours = plan.search_piece(0, first, 0..nq, queries)?;
         return Ok(vec![assemble(0, first, neighbours)?]);
     }
     // Pieces are searched by `pieces.workers` threads per member, each taking the next piece
@@ -266,7 +321,7 @@ fn search_pieces<T: Send + Sync>(
             }
             let range = pieces.range(i, nq);
             let piece = &queries[range.start * dim..range.end * dim];
-            match member.neighbours(piece, k, plan.allowed_in(m), plan.probe) {
+            match plan.search_piece(m, member, range, piece) {
                 Ok(neighbours) => {
                     let slot = &done[i];
                     scope.spawn(move |_| {
@@ -308,7 +363,7 @@ fn search_pieces<T: Send + Sync>(
                 first.rows().release_scratch();
                 let range = pieces.range(i, nq);
                 let piece = &queries[range.start * dim..range.end * dim];
-                assemble(i, first, first.neighbours(piece, k, allowed, plan.probe)?)?
+                assemble(i, first, plan.search_piece(0, first, range, piece)?)?
             }
             Some(Err(e)) => return Err(e),
         };

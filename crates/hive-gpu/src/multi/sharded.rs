@@ -36,9 +36,10 @@ const MANIFEST_NAME: &str = "hive-gpu sharded collection manifest";
 /// caller's weights, [`ShardedStorage::create_weighted`]): adds and removes go to the shard
 /// that owns the id, so the shards together hold more than any one device could. A search runs
 /// on every shard at once, each on its own thread and device, and their top-k lists are merged
-/// exactly on the host: the results are those of one collection holding the same vectors, ties
-/// included (each vector keeps its place in the storage's write order, and ties go by it, as one
-/// collection's go by slot). Results report that place as the neighbour's `index` (a slot of
+/// exactly, on the first shard's device where the others can copy theirs there
+/// ([`ShardedStorage::merges_on_device`]), else on the host: the results are those of one
+/// collection holding the same vectors, ties included (each vector keeps its place in the
+/// storage's write order, and ties go by it, as one collection's go by slot). Results report that place as the neighbour's `index` (a slot of
 /// one collection would be ambiguous across shards).
 ///
 /// Writes are all or nothing over the shards (every shard stages its part, memory and uploads
@@ -137,6 +138,18 @@ impl ShardedStorage {
     /// The shard that owns `id` (whether or not it is stored).
     pub fn shard_of(&self, id: &str) -> usize {
         self.router.shard_of(id)
+    }
+
+    /// Whether exact searches merge the shards' top-k lists on a device: the first shard's,
+    /// every other shard copying its lists there (through peer access from another device).
+    /// True for CUDA shards on one device or on devices with peer access to one another
+    /// (with [`crate::Tuning::device_merge`] on); otherwise, and for searches through an
+    /// index, the lists come back to the host and are merged there.
+    pub fn merges_on_device(&self) -> bool {
+        let guards = read_all(&self.shards);
+        let collections: Vec<&Collection> = guards.iter().map(|g| &**g).collect();
+        let exact = SearchOptions { exact: true, ..SearchOptions::default() };
+        matches!(device_merge_buffer(&self.shards, &collections, 1, 1, &exact), Ok(Some(_)))
     }
 
     /// Each shard's device, in shard order.
@@ -531,6 +544,20 @@ fn search_shards(
         return Err(HiveGpuError::EmptyCollection);
     }
     let began = std::time::Instant::now();
+    let key = |shard: usize, slot: usize| collections[shard].order_of(slot).unwrap_or(slot as u64);
+    if let Some(buffer) = device_merge_buffer(shards, collections, nq, k, options)? {
+        let written = on_each(collections.iter().zip(shards).collect(), |list, (collection, shard)| {
+            if collection.len() == 0 {
+                return buffer.set_width(list, 0);
+            }
+            crate::index::flat::neighbours_into(collection, batch, k, options, &shard.tuning, &*buffer, list)
+        });
+        written.into_iter().collect::<Result<()>>()?;
+        let searched_at = began.elapsed();
+        let merged = buffer.merge()?;
+        let placed = placed_from(&merged, nq, key)?;
+        return fill_merged(config, collections, &placed, nq, options, began, searched_at, "device");
+    }
     let found: Vec<Result<(usize, Vec<Vec<Neighbor>>)>> =
         on_each(collections.iter().zip(shards).collect(), |_, (collection, shard)| {
             if collection.len() == 0 {
@@ -541,11 +568,9 @@ fn search_shards(
     let found = found.into_iter().collect::<Result<Vec<_>>>()?;
     let searched_at = began.elapsed();
     let k = k.min(found.iter().map(|(k, _)| k).sum());
-    let mut results = SearchResults::padded(nq, k, options.with_metadata);
     if k == 0 {
-        return Ok(results);
+        return Ok(SearchResults::padded(nq, 0, options.with_metadata));
     }
-    let key = |shard: usize, slot: usize| collections[shard].order_of(slot).unwrap_or(slot as u64);
     let merge_one = |q: usize| {
         let lists: Vec<&[Neighbor]> = found.iter().map(|(_, lists)| lists[q].as_slice()).collect();
         merge(&lists, k, key)
@@ -556,10 +581,30 @@ fn search_shards(
         (0..nq).map(merge_one).collect()
     };
     drop(found);
+    fill_merged(config, collections, &merged, nq, options, began, searched_at, "host")
+}
+
+/// Results of the shards' lists merged (`k` per query at most, the same for every query).
+#[allow(clippy::too_many_arguments)]
+fn fill_merged(
+    config: &StorageConfig,
+    collections: &[&Collection],
+    merged: &[Vec<Placed>],
+    nq: usize,
+    options: &SearchOptions,
+    began: std::time::Instant,
+    searched_at: std::time::Duration,
+    merged_on: &str,
+) -> Result<SearchResults> {
+    let k = merged.first().map_or(0, Vec::len);
+    let mut results = SearchResults::padded(nq, k, options.with_metadata);
+    if k == 0 {
+        return Ok(results);
+    }
     let merged_at = began.elapsed();
     let rows =
         results.split_rows(&[nq]).pop().ok_or_else(|| HiveGpuError::Internal("no rows to fill".into()))?;
-    fill_columns(config.metric, &merged, rows, |p: &Placed| {
+    fill_columns(config.metric, merged, rows, |p: &Placed| {
         let (id, metadata, payload) =
             collections[p.shard as usize].entry(p.neighbour.slot).ok_or_else(|| {
                 HiveGpuError::Internal(format!(
@@ -571,13 +616,64 @@ fn search_shards(
     })?;
     if crate::backend::profiling() {
         eprintln!(
-            "hive-gpu profile (sharded batch of {nq}, ms): shards {:.3}, merge {:.3}, results {:.3}",
+            "hive-gpu profile (sharded batch of {nq}, ms): shards {:.3}, merge on the {merged_on} {:.3}, results {:.3}",
             searched_at.as_secs_f64() * 1e3,
             (merged_at - searched_at).as_secs_f64() * 1e3,
             (began.elapsed() - merged_at).as_secs_f64() * 1e3
         );
     }
     Ok(results)
+}
+
+/// A buffer on the first shard's device into which every shard's search can write its lists
+/// (`crate::backend::merge`), for an exact search with the device merge on: None where some
+/// shard cannot reach it (another backend, no peer access between the devices, more shards
+/// than one merge takes), where a shard searches through its index, or where that device has
+/// no room; the host merges then.
+fn device_merge_buffer(
+    shards: &[GpuVectorStorage],
+    collections: &[&Collection],
+    nq: usize,
+    k: usize,
+    options: &SearchOptions,
+) -> Result<Option<Box<dyn crate::backend::MergeBuffer>>> {
+    let Some(first) = collections.first() else { return Ok(None) };
+    let wanted = shards.first().is_some_and(|s| s.tuning.device_merge);
+    if !wanted || collections.len() < 2 || collections.iter().any(|c| c.index().is_some() && !options.exact) {
+        return Ok(None);
+    }
+    let Some(buffer) = first.rows().merge_buffer(nq, collections.len(), k)? else { return Ok(None) };
+    Ok(collections.iter().all(|c| c.rows().can_write_into(&*buffer)).then_some(buffer))
+}
+
+/// The device merge's picks as the host merge gives them: the queries it flagged (a tie
+/// between shards) merged here from the shards' lists, in order-key order.
+fn placed_from(
+    merged: &crate::backend::Merged,
+    nq: usize,
+    key: impl Fn(usize, usize) -> u64 + Sync,
+) -> Result<Vec<Vec<Placed>>> {
+    let k = merged.k;
+    let pick = |q: usize| -> Vec<Placed> {
+        (q * k..(q + 1) * k)
+            .map(|e| {
+                let (shard, slot) = (merged.lists[e], merged.slots[e] as usize);
+                let neighbour = Neighbor { slot, distance: merged.distances[e] };
+                Placed { shard, neighbour, key: key(shard as usize, slot) }
+            })
+            .collect()
+    };
+    let mut placed: Vec<Vec<Placed>> = if nq * k >= PARALLEL_RESULTS {
+        crate::exec::run(|| (0..nq).into_par_iter().map(pick).collect())?
+    } else {
+        (0..nq).map(pick).collect()
+    };
+    for &q in &merged.tied {
+        let lists: Vec<Vec<Neighbor>> = merged.sources.iter().map(|s| s.of(q)).collect();
+        let lists: Vec<&[Neighbor]> = lists.iter().map(Vec::as_slice).collect();
+        placed[q] = merge(&lists, k, &key);
+    }
+    Ok(placed)
 }
 
 /// A generation for a new save at `path`: past the current manifest's and past any shard file

@@ -284,6 +284,13 @@ kernel_params! {
         keys: Ptr, slots: Ptr, k: U32, out_slots: Ptr, out_dist: Ptr, flag: Ptr,
     }
 
+    /// The k best of each query over several lists written by the searches of a sharded
+    /// storage's members (`hg_merge_lists`).
+    struct MergeLists for ["hg_merge_lists"] {
+        slots: Ptr, dist: Ptr, offsets: Ptr, widths: Ptr, lists: U32, nq: U32, k: U32,
+        out_lists: Ptr, out_slots: Ptr, out_dist: Ptr, tied: Ptr,
+    }
+
     /// Squared norms of `count` rows from `first` (`hg_norms`).
     struct Norms for ["hg_norms_f32", "hg_norms_f16"] {
         rows: Ptr, dim: U32, first: U32, count: U32, norms: Ptr,

@@ -146,6 +146,8 @@ pub struct CudaDriver {
     driver_version: String,
     nvrtc_version: String,
     total: usize,
+    /// [`Driver::peer_access`]'s answer per other device, once asked.
+    peers: std::sync::Mutex<std::collections::HashMap<usize, bool>>,
 }
 
 #[derive(Debug)]
@@ -225,6 +227,7 @@ impl CudaDriver {
             driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
             nvrtc_version: nvrtc_version().unwrap_or_else(|e| format!("unknown: {e}")),
             total,
+            peers: Default::default(),
         })
     }
 
@@ -237,6 +240,23 @@ impl CudaDriver {
     fn arch(&self) -> String {
         format!("sm_{}{}", self.major, self.minor)
     }
+}
+
+/// Whether `from`'s context can read and write `to`'s memory directly, enabling it: the
+/// runtime reports the pair, and the context of `from` is given access to `to`'s.
+fn can_access_peer(from: &CudaDriver, to: &CudaDriver) -> bool {
+    let mut can = 0;
+    // SAFETY: valid devices; the call only writes `can`.
+    let status = unsafe { cu_sys::cuDeviceCanAccessPeer(&mut can, from.device, to.device) };
+    if status != cu_sys::CUresult::CUDA_SUCCESS || can == 0 || from.bind().is_err() {
+        return false;
+    }
+    // SAFETY: `to`'s context is retained for its driver's lifetime; `from`'s is current.
+    let status = unsafe { cu_sys::cuCtxEnablePeerAccess(to.context.0, 0) };
+    matches!(
+        status,
+        cu_sys::CUresult::CUDA_SUCCESS | cu_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+    )
 }
 
 impl Drop for CudaDriver {
@@ -463,6 +483,36 @@ impl Driver for CudaDriver {
         // SAFETY: both ranges lie inside live allocations (engine invariant).
         unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream.stream) }
             .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+    }
+
+    fn peer_access(&self, other: &Self) -> bool {
+        if self.device == other.device {
+            return false;
+        }
+        let mut cache = self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(&known) = cache.get(&other.ordinal) {
+            return known;
+        }
+        let enabled = can_access_peer(self, other) && can_access_peer(other, self);
+        cache.insert(other.ordinal, enabled);
+        enabled
+    }
+
+    fn copy_to_peer(
+        &self,
+        stream: &CudaStream,
+        peer: &Self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `src` lies in a live allocation of this context and `dst` in one of `peer`'s
+        // (engine invariant), both contexts retained for the drivers' lifetimes.
+        let status = unsafe {
+            cu_sys::cuMemcpyPeerAsync(dst, peer.context.0, src, self.context.0, bytes, stream.stream)
+        };
+        status.result().map_err(|e| driver_error("cuMemcpyPeerAsync", e))
     }
 
     fn fill(&self, stream: &CudaStream, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {

@@ -134,6 +134,24 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     ) -> Result<()>;
     /// Queues a device-to-device copy.
     fn copy(&self, stream: &Self::Stream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+    /// Whether this device can copy straight into `other`'s memory (and `other` into its):
+    /// enables peer access both ways on first ask. False for the device itself (a plain
+    /// [`Driver::copy`] serves it) and where the runtime has no peer copies (this default).
+    fn peer_access(&self, _other: &Self) -> bool {
+        false
+    }
+    /// Queues a copy of `bytes` from this device's `src` into `dst` on device `peer`, on this
+    /// device's stream; only after [`Driver::peer_access`] said yes for `peer`.
+    fn copy_to_peer(
+        &self,
+        _stream: &Self::Stream,
+        _peer: &Self,
+        _dst: DevicePtr,
+        _src: DevicePtr,
+        _bytes: usize,
+    ) -> Result<()> {
+        Err(crate::error::HiveGpuError::Internal("this runtime has no peer copies".into()))
+    }
     /// Queues setting `bytes` bytes at `dst` to `value`.
     fn fill(&self, stream: &Self::Stream, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Waits for everything queued on the stream.

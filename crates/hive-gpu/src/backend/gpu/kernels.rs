@@ -20,6 +20,7 @@ const GEMM: &str = include_str!("kernels/gemm.cu");
 const FUSED: &str = include_str!("kernels/fused.cu");
 const LISTS: &str = include_str!("kernels/lists.cu");
 const CODES: &str = include_str!("kernels/codes.cu");
+const MERGE: &str = include_str!("kernels/merge.cu");
 
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
 pub(crate) const TENSOR_NAMES: &[&str] =
@@ -38,6 +39,9 @@ pub(crate) fn mma_shared_bytes(row_element: usize, operand_element: usize, dim: 
     (MMA_TILE * query_pitch + stages * MMA_TILE * 36 + halves * MMA_TILE) * 4
 }
 
+/// Most lists `hg_merge_lists` merges (`kernels/merge.cu`'s `HG_MERGE_LISTS`).
+pub(crate) const MERGE_LISTS: usize = 64;
+
 /// Rows (and queries) one `hg_mma_filter` block covers.
 pub(crate) const MMA_TILE: usize = 128;
 
@@ -46,7 +50,7 @@ pub(crate) const MMA_TILE: usize = 128;
 pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
     let fused = if tensor { FUSED } else { "" };
     format!(
-        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{CODES}\n{ROWS}\n{GEMM}\n{fused}\n"
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n#define HG_MERGE_LISTS {MERGE_LISTS}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{CODES}\n{MERGE}\n{ROWS}\n{GEMM}\n{fused}\n"
     )
 }
 
@@ -140,6 +144,7 @@ kernel_table!(
     select_collect: SelectCollect,
     bitonic_step: BitonicStep,
     write_results: WriteResults,
+    merge_lists: MergeLists,
     norms_f32: Norms,
     norms_f16: Norms,
     gather: Gather,

@@ -12,6 +12,7 @@ pub(crate) mod hip;
 mod kernels;
 mod lists;
 mod memory;
+mod merge;
 mod prepare;
 mod primitives;
 mod rows;
@@ -35,6 +36,8 @@ pub(crate) struct Device<D: Driver> {
     pub(crate) driver: Arc<D>,
     pub(crate) kernels: Kernels<D>,
     pub(crate) backend: GpuBackendType,
+    /// Idle streams and memory of device merges (`merge.rs`), reused by the next.
+    pub(crate) merges: Mutex<Vec<merge::MergeScratch<D>>>,
 }
 
 impl<D: Driver> Device<D> {
@@ -81,7 +84,7 @@ impl<D: Driver> GpuEngine<D> {
     /// cache the engine).
     pub(crate) fn new(driver: Arc<D>, backend: GpuBackendType, prelude: &str) -> Result<Self> {
         let kernels = Kernels::compile(&*driver, prelude)?;
-        Ok(Self { device: Arc::new(Device { driver, kernels, backend }) })
+        Ok(Self { device: Arc::new(Device { driver, kernels, backend, merges: Mutex::new(Vec::new()) }) })
     }
 }
 

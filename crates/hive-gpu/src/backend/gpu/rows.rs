@@ -475,6 +475,19 @@ impl<D: Driver> GpuRows<D> {
     }
 }
 
+impl<D: Driver> GpuRows<D> {
+    /// `buffer` as this engine's, where this store's searches can write into it: on this
+    /// store's device, or on one it copies into directly.
+    fn merge_target<'b>(
+        &self,
+        buffer: &'b dyn crate::backend::MergeBuffer,
+    ) -> Option<&'b super::merge::GpuMergeBuffer<D>> {
+        let target = buffer.as_any().downcast_ref::<super::merge::GpuMergeBuffer<D>>()?;
+        (Arc::ptr_eq(&target.device, &self.device) || self.driver().peer_access(&target.device.driver))
+            .then_some(target)
+    }
+}
+
 impl<D: Driver> RowStore for GpuRows<D> {
     fn len(&self) -> usize {
         self.len
@@ -716,6 +729,42 @@ impl<D: Driver> RowStore for GpuRows<D> {
 
     fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         self.select_rows(scores, width, k)
+    }
+
+    fn merge_buffer(
+        &self,
+        queries: usize,
+        lists: usize,
+        k: usize,
+    ) -> Result<Option<Box<dyn crate::backend::MergeBuffer>>> {
+        match super::merge::GpuMergeBuffer::new(&self.device, queries, lists, k) {
+            Ok(buffer) => Ok(Some(Box::new(buffer))),
+            // No room for it: the host merges.
+            Err(HiveGpuError::VramLimitExceeded { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn can_write_into(&self, buffer: &dyn crate::backend::MergeBuffer) -> bool {
+        self.merge_target(buffer).is_some()
+    }
+
+    fn knn_into(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+        buffer: &dyn crate::backend::MergeBuffer,
+        list: usize,
+        first_query: usize,
+    ) -> Result<()> {
+        let target = self.merge_target(buffer).ok_or_else(|| {
+            HiveGpuError::Internal("a search was asked to write into a merge buffer it cannot reach".into())
+        })?;
+        self.refresh_dead()?;
+        let sink = super::search::Sink { target, list, first_query };
+        self.search_with(queries, k, metric, allowed, Some(&sink)).map(drop)
     }
 
     fn release_scratch(&self) {

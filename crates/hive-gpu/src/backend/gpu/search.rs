@@ -23,7 +23,7 @@ use super::memory::{Filtered, Workspace};
 use super::prepare::{Prepared, prepare};
 use super::primitives::{Pairs, ResultSlot};
 use super::rows::GpuRows;
-use crate::backend::{Neighbor, PARALLEL_RESULTS, profiling};
+use crate::backend::{MergeBuffer, Neighbor, PARALLEL_RESULTS, profiling};
 use crate::error::{HiveGpuError, Result};
 use crate::exact::gates::{self as bounds, Approximation};
 use crate::exact::metric_code;
@@ -149,6 +149,14 @@ pub(super) fn entry_key(distance: f32, slot: u32) -> u64 {
     (u64::from(key) << 32) | u64::from(slot)
 }
 
+/// Where a search writes its results instead of returning them: list `list` of a merge
+/// buffer, from query `first_query` of the buffer's batch.
+pub(super) struct Sink<'b, D: Driver> {
+    pub(super) target: &'b super::merge::GpuMergeBuffer<D>,
+    pub(super) list: usize,
+    pub(super) first_query: usize,
+}
+
 /// What the fused filter's thresholds are computed from, per query.
 struct Thresholds<'a> {
     /// |q| in f64.
@@ -236,6 +244,19 @@ impl<D: Driver> GpuRows<D> {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
+        self.search_with(queries, k, metric, allowed, None)
+    }
+
+    /// [`Self::search`], or with `sink` its results written into a merge buffer's list instead
+    /// of returned (an empty list comes back).
+    pub(super) fn search_with(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+        sink: Option<&Sink<'_, D>>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         let mask = SearchMask::new(&self.dead, self.len, allowed);
         let live = mask.live;
         if k == 0 || k > live || !queries.len().is_multiple_of(self.dim) || queries.is_empty() {
@@ -257,12 +278,14 @@ impl<D: Driver> GpuRows<D> {
             match self.search_gathered(queries, k, metric, &mask.kept(self.len)) {
                 // No room on the device for a copy of the passing rows: the masked scan needs none.
                 Err(HiveGpuError::VramLimitExceeded { .. }) => {}
+                Ok(found) if sink.is_some() => return self.sink_host_lists(sink, &found),
                 outcome => return outcome,
             }
         }
         let mut ws = self.checkout()?;
-        let outcome =
-            self.upload_mask(&mut ws, &mask).and_then(|()| self.search_in(&mut ws, queries, k, metric, None));
+        let outcome = self
+            .upload_mask(&mut ws, &mask)
+            .and_then(|()| self.search_in(&mut ws, queries, k, metric, None, sink));
         ws.filtered = None;
         // A workspace whose stream saw an error is dropped, not reused.
         if outcome.is_ok() {
@@ -291,7 +314,7 @@ impl<D: Driver> GpuRows<D> {
                 return Err(e);
             }
         };
-        let outcome = gathered.search_in(&mut ws, queries, k, metric, None);
+        let outcome = gathered.search_in(&mut ws, queries, k, metric, None, None);
         // A small gather's rows stay with the workspace for the next one; a large one's
         // device memory is given back.
         if gathered.capacity().saturating_mul(16) <= self.len {
@@ -472,6 +495,7 @@ impl<D: Driver> GpuRows<D> {
         k: usize,
         metric: GpuDistanceMetric,
         forced: Option<Approximation>,
+        sink: Option<&Sink<'_, D>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let driver = self.driver().clone();
         let dim = self.dim;
@@ -520,7 +544,11 @@ impl<D: Driver> GpuRows<D> {
             align(nq * 4),
         ];
         let input_bytes: usize = sizes.iter().sum();
-        let outputs = self.outputs(ws, nq, k)?;
+        // Results for a merge buffer stay in device memory, to be copied from there.
+        let outputs = match sink {
+            Some(_) => Outputs::at(ws.outputs.get(&driver, Outputs::bytes_for(nq, k))?, nq, k),
+            None => self.outputs(ws, nq, k)?,
+        };
         let base = ws.inputs.get(&driver, input_bytes)?;
         let staging = ws.staging.get(&*driver, input_bytes.max(outputs.bytes))?;
         let mut offset = 0usize;
@@ -567,6 +595,28 @@ impl<D: Driver> GpuRows<D> {
         }
         profile.mark(&*driver, &ws.stream, "candidates+finalize")?;
 
+        // Into a merge buffer: only the flags come back; where none is set, the results go
+        // from device to device.
+        if let Some(sink) = sink {
+            let staging = ws.staging.get(&*driver, nq * 4)?;
+            driver.download(&ws.stream, staging, outputs.flags, nq * 4)?;
+            driver.synchronize(&ws.stream)?;
+            let flags: &[u32] = typed(staging, 0, nq)?;
+            if flags.iter().all(|&f| f == 0) {
+                sink.target.write_from(
+                    &self.device,
+                    &ws.stream,
+                    (sink.list, sink.first_query),
+                    k,
+                    &outputs,
+                    nq,
+                )?;
+                driver.synchronize(&ws.stream)?;
+                profile.mark(&*driver, &ws.stream, "copy to merge")?;
+                profile.report(&format!("nq {nq} k {k} {path:?} into a merge buffer"));
+                return Ok(Vec::new());
+            }
+        }
         let mut results = self.download_results(ws, &outputs, nq, k, false)?;
         profile.mark(&*driver, &ws.stream, "download")?;
         // Queries whose band overflowed their list go through the radix path (rare: heavy
@@ -578,7 +628,7 @@ impl<D: Driver> GpuRows<D> {
         {
             let subset: Vec<f32> =
                 flagged.iter().flat_map(|&q| queries[q * dim..(q + 1) * dim].iter().copied()).collect();
-            let again = self.search_in(ws, &subset, k, metric, Some(narrower))?;
+            let again = self.search_in(ws, &subset, k, metric, Some(narrower), None)?;
             for (q, found) in flagged.iter().zip(again) {
                 results[*q] = Some(found);
             }
@@ -602,10 +652,53 @@ impl<D: Driver> GpuRows<D> {
             }
         }
         profile.report(&format!("nq {nq} k {k} {path:?}"));
-        results
+        let results = results
             .into_iter()
             .map(|r| r.ok_or_else(|| HiveGpuError::Internal("the radix path flagged a query".into())))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        match sink {
+            Some(sink) => {
+                let outputs = super::merge::stage_host_lists(&driver, ws, &results, k)?;
+                sink.target.write_from(
+                    &self.device,
+                    &ws.stream,
+                    (sink.list, sink.first_query),
+                    k,
+                    &outputs,
+                    nq,
+                )?;
+                driver.synchronize(&ws.stream)?;
+                Ok(Vec::new())
+            }
+            None => Ok(results),
+        }
+    }
+
+    /// Writes lists the host holds into `sink`'s merge buffer (a gathered filtered search's).
+    fn sink_host_lists(
+        &self,
+        sink: Option<&Sink<'_, D>>,
+        found: &[Vec<Neighbor>],
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let Some(sink) = sink else { return Ok(found.to_vec()) };
+        let k = sink.target.width(sink.list).unwrap_or(0);
+        let mut ws = self.checkout()?;
+        let driver = self.driver().clone();
+        let written = super::merge::stage_host_lists(&driver, &mut ws, found, k).and_then(|outputs| {
+            sink.target.write_from(
+                &self.device,
+                &ws.stream,
+                (sink.list, sink.first_query),
+                k,
+                &outputs,
+                found.len(),
+            )?;
+            driver.synchronize(&ws.stream)
+        });
+        if written.is_ok() {
+            self.checkin(ws);
+        }
+        written.map(|()| Vec::new())
     }
 
     /// Where the kernels write a search's results: small ones straight into the workspace's
