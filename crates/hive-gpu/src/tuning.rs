@@ -90,6 +90,10 @@ pub struct Tuning {
     /// copy into the first shard's device (`crate::backend::merge`); off, the host merges
     /// them. `HIVE_GPU_DEVICE_MERGE`.
     pub device_merge: bool,
+    /// Queries from which a sharded batch merges on a device (at least 1; fewer merge on the
+    /// host, where one query's few lists cost less than the device merge's copies and waits).
+    /// `HIVE_GPU_DEVICE_MERGE_MIN_QUERIES`.
+    pub device_merge_min_queries: usize,
 }
 
 impl Default for Tuning {
@@ -130,6 +134,11 @@ impl Default for Tuning {
             piece_queries: 2048,
             piece_workers: 4,
             device_merge: true,
+            // Two H100s with NVLink, 2M x 128 over two shards (docs/PERFORMANCE.md, multi-GPU
+            // section, device merge): batches of 200 to 2,000 queries ran 3-9% faster merged on
+            // the device, 100 within the noise, 10 about 7% slower; single queries 40-70 us
+            // slower.
+            device_merge_min_queries: 128,
         }
     }
 }
@@ -183,7 +192,7 @@ impl Tuning {
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 14] = [
+        let sizes: [(&str, usize, &mut usize); 15] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -198,6 +207,7 @@ impl Tuning {
             ("HIVE_GPU_PIECE_QUERIES", 1, &mut t.piece_queries),
             ("HIVE_GPU_PIECE_WORKERS", 1, &mut t.piece_workers),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", 0, &mut t.refine_batch_candidates),
+            ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", 1, &mut t.device_merge_min_queries),
         ];
         for (name, min, field) in sizes {
             if let Some(value) = size(name, min)? {
@@ -239,9 +249,12 @@ mod tests {
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", "0"),
             ("HIVE_GPU_PIECE_QUERIES", "1000"),
             ("HIVE_GPU_PIECE_WORKERS", "8"),
+            ("HIVE_GPU_DEVICE_MERGE", "0"),
+            ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", "3"),
         ])
         .expect("valid");
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
+        assert_eq!((t.device_merge, t.device_merge_min_queries), (false, 3));
         assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.code_scan);
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));

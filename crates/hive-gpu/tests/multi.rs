@@ -34,6 +34,8 @@ fn groups() -> Vec<(String, Vec<GpuContext>)> {
         let mut small = context.tuning().clone();
         small.piece_queries = 3;
         small.piece_workers = 3;
+        // Every batch merged on the device where the shards reach one (CUDA).
+        small.device_merge_min_queries = 1;
         let small = context.clone().with_tuning(small);
         out.push((format!("{backend}, 2 logical shards, pieces of 3 queries"), vec![small.clone(), small]));
         let devices = list_devices(backend).map_or(0, |d| d.len());
@@ -1158,10 +1160,14 @@ fn the_device_merge_is_taken_where_shards_reach_one_device_and_equals_the_host_m
     let require_peer = std::env::var("HIVE_GPU_REQUIRE_DEVICES").is_ok_and(|v| v.trim() != "1");
     for (name, group) in groups() {
         let backend = group[0].backend_type();
-        let mut host_tuning = group[0].tuning().clone();
-        host_tuning.device_merge = false;
-        let host_group: Vec<GpuContext> =
-            group.iter().map(|c| c.clone().with_tuning(host_tuning.clone())).collect();
+        let retuned = |change: &dyn Fn(&mut Tuning)| -> Vec<GpuContext> {
+            let mut tuning = group[0].tuning().clone();
+            change(&mut tuning);
+            group.iter().map(|c| c.clone().with_tuning(tuning.clone())).collect()
+        };
+        let host_group = retuned(&|t| t.device_merge = false);
+        // Batches of every size merged on the device, the 20-query ones included.
+        let group = retuned(&|t| t.device_merge_min_queries = 1);
         for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine] {
             let config = config(metric, StoragePrecision::F32);
             let what = format!("{name}, {metric:?}");

@@ -140,16 +140,18 @@ impl ShardedStorage {
         self.router.shard_of(id)
     }
 
-    /// Whether exact searches merge the shards' top-k lists on a device: the first shard's,
+    /// Whether exact batches merge the shards' top-k lists on a device: the first shard's,
     /// every other shard copying its lists there (through peer access from another device).
-    /// True for CUDA shards on one device or on devices with peer access to one another
-    /// (with [`crate::Tuning::device_merge`] on); otherwise, and for searches through an
+    /// True for CUDA shards on one device or on devices with peer access to one another (with
+    /// [`crate::Tuning::device_merge`] on), for batches of at least
+    /// [`crate::Tuning::device_merge_min_queries`]; otherwise, and for searches through an
     /// index, the lists come back to the host and are merged there.
     pub fn merges_on_device(&self) -> bool {
         let guards = read_all(&self.shards);
         let collections: Vec<&Collection> = guards.iter().map(|g| &**g).collect();
         let exact = SearchOptions { exact: true, ..SearchOptions::default() };
-        matches!(device_merge_buffer(&self.shards, &collections, 1, 1, &exact), Ok(Some(_)))
+        let nq = self.shards.first().map_or(1, |s| s.tuning.device_merge_min_queries);
+        matches!(device_merge_buffer(&self.shards, &collections, nq, 1, &exact), Ok(Some(_)))
     }
 
     /// Each shard's device, in shard order.
@@ -626,7 +628,8 @@ fn fill_merged(
 }
 
 /// A buffer on the first shard's device into which every shard's search can write its lists
-/// (`crate::backend::merge`), for an exact search with the device merge on: None where some
+/// (`crate::backend::merge`), for an exact search with the device merge on and at least
+/// `Tuning::device_merge_min_queries` queries: None where some
 /// shard cannot reach it (another backend, no peer access between the devices, more shards
 /// than one merge takes), where a shard searches through its index, or where that device has
 /// no room; the host merges then.
@@ -638,7 +641,8 @@ fn device_merge_buffer(
     options: &SearchOptions,
 ) -> Result<Option<Box<dyn crate::backend::MergeBuffer>>> {
     let Some(first) = collections.first() else { return Ok(None) };
-    let wanted = shards.first().is_some_and(|s| s.tuning.device_merge);
+    let wanted =
+        shards.first().is_some_and(|s| s.tuning.device_merge && nq >= s.tuning.device_merge_min_queries);
     if !wanted || collections.len() < 2 || collections.iter().any(|c| c.index().is_some() && !options.exact) {
         return Ok(None);
     }

@@ -737,10 +737,13 @@ impl<D: Driver> RowStore for GpuRows<D> {
         lists: usize,
         k: usize,
     ) -> Result<Option<Box<dyn crate::backend::MergeBuffer>>> {
+        if lists > super::kernels::MERGE_LISTS {
+            return Ok(None);
+        }
         match super::merge::GpuMergeBuffer::new(&self.device, queries, lists, k) {
             Ok(buffer) => Ok(Some(Box::new(buffer))),
-            // No room for it: the host merges.
-            Err(HiveGpuError::VramLimitExceeded { .. }) => Ok(None),
+            // No room for it, or a batch past what one buffer indexes: the host merges.
+            Err(HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::InvalidArgument(_)) => Ok(None),
             Err(e) => Err(e),
         }
     }
