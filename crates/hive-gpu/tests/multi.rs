@@ -317,6 +317,18 @@ fn every_index_shards_and_replicates_and_with_every_list_equals_exact_search() {
                     &want,
                 );
             }
+            // One list probed per shard with k past what it holds: each query gets what its
+            // lists hold, so lists differ in length between queries (the first one's length
+            // must not size the others').
+            let one_list = SearchOptions::default().with_nprobe(1);
+            for storage in [&sharded as &dyn Storage, &replicated] {
+                let got = storage.batch(&queries, 400, &one_list).unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(got.len(), queries.len() / DIM, "{name}, {spec:?}");
+                for list in &got {
+                    let ids: std::collections::HashSet<&str> = list.iter().map(|r| r.id.as_str()).collect();
+                    assert!(list.len() <= 400 && ids.len() == list.len(), "{name}, {spec:?}: a bad list");
+                }
+            }
             // Writes after training reach every member's index.
             let more: Vec<GpuVector> =
                 (0..30).map(|i| GpuVector::new(format!("late{i}"), vec![i as f32 * 0.1; DIM])).collect();

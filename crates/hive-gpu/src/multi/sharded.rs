@@ -558,7 +558,8 @@ fn search_shards(
         let searched_at = began.elapsed();
         let merged = buffer.merge()?;
         let placed = placed_from(&merged, nq, key)?;
-        return fill_merged(config, collections, &placed, nq, options, began, searched_at, "device");
+        let at = (began, searched_at, "device");
+        return fill_merged(config, collections, &placed, merged.k, options, at);
     }
     let found: Vec<Result<(usize, Vec<Vec<Neighbor>>)>> =
         on_each(collections.iter().zip(shards).collect(), |_, (collection, shard)| {
@@ -583,22 +584,23 @@ fn search_shards(
         (0..nq).map(merge_one).collect()
     };
     drop(found);
-    fill_merged(config, collections, &merged, nq, options, began, searched_at, "host")
+    fill_merged(config, collections, &merged, k, options, (began, searched_at, "host"))
 }
 
-/// Results of the shards' lists merged (`k` per query at most, the same for every query).
-#[allow(clippy::too_many_arguments)]
+/// Results of the shards' lists merged: `k` columns, each query's list at most `k` long (an
+/// index search's may be shorter: its probed lists can hold fewer rows). `timing` is when the
+/// search began, when the shards had answered, and where the lists were merged, for the
+/// profile.
 fn fill_merged(
     config: &StorageConfig,
     collections: &[&Collection],
     merged: &[Vec<Placed>],
-    nq: usize,
+    k: usize,
     options: &SearchOptions,
-    began: std::time::Instant,
-    searched_at: std::time::Duration,
-    merged_on: &str,
+    timing: (std::time::Instant, std::time::Duration, &str),
 ) -> Result<SearchResults> {
-    let k = merged.first().map_or(0, Vec::len);
+    let (began, searched_at, merged_on) = timing;
+    let nq = merged.len();
     let mut results = SearchResults::padded(nq, k, options.with_metadata);
     if k == 0 {
         return Ok(results);
@@ -646,6 +648,8 @@ fn device_merge_buffer(
     if !wanted || collections.len() < 2 || collections.iter().any(|c| c.index().is_some() && !options.exact) {
         return Ok(None);
     }
+    // No list holds more than its shard's rows.
+    let k = k.min(collections.iter().map(|c| c.len()).max().unwrap_or(0)).max(1);
     let Some(buffer) = first.rows().merge_buffer(nq, collections.len(), k)? else { return Ok(None) };
     Ok(collections.iter().all(|c| c.rows().can_write_into(&*buffer)).then_some(buffer))
 }

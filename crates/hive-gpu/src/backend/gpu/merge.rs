@@ -7,7 +7,7 @@
 //! side), list distances `L x Q x K` f64 the same way, then `L` u64 entry offsets and `L` u32
 //! widths, then the merged lists, slots and distances (`Q x k`) and one tie flag per query.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::Device;
@@ -74,8 +74,10 @@ pub(crate) struct GpuMergeBuffer<D: Driver> {
     base: DevicePtr,
     layout: Layout,
     widths: Vec<AtomicUsize>,
-    /// Taken from the device's pool for the buffer's life, given back on drop.
+    /// Taken from the device's pool for the buffer's life, given back on drop unless a copy
+    /// into it or the merge failed (work may still be queued on that memory and stream).
     scratch: Mutex<Option<MergeScratch<D>>>,
+    failed: AtomicBool,
 }
 
 impl<D: Driver> GpuMergeBuffer<D> {
@@ -108,6 +110,7 @@ impl<D: Driver> GpuMergeBuffer<D> {
             layout,
             widths: (0..lists).map(|_| AtomicUsize::new(UNSET)).collect(),
             scratch: Mutex::new(Some(scratch)),
+            failed: AtomicBool::new(false),
         })
     }
 
@@ -141,22 +144,45 @@ impl<D: Driver> GpuMergeBuffer<D> {
         }
         let (slots, dist) = self.list_at(list, first_query, width);
         let entries = count * width;
-        if std::ptr::eq(source, &*self.device) {
-            source.driver.copy(stream, slots, outputs.slots, entries * 4)?;
-            source.driver.copy(stream, dist, outputs.dist, entries * 8)
+        let copied = if std::ptr::eq(source, &*self.device) {
+            source
+                .driver
+                .copy(stream, slots, outputs.slots, entries * 4)
+                .and_then(|()| source.driver.copy(stream, dist, outputs.dist, entries * 8))
         } else {
-            source.driver.copy_to_peer(stream, &self.device.driver, slots, outputs.slots, entries * 4)?;
-            source.driver.copy_to_peer(stream, &self.device.driver, dist, outputs.dist, entries * 8)
+            let peer = &self.device.driver;
+            source
+                .driver
+                .copy_to_peer(stream, peer, slots, outputs.slots, entries * 4)
+                .and_then(|()| source.driver.copy_to_peer(stream, peer, dist, outputs.dist, entries * 8))
+        };
+        if copied.is_err() {
+            self.failed.store(true, Ordering::Release);
         }
+        copied
     }
 }
+
+/// Largest merge memory kept for the next merge: a bigger one (a huge batch, or a large k) is
+/// given back to the device with its buffer.
+const KEPT_BYTES: usize = 64 << 20;
 
 impl<D: Driver> Drop for GpuMergeBuffer<D> {
     fn drop(&mut self) {
         let scratch = self.scratch.get_mut().ok().and_then(Option::take);
+        if self.failed.load(Ordering::Acquire) || self.layout.end > KEPT_BYTES {
+            return;
+        }
         if let (Some(scratch), Ok(mut pool)) = (scratch, self.device.merges.lock()) {
             pool.push(scratch);
         }
+    }
+}
+
+/// Frees the merge memory `device` keeps between merges (see [`KEPT_BYTES`]).
+pub(super) fn release<D: Driver>(device: &Device<D>) {
+    if let Ok(mut pool) = device.merges.lock() {
+        pool.clear();
     }
 }
 
@@ -194,6 +220,17 @@ impl<D: Driver> MergeBuffer for GpuMergeBuffer<D> {
     }
 
     fn merge(&self) -> Result<Merged> {
+        let merged = self.merge_lists();
+        if merged.is_err() {
+            self.failed.store(true, Ordering::Release);
+        }
+        merged
+    }
+}
+
+impl<D: Driver> GpuMergeBuffer<D> {
+    /// [`MergeBuffer::merge`]'s work.
+    fn merge_lists(&self) -> Result<Merged> {
         let widths: Vec<usize> = (0..self.lists)
             .map(|s| self.width(s).ok_or_else(|| HiveGpuError::Internal(format!("list {s} has no width"))))
             .collect::<Result<_>>()?;
@@ -207,7 +244,7 @@ impl<D: Driver> MergeBuffer for GpuMergeBuffer<D> {
         let scratch = guard.as_mut().ok_or_else(|| HiveGpuError::Internal("merge scratch missing".into()))?;
         let driver = &*self.device.driver;
         let picks_bytes = layout.end - layout.out_lists;
-        let staging = scratch.staging.get(driver, picks_bytes.max(layout.descriptors).max(lists * 12))?;
+        let staging = scratch.staging.get(driver, picks_bytes.max(lists * 12))?;
         let offsets: Vec<u64> = (0..lists).map(|s| (s * queries * self.k) as u64).collect();
         let widths32: Vec<u32> = widths.iter().map(|&w| w as u32).collect();
         staging[..lists * 8].copy_from_slice(bytemuck::cast_slice(&offsets));

@@ -774,6 +774,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         if let Ok(mut pool) = self.pool.lock() {
             pool.clear();
         }
+        super::merge::release(&self.device);
         // The device copy of an index's lists is a cache too: the next list scan uploads it.
         self.drop_lists();
     }
