@@ -86,6 +86,44 @@ pub(crate) fn run_off_pool<'scope, R: Send>(
     on_plain_thread(|| pool.in_place_scope(section))
 }
 
+/// Runs `section` with a scope whose spawned jobs run on the members' pool: long-lived threads
+/// for the members of a sharded or replicated storage, each of which blocks on its own device
+/// for a whole search or write while the others do the same (`crate::multi`). Returns once the
+/// section and every job it spawned are done.
+///
+/// A thread started per member and per search cost about 0.2 ms of a sharded single query
+/// (the thread, and its first calls into the device's driver: `HIVE_GPU_PROFILE` on two H200s,
+/// docs/PERFORMANCE.md, multi-GPU section); these threads are started once. The jobs follow
+/// this module's rules: a member job that needs the library's pool enters it through [`run`]
+/// or [`run_off_pool`], which treat the members' threads as another pool's (they wait on a
+/// plain thread, stealing nothing), and no member job waits on another. The caller waits as in
+/// [`run_off_pool`]: right here from a plain thread, else on a plain thread of its own.
+pub(crate) fn run_on_members<'scope, R: Send>(
+    section: impl FnOnce(&rayon::Scope<'scope>) -> R + Send,
+) -> Result<R> {
+    let pool = members()?;
+    if rayon::current_thread_index().is_none() {
+        return Ok(pool.in_place_scope(section));
+    }
+    on_plain_thread(|| pool.in_place_scope(section))
+}
+
+/// The members' pool, started on first use: two threads per core, at least 16, so that the
+/// members of several storages searched at once from many threads each find a thread.
+fn members() -> Result<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    if let Some(pool) = POOL.get() {
+        return Ok(pool);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads((2 * cores).clamp(16, 256))
+        .thread_name(|i| format!("hive-gpu-member-{i}"))
+        .build()
+        .map_err(|e| HiveGpuError::Internal(format!("cannot start hive-gpu's member threads: {e}")))?;
+    Ok(POOL.get_or_init(|| built))
+}
+
 /// [`run`], except that a `small` section called from a thread of no rayon pool runs right
 /// here: handing a write of one vector to the pool and back cost more than the write itself
 /// (two thread switches per write; `hive-gpu bench-writes`, docs/PERFORMANCE.md). A section

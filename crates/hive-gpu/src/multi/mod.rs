@@ -150,34 +150,39 @@ fn open_durable_with<S: crate::persist::durable::Logged>(
 }
 
 /// Runs `work(i, item)` for every item at once: the first on the calling thread, the others on
-/// threads of their own (each member's search or write blocks on its device; several members
-/// must block at the same time). Results come back in the items' order. An item whose thread
-/// the OS refuses runs on the calling thread, after the first.
+/// the members' long-lived threads (`crate::exec::run_on_members`: each member's search or write
+/// blocks on its device; several members must block at the same time). Results come back in
+/// the items' order. Where those threads cannot be started, the items run here one after
+/// another.
 fn on_each<T: Send, R: Send>(items: Vec<T>, work: impl Fn(usize, T) -> R + Sync) -> Vec<R> {
     if items.len() <= 1 {
         return items.into_iter().enumerate().map(|(i, item)| work(i, item)).collect();
     }
+    let count = items.len();
     let slots: Vec<Mutex<Option<T>>> = items.into_iter().map(|item| Mutex::new(Some(item))).collect();
-    let take = |i: usize| lock(&slots[i]).take();
-    let run = |i: usize| take(i).map(|item| work(i, item));
-    std::thread::scope(|scope| {
-        let spawned: Vec<_> = (1..slots.len())
-            .map(|i| {
-                let run = &run;
-                std::thread::Builder::new()
-                    .name(format!("hive-gpu-member-{i}"))
-                    .spawn_scoped(scope, move || run(i))
-            })
-            .collect();
-        let mut out = vec![run(0)];
-        for (i, handle) in (1..).zip(spawned) {
-            out.push(match handle {
-                Ok(handle) => handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(_) => run(i),
-            });
+    let done: Vec<Mutex<Option<R>>> = (0..count).map(|_| Mutex::new(None)).collect();
+    let run = |i: usize| {
+        let item = lock(&slots[i]).take();
+        if let Some(item) = item {
+            let result = work(i, item);
+            *lock(&done[i]) = Some(result);
         }
-        out.into_iter().map(|r| r.expect("every item runs once")).collect()
-    })
+    };
+    let ran = crate::exec::run_on_members(|scope| {
+        for i in 1..count {
+            let run = &run;
+            scope.spawn(move |_| run(i));
+        }
+        run(0);
+    });
+    if ran.is_err() {
+        (0..count).for_each(run);
+    }
+    done.into_iter()
+        .map(|d| {
+            d.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner).expect("every item runs once")
+        })
+        .collect()
 }
 
 /// Locks a mutex that guards no invariant a panic could break (the write order's counter).
