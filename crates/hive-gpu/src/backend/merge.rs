@@ -21,13 +21,14 @@ pub trait MergeBuffer: Send + Sync + std::fmt::Debug {
     fn queries(&self) -> usize;
     /// Lists the buffer holds (one per member store).
     fn lists(&self) -> usize;
-    /// Records that list `list` holds `width` entries per query (at most the buffer's `k`; 0 for
-    /// a member with nothing to return), before any of its searches writes into it.
+    /// Records that list `list` holds `width` entries per query (at most the buffer's width; 0
+    /// for a member with nothing to return), before any of its searches writes into it.
     fn set_width(&self, list: usize, width: usize) -> Result<()>;
     /// List `list`'s width as [`MergeBuffer::set_width`] recorded it.
     fn width(&self, list: usize) -> Option<usize>;
-    /// The `min(k, sum of widths)` best of each query over every list, by distance, then list,
-    /// then slot; every list's width must be set and all its queries written.
+    /// The `min(k, sum of widths)` best of each query over every list (`k` as the buffer was
+    /// made), by distance, then list, then slot; every list's width must be set and all its
+    /// queries written.
     fn merge(&self) -> Result<Merged>;
 }
 

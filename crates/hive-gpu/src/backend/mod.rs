@@ -276,12 +276,14 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// computed itself (IVF's coarse assignment).
     fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>>;
     /// A buffer on this store's device for the top-k lists of `lists` searches of a batch of
-    /// `queries`, at most `k` entries per query each, and their merge there (see [`merge`]);
-    /// None where this backend merges on the host (this default) or the device has no room.
+    /// `queries`, at most `width` entries per query each, and their merge there into at most `k`
+    /// per query (see [`merge`]); None where this backend merges on the host (this default) or
+    /// the device has no room.
     fn merge_buffer(
         &self,
         _queries: usize,
         _lists: usize,
+        _width: usize,
         _k: usize,
     ) -> Result<Option<Box<dyn MergeBuffer>>> {
         Ok(None)

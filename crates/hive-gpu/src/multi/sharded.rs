@@ -648,9 +648,10 @@ fn device_merge_buffer(
     if !wanted || collections.len() < 2 || collections.iter().any(|c| c.index().is_some() && !options.exact) {
         return Ok(None);
     }
-    // No list holds more than its shard's rows.
-    let k = k.min(collections.iter().map(|c| c.len()).max().unwrap_or(0)).max(1);
-    let Some(buffer) = first.rows().merge_buffer(nq, collections.len(), k)? else { return Ok(None) };
+    // No list holds more than its shard's rows, nor the merge more than all of them.
+    let width = k.min(collections.iter().map(|c| c.len()).max().unwrap_or(0)).max(1);
+    let k = k.min(collections.iter().map(|c| c.len()).sum()).max(1);
+    let Some(buffer) = first.rows().merge_buffer(nq, collections.len(), width, k)? else { return Ok(None) };
     Ok(collections.iter().all(|c| c.rows().can_write_into(&*buffer)).then_some(buffer))
 }
 

@@ -2,10 +2,11 @@
 //! there from each member's own device (a peer copy) or from the same device, then merged by
 //! `hg_merge_lists` (`kernels/merge.cu`).
 //!
-//! Device layout (one scratch allocation, `L` lists of `Q` queries, capacity `K` per query):
-//! list slots `L x Q x K` u32 (list `s` from entry `s Q K`, its `Q x width` entries side by
-//! side), list distances `L x Q x K` f64 the same way, then `L` u64 entry offsets and `L` u32
-//! widths, then the merged lists, slots and distances (`Q x k`) and one tie flag per query.
+//! Device layout (one scratch allocation, `L` lists of `Q` queries, capacity `W` per query):
+//! list slots `L x Q x W` u32 (list `s` from entry `s Q W`, its `Q x width` entries side by
+//! side), list distances `L x Q x W` f64 the same way, then `L` u64 entry offsets and `L` u32
+//! widths, then the merged lists, slots and distances (`Q x k`, `k <= L W`) and one tie flag
+//! per query.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,13 +45,13 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(queries: usize, lists: usize, k: usize) -> Result<Self> {
+    fn of(queries: usize, lists: usize, width: usize, k: usize) -> Result<Self> {
         let entries = queries
             .checked_mul(lists)
-            .and_then(|n| n.checked_mul(k))
-            .filter(|&n| n <= u32::MAX as usize)
+            .and_then(|n| n.checked_mul(width))
+            .filter(|&n| n <= u32::MAX as usize && k <= lists * width)
             .ok_or_else(|| {
-                HiveGpuError::InvalidArgument(format!("{queries} queries x {lists} lists x {k}"))
+                HiveGpuError::InvalidArgument(format!("{queries} queries x {lists} lists x {width}, k {k}"))
             })?;
         let picks = queries * k;
         let dist = align(entries * 4);
@@ -69,7 +70,9 @@ pub(crate) struct GpuMergeBuffer<D: Driver> {
     pub(super) device: Arc<Device<D>>,
     queries: usize,
     lists: usize,
-    /// Capacity per query of each list, and most picks per query.
+    /// Capacity per query of each list.
+    width: usize,
+    /// Most picks per query.
     k: usize,
     base: DevicePtr,
     layout: Layout,
@@ -81,15 +84,22 @@ pub(crate) struct GpuMergeBuffer<D: Driver> {
 }
 
 impl<D: Driver> GpuMergeBuffer<D> {
-    /// A buffer for `lists` lists of `queries` queries, up to `k` entries each, on `device`.
-    pub(super) fn new(device: &Arc<Device<D>>, queries: usize, lists: usize, k: usize) -> Result<Self> {
-        if lists == 0 || lists > MERGE_LISTS || queries == 0 || k == 0 {
+    /// A buffer on `device` for `lists` lists of `queries` queries, up to `width` entries each,
+    /// merged into up to `k` per query.
+    pub(super) fn new(
+        device: &Arc<Device<D>>,
+        queries: usize,
+        lists: usize,
+        width: usize,
+        k: usize,
+    ) -> Result<Self> {
+        if lists == 0 || lists > MERGE_LISTS || queries == 0 || width == 0 || k == 0 {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "a device merge takes 1 to {MERGE_LISTS} lists of at least one query and one entry \
-                 ({lists} lists, {queries} queries, k = {k})"
+                 ({lists} lists, {queries} queries, width {width}, k = {k})"
             )));
         }
-        let layout = Layout::of(queries, lists, k)?;
+        let layout = Layout::of(queries, lists, width, k)?;
         let reused =
             device.merges.lock().map_err(|_| HiveGpuError::Internal("merge pool poisoned".into()))?.pop();
         let mut scratch = match reused {
@@ -105,6 +115,7 @@ impl<D: Driver> GpuMergeBuffer<D> {
             device: device.clone(),
             queries,
             lists,
+            width,
             k,
             base,
             layout,
@@ -116,7 +127,7 @@ impl<D: Driver> GpuMergeBuffer<D> {
 
     /// Device addresses of list `list`'s slots and distances for queries from `first_query`.
     fn list_at(&self, list: usize, first_query: usize, width: usize) -> (DevicePtr, DevicePtr) {
-        let entry = (list * self.queries * self.k + first_query * width) as u64;
+        let entry = (list * self.queries * self.width + first_query * width) as u64;
         (self.base + entry * 4, self.base + self.layout.dist as u64 + entry * 8)
     }
 
@@ -208,8 +219,11 @@ impl<D: Driver> MergeBuffer for GpuMergeBuffer<D> {
     }
 
     fn set_width(&self, list: usize, width: usize) -> Result<()> {
-        let slot = self.widths.get(list).filter(|_| width <= self.k).ok_or_else(|| {
-            HiveGpuError::Internal(format!("width {width} for list {list} of {} (k {})", self.lists, self.k))
+        let slot = self.widths.get(list).filter(|_| width <= self.width).ok_or_else(|| {
+            HiveGpuError::Internal(format!(
+                "width {width} for list {list} of {} (at most {})",
+                self.lists, self.width
+            ))
         })?;
         slot.store(width, Ordering::Release);
         Ok(())
@@ -245,7 +259,7 @@ impl<D: Driver> GpuMergeBuffer<D> {
         let driver = &*self.device.driver;
         let picks_bytes = layout.end - layout.out_lists;
         let staging = scratch.staging.get(driver, picks_bytes.max(lists * 12))?;
-        let offsets: Vec<u64> = (0..lists).map(|s| (s * queries * self.k) as u64).collect();
+        let offsets: Vec<u64> = (0..lists).map(|s| (s * queries * self.width) as u64).collect();
         let widths32: Vec<u32> = widths.iter().map(|&w| w as u32).collect();
         staging[..lists * 8].copy_from_slice(bytemuck::cast_slice(&offsets));
         staging[lists * 8..lists * 12].copy_from_slice(bytemuck::cast_slice(&widths32));
@@ -294,7 +308,7 @@ impl<D: Driver> GpuMergeBuffer<D> {
             driver.synchronize(&scratch.stream)?;
             let host: &[u8] = staging;
             for (s, &width) in widths.iter().enumerate() {
-                let entry = s * queries * self.k;
+                let entry = s * queries * self.width;
                 merged.sources.push(SourceList {
                     width,
                     slots: read(host, entry * 4, queries * width)?,

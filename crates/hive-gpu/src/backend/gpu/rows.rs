@@ -735,12 +735,13 @@ impl<D: Driver> RowStore for GpuRows<D> {
         &self,
         queries: usize,
         lists: usize,
+        width: usize,
         k: usize,
     ) -> Result<Option<Box<dyn crate::backend::MergeBuffer>>> {
         if lists > super::kernels::MERGE_LISTS {
             return Ok(None);
         }
-        match super::merge::GpuMergeBuffer::new(&self.device, queries, lists, k) {
+        match super::merge::GpuMergeBuffer::new(&self.device, queries, lists, width, k) {
             Ok(buffer) => Ok(Some(Box::new(buffer))),
             // No room for it, or a batch past what one buffer indexes: the host merges.
             Err(HiveGpuError::VramLimitExceeded { .. } | HiveGpuError::InvalidArgument(_)) => Ok(None),
