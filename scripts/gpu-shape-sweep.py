@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
 """Issue 22's shape sweep: exact k-NN of hive-gpu (CUDA backend, through `hive-gpu bench`) against
-FAISS GPU (GpuIndexFlatL2, or GpuIndexFlatIP over normalized vectors for cosine) and PyTorch's
-obvious implementation (torch.mm tiles + torch.topk, TF32 off), on the same data in the same run,
-for every dimension x rows x batch size x metric of the grid.
+FAISS GPU (GpuIndexFlatL2; GpuIndexFlatIP over normalized vectors for cosine, over the raw ones
+for dot) and PyTorch's obvious implementation (torch.mm tiles + torch.topk, TF32 off), on the same
+data in the same run, for every dimension x rows x batch size x metric x k of the grid.
 
 On the GPU machine, with FAISS GPU made importable (../shared/tools/faiss-gpu-prep.sh) and the
 bundle of scripts/gpu-bundle unpacked:
 
     . scripts/cuda-libs.sh; . .gpu/env; . /tmp/faiss/env.sh
     python3 scripts/gpu-shape-sweep.py --metrics l2 --out $OUT/sweep
+
+The issue's whole grid is far more than one device call (10 minutes): split it by --metrics, -k
+and --dims, for example
+
+    python3 scripts/gpu-shape-sweep.py --metrics dot -k 1,100 --dims 16,32,50,96,200 \
+        --rows 1000,10000,100000,1000000 --nqs 1,10,100,1000,10000 --out $OUT/dot
+
+and --rows 10000000 --max-bytes 6e9 for the ten-million-row cells (d <= 128).
 
 Data: uniform [0, 1) components (torch.rand, seeded per shape, as the other GPU benchmarks),
 10,000 queries drawn the same way. Each number is a median: hive-gpu's QPS as `hive-gpu bench`
@@ -21,9 +29,10 @@ recall@k is measured against an f64 brute force (`--exact-recall`), so every cel
 exactness check. A dataset larger than --max-bytes is left out (it would not change the picture
 and costs the run's time in file writes).
 
-Output: sweep.json (every cell), a Markdown table on stdout, and heat maps of the ratio to FAISS
-per cell (sweep-<metric>.png) when matplotlib is importable (else plot sweep.json elsewhere with
---plot-only).
+Output: sweep.json (every cell), a Markdown table on stdout, the fixed cost of one search call
+(one query's latency, median, for each library at the smallest --rows: give a small one such as
+1000 to read it), and heat maps of the ratio to FAISS per cell (sweep-<metric>-k<k>.png) when
+matplotlib is importable (else plot sweep.json elsewhere with --plot-only).
 """
 import argparse
 import json
@@ -70,17 +79,17 @@ def wall_timed(fn, reps, warmup=2):
     return statistics.median(times)
 
 
-def torch_knn(torch, xb, extra, xq, k, cosine, tile_bytes=2 << 30):
+def torch_knn(torch, xb, extra, xq, k, inner, tile_bytes=2 << 30):
     """Exact k-NN the obvious way: distance tiles by torch.mm, torch.topk per tile, merged.
-    L2 ranks by |b|^2 - 2 q.b (extra = the rows' squared norms); cosine by -q.b over unit rows
-    and queries (extra unused)."""
+    L2 ranks by |b|^2 - 2 q.b (extra = the rows' squared norms); `inner` (cosine over unit rows
+    and queries, or dot) by -q.b (extra unused)."""
     nq, n = xq.shape[0], xb.shape[0]
     tile = max(k, min(n, tile_bytes // max(1, nq * xb.element_size())))
     best_d = best_i = None
     for s in range(0, n, tile):
         e = min(n, s + tile)
         product = torch.mm(xq, xb[s:e].T)
-        dist = -product if cosine else extra[s:e].unsqueeze(0) - 2 * product
+        dist = -product if inner else extra[s:e].unsqueeze(0) - 2 * product
         dd, ii = torch.topk(dist, min(k, e - s), dim=1, largest=False)
         ii += s
         if best_d is None:
@@ -120,8 +129,8 @@ def plot(cells, out):
     except ImportError:
         print("# no matplotlib here: plot sweep.json with --plot-only elsewhere", flush=True)
         return
-    for metric in sorted({c["metric"] for c in cells}):
-        mine = [c for c in cells if c["metric"] == metric and c.get("faiss_qps")]
+    for metric, k in sorted({(c["metric"], c.get("k", 10)) for c in cells}):
+        mine = [c for c in cells if c["metric"] == metric and c.get("k", 10) == k and c.get("faiss_qps")]
         rows = sorted({(c["n"], c["nq"]) for c in mine})
         dims = sorted({c["d"] for c in mine})
         grid = np.full((len(rows), len(dims)), np.nan)
@@ -136,12 +145,13 @@ def plot(cells, out):
             for j in range(len(dims)):
                 if not np.isnan(grid[i, j]):
                     ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7)
-        ax.set_title(f"hive-gpu QPS / FAISS GPU QPS, exact {metric}, k 10")
+        ax.set_title(f"hive-gpu QPS / FAISS GPU QPS, exact {metric}, k {k}")
         fig.colorbar(image, ax=ax, label="log2 of the ratio")
         fig.tight_layout()
-        fig.savefig(f"{out}/sweep-{metric}.png", dpi=110)
+        name = f"{out}/sweep-{metric}.png" if k == 10 else f"{out}/sweep-{metric}-k{k}.png"
+        fig.savefig(name, dpi=110)
         plt.close(fig)
-        print(f"# heat map: {out}/sweep-{metric}.png", flush=True)
+        print(f"# heat map: {name}", flush=True)
 
 
 def main():
@@ -149,8 +159,8 @@ def main():
     parser.add_argument("--dims", default="25,64,100,128,384,768,1536")
     parser.add_argument("--rows", default="100000,1000000")
     parser.add_argument("--nqs", default="1,100,1000,10000")
-    parser.add_argument("--metrics", default="l2,cosine")
-    parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("--metrics", default="l2,cosine", help="any of l2, cosine, dot")
+    parser.add_argument("-k", default="10", help="neighbours per query, a comma list (1,10,100)")
     parser.add_argument("--max-bytes", type=float, default=1.6e9, help="largest dataset (n x d x 4 bytes)")
     parser.add_argument("--singles", type=int, default=200, help="one-query calls timed per cell")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/hive-sweep"))
@@ -163,7 +173,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.plot_only:
         with open(args.plot_only) as f:
-            plot(json.load(f)["cells"], args.out)
+            cells = json.load(f)["cells"]
+        fixed_cost([c for c in cells if "faiss_ms" in c])
+        plot(cells, args.out)
         return
     import faiss
     import numpy as np
@@ -176,13 +188,16 @@ def main():
     dims = [int(x) for x in args.dims.split(",")]
     sizes = [int(x) for x in args.rows.split(",")]
     nqs = [int(x) for x in args.nqs.split(",")]
-    k = args.k
+    ks = [int(x) for x in args.k.split(",")]
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} (TF32 off) | faiss {faiss.__version__}",
           flush=True)
     res = faiss.StandardGpuResources()
     cells = []
-    for metric in args.metrics.split(","):
+    for metric, k in [(m, k) for m in args.metrics.split(",") for k in ks]:
+        if metric not in ("l2", "cosine", "dot"):
+            sys.exit(f"unknown metric {metric}: l2, cosine or dot")
         cosine = metric == "cosine"
+        inner = metric != "l2"
         for n in sizes:
             for d in dims:
                 if n * d * 4 > args.max_bytes:
@@ -204,7 +219,7 @@ def main():
                             found[r["batch"]] = r
                 # FAISS GPU, from host arrays.
                 hb, hq = xb.cpu().numpy(), xq.cpu().numpy()
-                index = faiss.GpuIndexFlatIP(res, d) if cosine else faiss.GpuIndexFlatL2(res, d)
+                index = faiss.GpuIndexFlatIP(res, d) if inner else faiss.GpuIndexFlatL2(res, d)
                 index.add(hb)
                 faiss_s, torch_s = {}, {}
                 for nq in nqs:
@@ -216,11 +231,11 @@ def main():
                         faiss_s[nq] = wall_timed(lambda: index.search(hq[:nq], k), 5 if nq >= 1000 else 20)
                 del index
                 # PyTorch, data on the device.
-                extra = None if cosine else (xb * xb).sum(1)
+                extra = None if inner else (xb * xb).sum(1)
                 for nq in nqs:
                     q = xq[:nq]
                     reps = 50 if nq == 1 else (20 if nq <= 1000 else 5)
-                    torch_s[nq] = cuda_timed(torch, lambda: torch_knn(torch, xb, extra, q, k, cosine), reps)
+                    torch_s[nq] = cuda_timed(torch, lambda: torch_knn(torch, xb, extra, q, k, inner), reps)
                 del xb, xq, extra
                 torch.cuda.empty_cache()
                 for nq in nqs:
@@ -230,6 +245,7 @@ def main():
                         "hive_qps": r["qps"] if r else None, "hive_p50_ms": r["p50_ms"] if r else None,
                         "hive_recall": r.get("recall") if r else None,
                         "faiss_qps": nq / faiss_s[nq], "torch_qps": nq / torch_s[nq],
+                        "faiss_ms": faiss_s[nq] * 1e3, "torch_ms": torch_s[nq] * 1e3,
                     }
                     cells.append(cell)
                     if r:
@@ -240,17 +256,33 @@ def main():
                         print(f"{metric} n {n} d {d} nq {nq}: hive FAILED", flush=True)
                 with open(f"{args.out}/sweep.json", "w") as f:
                     json.dump({"device": torch.cuda.get_device_name(), "cells": cells}, f, indent=1)
-    print("\n| metric | n | d | nq | hive QPS | recall@k | FAISS GPU QPS | hive / FAISS | PyTorch QPS | hive / PyTorch |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| metric | k | n | d | nq | hive QPS | recall@k | FAISS GPU QPS | hive / FAISS | PyTorch QPS | hive / PyTorch |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in cells:
         if c["hive_qps"] is None:
-            print(f"| {c['metric']} | {c['n']:,} | {c['d']} | {c['nq']:,} | failed | | {c['faiss_qps']:,.0f} | | "
+            print(f"| {c['metric']} | {c['k']} | {c['n']:,} | {c['d']} | {c['nq']:,} | failed | | {c['faiss_qps']:,.0f} | | "
                   f"{c['torch_qps']:,.0f} | |")
             continue
-        print(f"| {c['metric']} | {c['n']:,} | {c['d']} | {c['nq']:,} | {c['hive_qps']:,.0f} | {c['hive_recall']} | "
+        print(f"| {c['metric']} | {c['k']} | {c['n']:,} | {c['d']} | {c['nq']:,} | {c['hive_qps']:,.0f} | {c['hive_recall']} | "
               f"{c['faiss_qps']:,.0f} | {c['hive_qps'] / c['faiss_qps']:.2f} | {c['torch_qps']:,.0f} | "
               f"{c['hive_qps'] / c['torch_qps']:.2f} |")
+    fixed_cost(cells)
     plot(cells, args.out)
+
+
+def fixed_cost(cells):
+    """One query's latency (median of the single calls) per library at the smallest n of the
+    sweep: the fixed cost of a search call, once the rows take next to no time."""
+    singles = [c for c in cells if c["nq"] == 1 and c.get("hive_p50_ms") is not None]
+    if not singles:
+        return
+    n = min(c["n"] for c in singles)
+    print(f"\nFixed cost of one search call: one query's latency over {n:,} rows, ms (median)\n")
+    print("| metric | k | d | hive-gpu | FAISS GPU | PyTorch |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for c in sorted((c for c in singles if c["n"] == n), key=lambda c: (c["metric"], c["k"], c["d"])):
+        print(f"| {c['metric']} | {c['k']} | {c['d']} | {c['hive_p50_ms']:.3f} | {c['faiss_ms']:.3f} | "
+              f"{c['torch_ms']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -348,3 +348,43 @@ pub(super) fn stage_host_lists<D: Driver>(
     driver.upload(&ws.stream, outputs.slots, staging, outputs.bytes)?;
     Ok(outputs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_s_regions_hold_what_the_kernel_reads_and_writes_and_never_overlap() {
+        for (queries, lists, width, k) in
+            [(1, 2, 1, 1), (10_000, 2, 10, 10), (3, 5, 7, 30), (4500, 3, 200, 600)]
+        {
+            let l = Layout::of(queries, lists, width, k).expect("a layout");
+            let entries = queries * lists * width;
+            let regions = [
+                (0, entries * 4),
+                (l.dist, entries * 8),
+                (l.descriptors, lists * 12),
+                (l.out_lists, queries * k * 4),
+                (l.out_slots, queries * k * 4),
+                (l.out_dist, queries * k * 8),
+                (l.tied, queries * 4),
+            ];
+            for pair in regions.windows(2) {
+                let ((start, bytes), (next, _)) = (pair[0], pair[1]);
+                assert!(start + bytes <= next, "{queries} x {lists} x {width}: a region runs into the next");
+            }
+            let (last, bytes) = regions[regions.len() - 1];
+            assert!(last + bytes <= l.end);
+            // f64 arrays start on 256-byte boundaries, as cuMemAlloc's base does.
+            assert!(regions.iter().all(|&(start, _)| start % 256 == 0));
+        }
+    }
+
+    #[test]
+    fn a_merge_asking_more_picks_than_its_lists_hold_or_past_u32_entries_is_refused() {
+        assert!(Layout::of(10, 2, 5, 11).is_err());
+        assert!(Layout::of(10, 2, 5, 10).is_ok());
+        assert!(Layout::of(1 << 20, 64, 1 << 12, 10).is_err());
+        assert!(Layout::of(usize::MAX, 2, 2, 1).is_err());
+    }
+}
