@@ -1,7 +1,7 @@
 //! The host's share of a search before anything runs on the device: each query's f64 norm,
 //! unit queries for cosine, scaled f16 copies, and the error gates of the paths the search may
-//! take. Big batches spread it over threads: on one thread it cost more than the device's
-//! filter for 10,000 f16 queries.
+//! take. Big batches spread it over threads (one pass per query, see `prepare_on_this_thread`): on
+//! one thread it cost more than the device's filter for 10,000 f16 queries.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -35,26 +35,6 @@ pub(super) struct Prepared {
     pub scan_add: Vec<f32>,
 }
 
-/// One value per query, computed on several threads for big batches.
-fn per_query<T: Send>(nq: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
-    if nq >= PARALLEL_QUERIES { (0..nq).into_par_iter().map(f).collect() } else { (0..nq).map(f).collect() }
-}
-
-/// One row of `dim` values per query, filled in place.
-fn per_row<T: Send + Copy + Default>(
-    nq: usize,
-    dim: usize,
-    f: impl Fn(usize, &mut [T]) + Sync + Send,
-) -> Vec<T> {
-    let mut out = vec![T::default(); nq * dim];
-    if nq >= PARALLEL_QUERIES {
-        out.par_chunks_exact_mut(dim).enumerate().for_each(|(q, row)| f(q, row));
-    } else {
-        out.chunks_exact_mut(dim).enumerate().for_each(|(q, row)| f(q, row));
-    }
-    out
-}
-
 fn norm(v: &[f32]) -> f64 {
     squared_norm_f64(v).sqrt()
 }
@@ -70,11 +50,36 @@ pub(super) fn prepare(
     max_sq_norm: f64,
 ) -> crate::error::Result<Prepared> {
     let prepare = || prepare_on_this_thread(queries, dim, metric, path, gate_path, max_sq_norm);
-    // Batches big enough for the per-query work to run in parallel (`per_query`, `per_row`) run
-    // it on the library's pool (`crate::exec`); smaller ones stay on the caller's thread.
+    // Batches big enough to share out run on the library's pool (`crate::exec`); smaller ones
+    // stay on the caller's thread.
     if queries.len() / dim >= PARALLEL_QUERIES { crate::exec::run(prepare) } else { Ok(prepare()) }
 }
 
+/// `nq` rows of `dim` of `v`, or `nq` empty rows where `v` is empty (an output the search
+/// does not need).
+fn rows_of<T>(v: &mut [T], nq: usize, dim: usize) -> Vec<&mut [T]> {
+    if v.is_empty() { (0..nq).map(|_| &mut [][..]).collect() } else { v.chunks_exact_mut(dim).collect() }
+}
+
+/// One query's values besides its rows.
+#[derive(Clone, Copy, Default)]
+struct Scalars {
+    norm: f64,
+    scale: f64,
+    gate: (f32, f32),
+    scan: (f32, f32),
+}
+
+/// Queries one task of a parallel preparation takes at least.
+const QUERIES_PER_TASK: usize = 16;
+
+/// Every value of every query in one pass per query: one parallel pass for a big batch.
+///
+/// The values used to be computed one kind at a time, each kind a pass of its own over the
+/// batch on the pool (norms, unit queries, scales, f16 copies, two gates): six hand-overs, which
+/// cost more than the arithmetic. On the H100 machine, 100,000 x 128 (docs/PERFORMANCE.md,
+/// the shape sweep), that preparation took 0.10 ms of a 0.40 ms batch of 100 queries and 0.31 ms
+/// of a 1.74 ms batch of 1,000 (`HIVE_GPU_PROFILE`).
 fn prepare_on_this_thread(
     queries: &[f32],
     dim: usize,
@@ -84,58 +89,80 @@ fn prepare_on_this_thread(
     max_sq_norm: f64,
 ) -> Prepared {
     let nq = queries.len() / dim;
-    let row = |q: usize| &queries[q * dim..(q + 1) * dim];
-    let q_norms = per_query(nq, |q| norm(row(q)));
     let cosine = metric == GpuDistanceMetric::Cosine;
-    let unit = if cosine {
-        per_row(nq, dim, |q, out: &mut [f32]| {
-            for (o, &x) in out.iter_mut().zip(row(q)) {
-                *o = (f64::from(x) / q_norms[q]) as f32;
-            }
-        })
-    } else {
-        Vec::new()
-    };
-    let seen = |q: usize| if cosine { &unit[q * dim..(q + 1) * dim] } else { row(q) };
-    // Norms of the vectors the kernels see: the unit queries' are not exactly 1.
-    let kernel_norms = if cosine { per_query(nq, |q| norm(seen(q))) } else { q_norms.clone() };
     let half = matches!(path, Approximation::GemmF16 { .. } | Approximation::RoundedF16 { .. });
-    let (scales, halves) = if half {
-        let scales = per_query(nq, |q| bounds::f16_scale(seen(q)));
-        let halves = per_row(nq, dim, |q, out: &mut [f16]| {
+    let gate = |path: Approximation, scale: f64, kernel_norm: f64| {
+        let p = match path {
+            Approximation::GemmF16 { .. } => Approximation::GemmF16 { scale },
+            Approximation::RoundedF16 { row_scale, .. } => Approximation::RoundedF16 { scale, row_scale },
+            other => other,
+        };
+        bounds::gate(metric, p, kernel_norm, max_sq_norm, dim)
+    };
+    // Query `q`'s values; its unit query (under cosine) and its f16 copy (on an f16 path) go
+    // into `unit` and `halves`, each `dim` long, or are skipped where those are empty.
+    let one = |q: usize, unit: &mut [f32], halves: &mut [f16]| -> Scalars {
+        let row = &queries[q * dim..(q + 1) * dim];
+        let q_norm = norm(row);
+        let seen: &[f32] = if cosine {
+            for (o, &x) in unit.iter_mut().zip(row) {
+                *o = (f64::from(x) / q_norm) as f32;
+            }
+            unit
+        } else {
+            row
+        };
+        // Norms of the vectors the kernels see: the unit queries' are not exactly 1.
+        let kernel_norm = if cosine { norm(seen) } else { q_norm };
+        let scale = if half {
+            let scale = bounds::f16_scale(seen);
             // The scale is a power of two within f32's normal range, so the f32 product is
             // exact unless it falls below 2^-126, where f16 rounds it to zero either way: the
             // halves are the correctly rounded products, converted many at a time (F16C).
-            let scale = scales[q] as f32;
+            let factor = scale as f32;
             let mut scaled = [0f32; 64];
-            for (from, to) in seen(q).chunks(64).zip(out.chunks_mut(64)) {
+            for (from, to) in seen.chunks(64).zip(halves.chunks_mut(64)) {
                 for (s, &x) in scaled.iter_mut().zip(from) {
-                    *s = x * scale;
+                    *s = x * factor;
                 }
                 to.convert_from_f32_slice(&scaled[..from.len()]);
             }
-        });
-        (scales, halves)
+            scale
+        } else {
+            1.0
+        };
+        Scalars {
+            norm: q_norm,
+            scale,
+            gate: gate(gate_path, scale, kernel_norm),
+            scan: gate(Approximation::Scan, scale, kernel_norm),
+        }
+    };
+    let mut unit = if cosine { vec![0f32; nq * dim] } else { Vec::new() };
+    let mut halves = if half { vec![f16::ZERO; nq * dim] } else { Vec::new() };
+    let unit_rows = rows_of(&mut unit, nq, dim);
+    let half_rows = rows_of(&mut halves, nq, dim);
+    let scalars: Vec<Scalars> = if nq >= PARALLEL_QUERIES {
+        unit_rows
+            .into_par_iter()
+            .zip(half_rows)
+            .with_min_len(QUERIES_PER_TASK)
+            .enumerate()
+            .map(|(q, (u, h))| one(q, u, h))
+            .collect()
     } else {
-        (vec![1.0; nq], Vec::new())
+        unit_rows.into_iter().zip(half_rows).enumerate().map(|(q, (u, h))| one(q, u, h)).collect()
     };
-    let gates = |path: Approximation| -> (Vec<f32>, Vec<f32>) {
-        per_query(nq, |q| {
-            let p = match path {
-                Approximation::GemmF16 { .. } => Approximation::GemmF16 { scale: scales[q] },
-                Approximation::RoundedF16 { row_scale, .. } => {
-                    Approximation::RoundedF16 { scale: scales[q], row_scale }
-                }
-                other => other,
-            };
-            bounds::gate(metric, p, kernel_norms[q], max_sq_norm, dim)
-        })
-        .into_iter()
-        .unzip()
-    };
-    let (gate_mul, gate_add) = gates(gate_path);
-    let (scan_mul, scan_add) = gates(Approximation::Scan);
-    Prepared { q_norms, unit, halves, scales, gate_mul, gate_add, scan_mul, scan_add }
+    Prepared {
+        q_norms: scalars.iter().map(|s| s.norm).collect(),
+        unit,
+        halves,
+        scales: scalars.iter().map(|s| s.scale).collect(),
+        gate_mul: scalars.iter().map(|s| s.gate.0).collect(),
+        gate_add: scalars.iter().map(|s| s.gate.1).collect(),
+        scan_mul: scalars.iter().map(|s| s.scan.0).collect(),
+        scan_add: scalars.iter().map(|s| s.scan.1).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -161,6 +188,54 @@ mod tests {
         let (below, above) = (a - value(lo), value(lo + 1) - a);
         let pick = if below < above || (below == above && lo % 2 == 0) { lo } else { lo + 1 };
         sign | pick
+    }
+
+    #[test]
+    fn a_batch_prepared_on_many_threads_equals_each_query_prepared_alone() {
+        // The batch's one pass per query is shared out in tasks of several queries: each
+        // query's values must be its own, not a neighbour's, on every path and metric.
+        let dim = 24;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let queries: Vec<f32> = (0..300 * dim)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.3) * (1 + i % 7) as f32
+            })
+            .collect();
+        let paths = [
+            Approximation::Scan,
+            Approximation::GemmF32,
+            Approximation::GemmF16 { scale: 1.0 },
+            Approximation::RoundedF16 { scale: 1.0, row_scale: 8.0 },
+        ];
+        for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine, GpuDistanceMetric::DotProduct]
+        {
+            for path in paths {
+                let all = prepare(&queries, dim, metric, path, path, 50.0).expect("the batch");
+                for (q, row) in queries.chunks_exact(dim).enumerate() {
+                    let one = prepare(row, dim, metric, path, path, 50.0).expect("one query");
+                    let what = format!("{metric:?} {path:?} query {q}");
+                    assert_eq!(all.q_norms[q].to_bits(), one.q_norms[0].to_bits(), "{what}");
+                    assert_eq!(all.scales[q].to_bits(), one.scales[0].to_bits(), "{what}");
+                    assert_eq!(
+                        (all.gate_mul[q], all.gate_add[q]),
+                        (one.gate_mul[0], one.gate_add[0]),
+                        "{what}"
+                    );
+                    assert_eq!(
+                        (all.scan_mul[q], all.scan_add[q]),
+                        (one.scan_mul[0], one.scan_add[0]),
+                        "{what}"
+                    );
+                    let rows = |v: &[f32]| v.get(q * dim..(q + 1) * dim).map(<[f32]>::to_vec);
+                    assert_eq!(rows(&all.unit), one.unit.get(..dim).map(<[f32]>::to_vec), "{what}");
+                    let halves = |v: &[f16], at: usize| v.get(at * dim..(at + 1) * dim).map(<[f16]>::to_vec);
+                    assert_eq!(halves(&all.halves, q), halves(&one.halves, 0), "{what}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -516,6 +516,7 @@ impl<D: Driver> GpuRows<D> {
         let cosine = metric == GpuDistanceMetric::Cosine;
         let gate_path = |path| if radix_only { Approximation::Scan } else { path };
         let max_sq = f64::from(self.max_sq_norm);
+        profile.mark(&*driver, &ws.stream, "plan")?;
         let mut prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq)?;
         // The rounded filter turns products into distances with 2 / (scale * row_scale) in
         // f32. A batch where that factor is no normal f32 for some query (queries or rows at
@@ -544,6 +545,7 @@ impl<D: Driver> GpuRows<D> {
             align(nq * 4),
         ];
         let input_bytes: usize = sizes.iter().sum();
+        profile.mark(&*driver, &ws.stream, "prepare")?;
         // Results for a merge buffer stay in device memory, to be copied from there.
         let outputs = match sink {
             Some(_) => Outputs::at(ws.outputs.get(&driver, Outputs::bytes_for(nq, k))?, nq, k),
@@ -568,6 +570,7 @@ impl<D: Driver> GpuRows<D> {
         let gate_add_ptr = put(bytemuck::cast_slice(gate_add), sizes[6])?;
         let scan_mul_ptr = put(bytemuck::cast_slice(scan_mul), sizes[7])?;
         let scan_add_ptr = put(bytemuck::cast_slice(scan_add), sizes[8])?;
+        profile.mark(&*driver, &ws.stream, "stage")?;
         driver.upload(&ws.stream, base, staging, input_bytes)?;
         let inputs = Inputs {
             exact,
@@ -579,7 +582,7 @@ impl<D: Driver> GpuRows<D> {
             gate_add: gate_add_ptr,
         };
         // Every query's flag is written by finalize or the radix path: no clearing first.
-        profile.mark(&*driver, &ws.stream, "prepare+upload")?;
+        profile.mark(&*driver, &ws.stream, "upload")?;
 
         if radix_only {
             for q in 0..nq {
