@@ -79,7 +79,15 @@ fn on_plain_thread<R: Send>(work: impl FnOnce() -> R + Send) -> Result<R> {
 pub(crate) fn run_off_pool<'scope, R: Send>(
     section: impl FnOnce(&rayon::Scope<'scope>) -> R + Send,
 ) -> Result<R> {
-    let pool = pool()?;
+    scope_waiting_off_rayon(pool()?, section)
+}
+
+/// `pool.in_place_scope(section)`, with the caller waiting where it runs no foreign job: right
+/// here from a plain thread, else on a plain thread of its own.
+fn scope_waiting_off_rayon<'scope, R: Send>(
+    pool: &rayon::ThreadPool,
+    section: impl FnOnce(&rayon::Scope<'scope>) -> R + Send,
+) -> Result<R> {
     if rayon::current_thread_index().is_none() {
         return Ok(pool.in_place_scope(section));
     }
@@ -101,11 +109,7 @@ pub(crate) fn run_off_pool<'scope, R: Send>(
 pub(crate) fn run_on_members<'scope, R: Send>(
     section: impl FnOnce(&rayon::Scope<'scope>) -> R + Send,
 ) -> Result<R> {
-    let pool = members()?;
-    if rayon::current_thread_index().is_none() {
-        return Ok(pool.in_place_scope(section));
-    }
-    on_plain_thread(|| pool.in_place_scope(section))
+    scope_waiting_off_rayon(members()?, section)
 }
 
 /// The members' pool, started on first use: two threads per core, at least 16, so that the

@@ -157,6 +157,34 @@ pub(super) struct Sink<'b, D: Driver> {
     pub(super) first_query: usize,
 }
 
+impl<D: Driver> Sink<'_, D> {
+    /// Copies `count` queries' results (`width` each, laid out as [`Outputs`] lays them) from
+    /// `ws`'s device into the sink's list, and waits for the copy.
+    fn write(
+        &self,
+        device: &super::Device<D>,
+        ws: &Workspace<D>,
+        outputs: &Outputs,
+        count: usize,
+        width: usize,
+    ) -> Result<()> {
+        self.target.write_from(device, &ws.stream, (self.list, self.first_query), width, outputs, count)?;
+        device.driver.synchronize(&ws.stream)
+    }
+
+    /// [`Sink::write`] of lists the host holds (`width` each): staged through `ws`'s buffers.
+    fn write_host(
+        &self,
+        device: &super::Device<D>,
+        ws: &mut Workspace<D>,
+        lists: &[Vec<Neighbor>],
+        width: usize,
+    ) -> Result<()> {
+        let outputs = super::merge::stage_host_lists(&device.driver, ws, lists, width)?;
+        self.write(device, ws, &outputs, lists.len(), width)
+    }
+}
+
 /// What the fused filter's thresholds are computed from, per query.
 struct Thresholds<'a> {
     /// |q| in f64.
@@ -606,15 +634,7 @@ impl<D: Driver> GpuRows<D> {
             driver.synchronize(&ws.stream)?;
             let flags: &[u32] = typed(staging, 0, nq)?;
             if flags.iter().all(|&f| f == 0) {
-                sink.target.write_from(
-                    &self.device,
-                    &ws.stream,
-                    (sink.list, sink.first_query),
-                    k,
-                    &outputs,
-                    nq,
-                )?;
-                driver.synchronize(&ws.stream)?;
+                sink.write(&self.device, ws, &outputs, nq, k)?;
                 profile.mark(&*driver, &ws.stream, "copy to merge")?;
                 profile.report(&format!("nq {nq} k {k} {path:?} into a merge buffer"));
                 return Ok(Vec::new());
@@ -660,19 +680,7 @@ impl<D: Driver> GpuRows<D> {
             .map(|r| r.ok_or_else(|| HiveGpuError::Internal("the radix path flagged a query".into())))
             .collect::<Result<Vec<_>>>()?;
         match sink {
-            Some(sink) => {
-                let outputs = super::merge::stage_host_lists(&driver, ws, &results, k)?;
-                sink.target.write_from(
-                    &self.device,
-                    &ws.stream,
-                    (sink.list, sink.first_query),
-                    k,
-                    &outputs,
-                    nq,
-                )?;
-                driver.synchronize(&ws.stream)?;
-                Ok(Vec::new())
-            }
+            Some(sink) => sink.write_host(&self.device, ws, &results, k).map(|()| Vec::new()),
             None => Ok(results),
         }
     }
@@ -686,18 +694,7 @@ impl<D: Driver> GpuRows<D> {
         let Some(sink) = sink else { return Ok(found.to_vec()) };
         let k = sink.target.width(sink.list).unwrap_or(0);
         let mut ws = self.checkout()?;
-        let driver = self.driver().clone();
-        let written = super::merge::stage_host_lists(&driver, &mut ws, found, k).and_then(|outputs| {
-            sink.target.write_from(
-                &self.device,
-                &ws.stream,
-                (sink.list, sink.first_query),
-                k,
-                &outputs,
-                found.len(),
-            )?;
-            driver.synchronize(&ws.stream)
-        });
+        let written = sink.write_host(&self.device, &mut ws, found, k);
         if written.is_ok() {
             self.checkin(ws);
         }
