@@ -41,17 +41,10 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-
-def write_vecs(path, x):
-    """fvecs: each row prefixed by its dimension (int32)."""
-    import numpy as np
-
-    n, d = x.shape
-    rows = np.empty((n, d + 1), dtype=np.int32)
-    rows[:, 0] = d
-    rows[:, 1:] = x.view(np.int32)
-    rows.tofile(path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cpu_peers import write_vecs  # noqa: E402  (the .fvecs writer every bench script shares)
 
 
 def cuda_timed(torch, fn, reps, warmup=2):

@@ -1219,5 +1219,25 @@ fn the_device_merge_is_taken_where_shards_reach_one_device_and_equals_the_host_m
                 assert_same(&format!("{what}, k {k}, {filter:?}, host merge"), &got, &want);
             }
         }
+        // Shards with nothing to return: one vector over the group's shards (the others hold
+        // none), and filters that pass it or nothing. Their lists are empty (width 0).
+        let config = config(GpuDistanceMetric::Euclidean, StoragePrecision::F32);
+        let reference = group[0].create_storage_with(config).expect("one collection");
+        let device = ShardedStorage::create(&group, config).expect("sharded");
+        for storage in [&reference as &dyn Storage, &device] {
+            storage.apply(&Write::Add(vectors[..1].to_vec())).expect("an add");
+        }
+        assert!(device.shard_sizes().contains(&0), "{name}: {:?}", device.shard_sizes());
+        let id = vectors[0].id.as_str();
+        for options in [
+            SearchOptions::default(),
+            SearchOptions::default().with_filter(Filter::ids(&[id, "nope"])),
+            SearchOptions::default().with_filter(Filter::ids(&["nope"])),
+        ] {
+            let batch = &queries[..200 * DIM];
+            let want = reference.batch(batch, 5, &options).expect("reference");
+            let got = device.batch(batch, 5, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_same(&format!("{name}, empty shards, {:?}", options.filter), &got, &want);
+        }
     }
 }

@@ -126,15 +126,15 @@ use crate::{GpuContext, GpuVectorStorage};
 
 /// The durable open both storages over several devices share ([`crate::GpuContext::open_durable`]
 /// is the one-collection one): claims `path` (its lock), and where nothing is there creates the
-/// storage with `create` and a new log; else opens the snapshot with `open` (the storage, the
-/// snapshot's identity and its configuration), refuses it unless it has `config`'s dimension,
+/// storage with `create` and a new log; else opens the snapshot with `open` (the storage and the
+/// snapshot's identity), refuses it unless it has `config`'s dimension,
 /// metric and storage precision, and replays the log into it. The caller keeps the log.
 fn open_durable_with<S: crate::persist::durable::Logged>(
     path: &std::path::Path,
     config: StorageConfig,
     options: crate::DurableOptions,
     create: impl FnOnce() -> Result<S>,
-    open: impl FnOnce(&std::path::Path) -> Result<(S, crate::persist::log::SnapshotId, StorageConfig)>,
+    open: impl FnOnce(&std::path::Path) -> Result<(S, crate::persist::log::SnapshotId)>,
 ) -> Result<(S, crate::persist::durable::Log)> {
     use crate::persist::durable::{Log, check_config, claim};
     let (path, lock, exists) = claim(path)?;
@@ -143,8 +143,8 @@ fn open_durable_with<S: crate::persist::durable::Logged>(
         let log = Log::create(lock, &path, &storage, options)?;
         return Ok((storage, log));
     }
-    let (mut storage, base, found) = open(&path)?;
-    check_config(&path, &found, &config)?;
+    let (mut storage, base) = open(&path)?;
+    check_config(&path, &storage.config(), &config)?;
     let log = Log::open(lock, &path, base, &mut storage, options)?;
     Ok((storage, log))
 }

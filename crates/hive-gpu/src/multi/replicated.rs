@@ -289,9 +289,7 @@ impl ReplicatedStorage {
             || Self::create(contexts, config),
             |path| {
                 let base = crate::persist::snapshot_id(path)?;
-                let storage = Self::open(path, contexts)?;
-                let found = storage.config;
-                Ok((storage, base, found))
+                Ok((Self::open(path, contexts)?, base))
             },
         )?;
         storage.log = Some(log);
@@ -312,8 +310,8 @@ impl ReplicatedStorage {
 /// replayed writes go to every replica. `write_snapshot` runs under `writes` (a checkpoint) or
 /// before the storage is shared (its creation).
 impl Logged for ReplicatedStorage {
-    fn dimension(&self) -> usize {
-        self.config.dimension
+    fn config(&self) -> StorageConfig {
+        self.config
     }
     fn write_snapshot(&self, path: &Path) -> Result<SnapshotId> {
         crate::persist::save(&self.replicas[0].read(), path, &mut |_, _| {})

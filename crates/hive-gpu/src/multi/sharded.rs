@@ -415,9 +415,7 @@ impl ShardedStorage {
             |path| {
                 let bytes = read_manifest(path)?;
                 let base = SnapshotId::of_header(&bytes, bytes.len() as u64);
-                let storage = Self::open(path, contexts)?;
-                let found = storage.config;
-                Ok((storage, base, found))
+                Ok((Self::open(path, contexts)?, base))
             },
         )?;
         storage.log = Some(log);
@@ -760,8 +758,8 @@ fn read_manifest(path: &Path) -> Result<Vec<u8>> {
 /// are routed as any write. The log's `write_snapshot` runs where no write can take effect: under
 /// `writes` (a checkpoint), or before the storage is shared (its creation).
 impl Logged for ShardedStorage {
-    fn dimension(&self) -> usize {
-        self.config.dimension
+    fn config(&self) -> StorageConfig {
+        self.config
     }
     fn write_snapshot(&self, path: &Path) -> Result<SnapshotId> {
         self.save_locked(path)

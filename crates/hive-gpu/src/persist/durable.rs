@@ -35,8 +35,12 @@ use crate::error::{HiveGpuError, Result};
 /// devices (`crate::multi`), whose snapshot is its manifest and shard files and whose replayed
 /// writes are routed as any write of it.
 pub(crate) trait Logged {
+    /// The storage's configuration (a durable open checks a snapshot's against the caller's).
+    fn config(&self) -> crate::StorageConfig;
     /// Components per vector (records are checked against it).
-    fn dimension(&self) -> usize;
+    fn dimension(&self) -> usize {
+        self.config().dimension
+    }
     /// Writes the storage whole as the snapshot at `path`, crash-safe, and returns the new file's
     /// identity. Called where no write can take effect meanwhile (see [`Log::checkpoint`]).
     fn write_snapshot(&self, path: &Path) -> Result<SnapshotId>;
@@ -49,8 +53,8 @@ pub(crate) trait Logged {
 }
 
 impl Logged for Collection {
-    fn dimension(&self) -> usize {
-        self.config().dimension
+    fn config(&self) -> crate::StorageConfig {
+        *Collection::config(self)
     }
     fn write_snapshot(&self, path: &Path) -> Result<SnapshotId> {
         super::save(self, path, &mut |_, _| {})
