@@ -351,6 +351,10 @@ enum MetricArg {
     L2,
     Cosine,
     Dot,
+    /// Manhattan distance (exact search only).
+    L1,
+    /// Chebyshev (L-infinity) distance (exact search only).
+    Linf,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -378,6 +382,8 @@ impl MetricArg {
             MetricArg::L2 => GpuDistanceMetric::Euclidean,
             MetricArg::Cosine => GpuDistanceMetric::Cosine,
             MetricArg::Dot => GpuDistanceMetric::DotProduct,
+            MetricArg::L1 => GpuDistanceMetric::Manhattan,
+            MetricArg::Linf => GpuDistanceMetric::Chebyshev,
         }
     }
 }

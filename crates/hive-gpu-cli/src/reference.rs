@@ -52,6 +52,14 @@ pub fn knn_among(
                         }
                         GpuDistanceMetric::DotProduct => -dot(q, x),
                         GpuDistanceMetric::Cosine => -dot(q, x) / (q_norm * norm(x)).max(f64::MIN_POSITIVE),
+                        GpuDistanceMetric::Manhattan => {
+                            q.iter().zip(x).map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs()).sum()
+                        }
+                        GpuDistanceMetric::Chebyshev => q
+                            .iter()
+                            .zip(x)
+                            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs())
+                            .fold(0.0, f64::max),
                     };
                     (d, i)
                 })

@@ -179,6 +179,27 @@ fn bench_on_a_data_folder_and_other_metrics() {
 }
 
 #[test]
+fn l1_and_linf_bench_against_their_own_brute_force_not_the_l2_ground_truth() {
+    // siftsmall's ground truth is for l2: l1 and l-infinity must not be scored against it.
+    let dir = data_dir().join("siftsmall");
+    for metric in ["l1", "linf"] {
+        for batch in ["1", "100"] {
+            let args = ["bench", "--data", dir.to_str().expect("path"), "--metric", metric, "--batch", batch];
+            let out = run(&[&args[..], &["--json"]].concat(), &[]);
+            assert!(out.status.success(), "{metric}: {}", stderr(&out));
+            let json = stdout(&out);
+            assert_eq!(field(&json, "recall"), 1.0, "{metric} batch {batch}: {json}");
+            assert!(json.contains("f64 brute force"), "{metric}: {json}");
+        }
+        // The approximate indexes are built on inner products: a clear refusal.
+        let out =
+            run(&["bench", "--backend", "cpu", "--metric", metric, "--index", "ivf-flat:nlist=16"], &[]);
+        assert!(!out.status.success(), "{metric}: an IVF index must be refused");
+        assert!(stderr(&out).contains(&format!("this collection's metric is {metric}")), "{}", stderr(&out));
+    }
+}
+
+#[test]
 fn search_prints_ids_and_scores() {
     let dir = data_dir().join("siftsmall");
     let base = dir.join("siftsmall_base.fvecs");

@@ -52,6 +52,8 @@ impl GpuVector {
 /// - [`GpuDistanceMetric::Euclidean`]: the Euclidean distance `sqrt(sum((q - x)^2))`; lower is better.
 /// - [`GpuDistanceMetric::Cosine`]: the cosine similarity `q.x / (|q| |x|)` in [-1, 1]; higher is better.
 /// - [`GpuDistanceMetric::DotProduct`]: the inner product `q.x`; higher is better.
+/// - [`GpuDistanceMetric::Manhattan`]: the L1 distance `sum(|q - x|)`; lower is better.
+/// - [`GpuDistanceMetric::Chebyshev`]: the L-infinity distance `max(|q - x|)`; lower is better.
 ///
 /// Results come best first; equal scores are ordered by `index`, i.e. by the order in which
 /// the vectors were stored, so the order is deterministic.
@@ -82,12 +84,25 @@ pub enum GpuDistanceMetric {
     Euclidean,
     /// Inner product.
     DotProduct,
+    /// Manhattan (L1) distance: the sum of the components' absolute differences. Searched
+    /// exactly on every backend; the approximate indexes (IVF, quantizers) refuse it.
+    Manhattan,
+    /// Chebyshev (L-infinity) distance: the largest absolute difference of any component.
+    /// Searched exactly on every backend; the approximate indexes refuse it.
+    Chebyshev,
 }
 
 impl GpuDistanceMetric {
     /// Whether a higher score is better (true for cosine and dot product).
     pub fn higher_is_better(self) -> bool {
-        !matches!(self, GpuDistanceMetric::Euclidean)
+        matches!(self, GpuDistanceMetric::Cosine | GpuDistanceMetric::DotProduct)
+    }
+
+    /// Whether the metric is a distance over the components' differences that the inner-product
+    /// machinery (GEMM, tensor cores, the quantizers' lookup tables) cannot compute: L1 and
+    /// L-infinity, which every backend scans directly.
+    pub fn is_difference_norm(self) -> bool {
+        matches!(self, GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev)
     }
 }
 
@@ -97,6 +112,8 @@ impl fmt::Display for GpuDistanceMetric {
             GpuDistanceMetric::Cosine => "cosine",
             GpuDistanceMetric::Euclidean => "l2",
             GpuDistanceMetric::DotProduct => "dot",
+            GpuDistanceMetric::Manhattan => "l1",
+            GpuDistanceMetric::Chebyshev => "linf",
         })
     }
 }
@@ -108,8 +125,10 @@ impl FromStr for GpuDistanceMetric {
             "l2" | "euclidean" => Ok(GpuDistanceMetric::Euclidean),
             "cosine" | "cos" => Ok(GpuDistanceMetric::Cosine),
             "dot" | "ip" | "dotproduct" | "inner" => Ok(GpuDistanceMetric::DotProduct),
+            "l1" | "manhattan" | "cityblock" => Ok(GpuDistanceMetric::Manhattan),
+            "linf" | "l-inf" | "chebyshev" | "max" => Ok(GpuDistanceMetric::Chebyshev),
             other => Err(HiveGpuError::InvalidArgument(format!(
-                "unknown metric {other:?} (expected l2, cosine or dot)"
+                "unknown metric {other:?} (expected l2, cosine, dot, l1 or linf)"
             ))),
         }
     }

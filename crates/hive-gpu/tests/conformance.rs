@@ -11,8 +11,13 @@ use common::{Rng, assert_exact, contexts_with_forced_paths, data_dir, describe, 
 use hive_gpu::io;
 use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector, GpuVectorStorage, StorageConfig, StoragePrecision};
 
-const METRICS: [GpuDistanceMetric; 3] =
-    [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine, GpuDistanceMetric::DotProduct];
+const METRICS: [GpuDistanceMetric; 5] = [
+    GpuDistanceMetric::Euclidean,
+    GpuDistanceMetric::Cosine,
+    GpuDistanceMetric::DotProduct,
+    GpuDistanceMetric::Manhattan,
+    GpuDistanceMetric::Chebyshev,
+];
 
 /// The values a collection of `precision` really stores.
 fn stored(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {
@@ -239,6 +244,24 @@ fn adversarial_rounding_cases() {
             ],
             vec![1.0, 1.0, 0.0],
         ),
+        // L1: the f32 sum 1 + 2^-24 + 2^-24 rounds to 1 in any order, so r0 (1 + 2^-23) and r1
+        // (1 + 2^-25) tie in f32 and only the exact re-rank puts r1, stored second, first.
+        (
+            GpuDistanceMetric::Manhattan,
+            vec![vec![1.0, p(-24), p(-24)], vec![1.0, p(-25), 0.0]],
+            vec![0.0, 0.0, 0.0],
+        ),
+        // L1 inverted by rounding: summed in order, r0 (1 + 3 * 2^-24) rounds to 1 and r1
+        // (1 + 2^-24 + 2^-30) to 1 + 2^-23, so the f32 sums put r0 first though r1 is nearer:
+        // only a band wide enough for the sum's error keeps r1.
+        (
+            GpuDistanceMetric::Manhattan,
+            vec![vec![1.0, p(-24), p(-24), p(-24)], vec![1.0, p(-24) + p(-30), 0.0, 0.0]],
+            vec![0.0, 0.0, 0.0, 0.0],
+        ),
+        // L-infinity: 1 - (-2^-24) and 1 - (-2^-25) both round to 1 in f32; r1 is nearer.
+        // (One rounding per term and an exact maximum: f32 can tie rows, never invert them.)
+        (GpuDistanceMetric::Chebyshev, vec![vec![-p(-24), 0.5], vec![-p(-25), 0.5]], vec![1.0, 0.0]),
         // Subnormal query components, which bf16 hardware reads as zero.
         (GpuDistanceMetric::DotProduct, vec![vec![p(60), 0.0], vec![0.0, p(50)]], vec![p(-127), p(-125)]),
         (GpuDistanceMetric::Cosine, vec![vec![1.0, p(-130)], vec![1.0, -p(-130)]], vec![1.0, p(-127)]),
@@ -326,7 +349,12 @@ fn tiny_vectors_are_ranked_exactly() {
     let (dim, n, nq) = (16, 3000, 24);
     let unit = 2f32.powi(-64);
     for context in contexts_with_forced_paths() {
-        for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct] {
+        for metric in [
+            GpuDistanceMetric::Euclidean,
+            GpuDistanceMetric::DotProduct,
+            GpuDistanceMetric::Manhattan,
+            GpuDistanceMetric::Chebyshev,
+        ] {
             let mut rng = Rng::new(17);
             let base: Vec<f32> = (0..n * dim).map(|_| unit * rng.normal()).collect();
             let queries: Vec<f32> = (0..nq * dim).map(|_| unit * rng.normal()).collect();

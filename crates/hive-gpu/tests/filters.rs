@@ -179,15 +179,21 @@ fn check_filters(
 
 #[test]
 fn filtered_searches_equal_a_brute_force_over_the_passing_vectors_on_every_backend_and_path() {
-    let metrics = [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine, GpuDistanceMetric::DotProduct];
+    let metrics = [
+        GpuDistanceMetric::Euclidean,
+        GpuDistanceMetric::Cosine,
+        GpuDistanceMetric::DotProduct,
+        GpuDistanceMetric::Manhattan,
+        GpuDistanceMetric::Chebyshev,
+    ];
     for (c, context) in contexts_with_forced_paths().into_iter().enumerate() {
         let software = context.device_info().software;
         for (m, metric) in metrics.into_iter().enumerate() {
-            let precision = if m == 1 { StoragePrecision::F16 } else { StoragePrecision::F32 };
-            let dim = [3, 32, 100][m];
+            let precision = if m == 1 || m == 4 { StoragePrecision::F16 } else { StoragePrecision::F32 };
+            let dim = [3, 32, 100, 31, 64][m];
             let n = if software { 1500 } else { 6000 };
             let what = format!("{} {metric:?} {precision:?} d{dim}", describe(&context));
-            let mut rng = Rng::new(1000 + (c * 3 + m) as u64);
+            let mut rng = Rng::new(1000 + (c * 8 + m) as u64);
             let storage = context
                 .create_storage_with(StorageConfig::new(dim, metric).with_precision(precision))
                 .expect("storage");

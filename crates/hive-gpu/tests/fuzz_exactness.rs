@@ -32,7 +32,8 @@ use hive_gpu::{
     StorageConfig, StoragePrecision as Precision,
 };
 
-const METRICS: [Metric; 3] = [Metric::Euclidean, Metric::Cosine, Metric::DotProduct];
+const METRICS: [Metric; 5] =
+    [Metric::Euclidean, Metric::Cosine, Metric::DotProduct, Metric::Manhattan, Metric::Chebyshev];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Category {
@@ -405,7 +406,9 @@ fn grow(e: &mut Vec<f64>, b: f64) {
 }
 
 /// Sign of `true_distance(x) - true_distance(y)` in exact arithmetic (Euclidean and dot
-/// product: every term is a product of two f32, exact in f64, summed without rounding).
+/// product: every term is a product of two f32, exact in f64, summed without rounding; L1:
+/// each |q - x| is q - x or x - q by the exact comparison of two f32, so its two f32 terms
+/// go into the sum with that sign).
 fn exact_cmp(metric: Metric, q: &[f32], x: &[f32], y: &[f32]) -> std::cmp::Ordering {
     let mut e = Vec::new();
     for i in 0..q.len() {
@@ -416,6 +419,13 @@ fn exact_cmp(metric: Metric, q: &[f32], x: &[f32], y: &[f32]) -> std::cmp::Order
                 grow(&mut e, xi * xi);
                 grow(&mut e, 2.0 * qi * yi);
                 grow(&mut e, -(yi * yi));
+            }
+            Metric::Manhattan => {
+                let (sx, sy) = (if qi >= xi { 1.0 } else { -1.0 }, if qi >= yi { 1.0 } else { -1.0 });
+                grow(&mut e, sx * qi);
+                grow(&mut e, -sx * xi);
+                grow(&mut e, -sy * qi);
+                grow(&mut e, sy * yi);
             }
             _ => {
                 grow(&mut e, -qi * xi);
@@ -465,6 +475,12 @@ fn strict_tie_check(
         );
         if metric == Metric::Cosine {
             return Err(format!("{why} [cosine: no exact check]"));
+        }
+        if metric == Metric::Chebyshev {
+            // Every backend's exact distance is the reference's own f64 arithmetic (the
+            // largest widened difference), so f64 ties break by position for both: a missing
+            // row was never a candidate.
+            return Err(format!("{why} [l-infinity: the same f64 arithmetic as the reference]"));
         }
         let better = (0..rows.len())
             .filter(|&z| z != y && exact_cmp(metric, q, rows[z].1, rows[y].1) == std::cmp::Ordering::Less)
@@ -827,7 +843,7 @@ fn run_instance(ctx: &GpuContext, seed: u64, skip: &[String], totals: &mut Total
     if skip.iter().any(|s| s == cat.name()) {
         return;
     }
-    let metric = METRICS[rng.below(3)];
+    let metric = METRICS[rng.below(METRICS.len())];
     let precision =
         if cat == Category::F16Limits || rng.below(3) == 0 { Precision::F16 } else { Precision::F32 };
     let dim = choose_dim(&mut rng);

@@ -15,8 +15,13 @@ use hive_gpu::{
     HiveGpuError, SearchPrecision, StorageConfig, StoragePrecision,
 };
 
-const METRICS: [GpuDistanceMetric; 3] =
-    [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine, GpuDistanceMetric::DotProduct];
+const METRICS: [GpuDistanceMetric; 5] = [
+    GpuDistanceMetric::Euclidean,
+    GpuDistanceMetric::Cosine,
+    GpuDistanceMetric::DotProduct,
+    GpuDistanceMetric::Manhattan,
+    GpuDistanceMetric::Chebyshev,
+];
 
 const MODES: [(StoragePrecision, SearchPrecision); 3] = [
     (StoragePrecision::F32, SearchPrecision::Exact),

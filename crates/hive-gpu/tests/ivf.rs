@@ -292,6 +292,28 @@ fn exact_searches_bypass_the_index_and_bad_index_requests_are_refused_leaving_se
 }
 
 #[test]
+fn l1_and_linf_collections_refuse_every_index_kind_and_stay_searchable_exactly() {
+    let dim = 8;
+    let vectors = clustered(300, dim, 4, 43);
+    let query = vectors[7].1.clone();
+    for context in contexts() {
+        for metric in [GpuDistanceMetric::Manhattan, GpuDistanceMetric::Chebyshev] {
+            let what = format!("{} {metric}", describe(&context));
+            let storage = context.create_storage(dim, metric).expect("storage");
+            add_all(&storage, &vectors);
+            for spec in ["ivf-flat:nlist=4", "ivf-sq8:nlist=4", "ivf-pq:nlist=4,m=4", "pq:m=2", "binary"] {
+                let e = storage.build_index(spec.parse().unwrap()).unwrap_err().to_string();
+                assert!(e.contains(&format!("metric is {metric}")), "{what} {spec}: {e}");
+                assert_eq!(storage.index_spec(), IndexSpec::Flat, "{what} {spec}");
+            }
+            let found = storage.search(&query, 3).expect("search");
+            assert_eq!(found[0].id, "v7", "{what}");
+            assert_eq!(found[0].score, 0.0, "{what}: a vector is at distance 0 from itself");
+        }
+    }
+}
+
+#[test]
 fn every_backend_builds_the_same_index_and_returns_the_same_approximate_results() {
     let (dim, nlist, k) = (20, 16, 10);
     let vectors = clustered(2000, dim, 25, 61);

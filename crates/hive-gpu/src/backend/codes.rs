@@ -105,6 +105,12 @@ impl CodeScan<'_> {
         )?;
         let (dim, bad) =
             (self.dim, |what: String| Err(HiveGpuError::InvalidArgument(format!("scan_codes: {what}"))));
+        if self.metric.is_difference_norm() {
+            return bad(format!(
+                "the {} metric has no scalar-quantized distance (l2, cosine or dot)",
+                self.metric
+            ));
+        }
         if self.base.len() != dim || self.step.len() != dim {
             return bad(format!(
                 "the quantizer needs {dim} bases and steps, got {} and {}",
@@ -140,6 +146,8 @@ impl CodeScan<'_> {
                     weights[d] = (-2.0 * u * f64::from(self.step[d])) as f32;
                 }
             }
+            // Refused by `check`: no scalar quantizer's affine terms give them.
+            GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => {}
             GpuDistanceMetric::DotProduct | GpuDistanceMetric::Cosine => {
                 for d in 0..dim {
                     let x = f64::from(query[d]);

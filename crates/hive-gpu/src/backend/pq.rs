@@ -107,6 +107,12 @@ impl PqScan<'_> {
             self.centroids.len(),
         )?;
         let bad = |what: String| Err(HiveGpuError::InvalidArgument(format!("scan_pq: {what}")));
+        if self.metric.is_difference_norm() {
+            return bad(format!(
+                "the {} metric has no product-quantized distance (l2, cosine or dot)",
+                self.metric
+            ));
+        }
         if self.m == 0 || !self.dim.is_multiple_of(self.m) || !matches!(self.bits, 4 | 8) {
             return bad(format!(
                 "{} sub-quantizers of {} bits do not cut {} components (m must divide the dimension, bits be 4 or 8)",
@@ -172,6 +178,8 @@ impl PqScan<'_> {
             GpuDistanceMetric::DotProduct | GpuDistanceMetric::Cosine => {
                 -pairs.map(|(a, b)| a * b).sum::<f64>()
             }
+            // Refused by `check`: product codes have no L1 or L-infinity tables.
+            GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => 0.0,
         };
         offset as f32
     }

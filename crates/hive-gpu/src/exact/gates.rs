@@ -71,8 +71,12 @@ pub(crate) fn gate(
         Approximation::CoopF16 { scale, .. } => 2f64.powi(-14) * d.sqrt() * norm_x / scale,
         _ => 0.0,
     };
-    if path == Approximation::Scan && metric == GpuDistanceMetric::Euclidean {
-        // A sum of non-negative terms: the error is relative to the distance itself.
+    if metric.is_difference_norm() || (path == Approximation::Scan && metric == GpuDistanceMetric::Euclidean)
+    {
+        // A sum (L2 by differences, L1) or a maximum (L-infinity) of non-negative terms, each
+        // one rounded difference and at most one rounded product: the error is relative to the
+        // distance itself. L1 and L-infinity take no other path (no product form), so every
+        // kernel computes them this way, f16 rows widened exactly.
         let mul = (1.0 + gamma) / (1.0 - gamma) * (1.0 + 1e-6);
         return (mul as f32, (4.0 * tiny * 1.01) as f32);
     }
@@ -88,6 +92,8 @@ pub(crate) fn gate(
         }
         GpuDistanceMetric::DotProduct => product * q_norm * r + f16_floor(r) + row_floor,
         GpuDistanceMetric::Cosine => product * q_norm + f16_floor(1.0) + 4.0 * u + row_floor * 1e18,
+        // Returned above.
+        GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => 0.0,
     };
     let add = 2.0 * (error + tiny) * 1.01;
     (1.0, (add * (1.0 + 1e-6)) as f32)

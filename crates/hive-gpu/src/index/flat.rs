@@ -19,6 +19,7 @@ pub(crate) fn score(metric: GpuDistanceMetric, distance: f64) -> f32 {
         GpuDistanceMetric::Euclidean => distance.max(0.0).sqrt() as f32,
         GpuDistanceMetric::DotProduct => (-distance) as f32,
         GpuDistanceMetric::Cosine => (-distance).clamp(-1.0, 1.0) as f32,
+        GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => distance as f32,
     }
 }
 

@@ -150,6 +150,13 @@ impl Ivf {
             return Err(HiveGpuError::Internal("the flat search has no lists to build".into()));
         }
         let config = *collection.config();
+        if config.metric.is_difference_norm() {
+            // k-means, the quantizers' tables and the list scans are built on inner products.
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "{spec} supports the l2, cosine and dot metrics; this collection's metric is {} (search it exactly)",
+                config.metric
+            )));
+        }
         let dim = config.dimension;
         let live: Vec<usize> =
             (0..collection.slots()).filter(|&s| !collection.removed().contains(s)).collect();

@@ -148,6 +148,8 @@ pub(crate) fn encode_config(config: &StorageConfig, slots: usize) -> Vec<u8> {
         GpuDistanceMetric::Euclidean => 0u32,
         GpuDistanceMetric::DotProduct => 1,
         GpuDistanceMetric::Cosine => 2,
+        GpuDistanceMetric::Manhattan => 3,
+        GpuDistanceMetric::Chebyshev => 4,
     };
     let precision = match config.precision {
         StoragePrecision::F32 => 0u32,
@@ -822,6 +824,8 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         0 => GpuDistanceMetric::Euclidean,
         1 => GpuDistanceMetric::DotProduct,
         2 => GpuDistanceMetric::Cosine,
+        3 => GpuDistanceMetric::Manhattan,
+        4 => GpuDistanceMetric::Chebyshev,
         other => return fail("config", c.offset() - 4, format!("unknown metric code {other}")),
     };
     let precision = match c.u32("the storage precision")? {
@@ -919,6 +923,13 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
     };
 
     let index = match sections.iter().find(|s| s.kind == Kind::Index).copied() {
+        Some(section) if config.metric.is_difference_norm() => {
+            return fail(
+                "index",
+                section.offset,
+                format!("an index over the {} metric, which no index supports", config.metric),
+            );
+        }
         Some(section) => {
             let (_, mut c) = body(Kind::Index)?;
             Some(decode_index(section, &mut c, &config, slots, &removed)?)

@@ -158,6 +158,12 @@ pub fn distance(metric: GpuDistanceMetric, q: &[f32], x: &[f32]) -> f64 {
             let nx: f64 = x.iter().map(|&a| f64::from(a).powi(2)).sum::<f64>().sqrt();
             -dot / (nq * nx)
         }
+        GpuDistanceMetric::Manhattan => {
+            q.iter().zip(x).map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs()).sum()
+        }
+        GpuDistanceMetric::Chebyshev => {
+            q.iter().zip(x).map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs()).fold(0.0, f64::max)
+        }
     }
 }
 
@@ -166,6 +172,7 @@ pub fn score(metric: GpuDistanceMetric, distance: f64) -> f64 {
     match metric {
         GpuDistanceMetric::Euclidean => distance.max(0.0).sqrt(),
         GpuDistanceMetric::DotProduct | GpuDistanceMetric::Cosine => -distance,
+        GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => distance,
     }
 }
 

@@ -94,6 +94,33 @@ pub enum Kernel {
     L2,
     /// Inner product.
     Dot,
+    /// Sum of absolute differences (L1).
+    L1,
+    /// Largest absolute difference (L-infinity).
+    Linf,
+}
+
+impl Kernel {
+    /// The kernel whose raw value a scan of `metric` turns into its distance.
+    pub fn for_metric(metric: crate::types::GpuDistanceMetric) -> Kernel {
+        use crate::types::GpuDistanceMetric as M;
+        match metric {
+            M::Euclidean => Kernel::L2,
+            M::DotProduct | M::Cosine => Kernel::Dot,
+            M::Manhattan => Kernel::L1,
+            M::Chebyshev => Kernel::Linf,
+        }
+    }
+
+    /// One component's term, as the kernels compute it in f32.
+    #[inline(always)]
+    fn term(self, a: f32, b: f32) -> f32 {
+        match self {
+            Kernel::L2 => (a - b) * (a - b),
+            Kernel::Dot => a * b,
+            Kernel::L1 | Kernel::Linf => (a - b).abs(),
+        }
+    }
 }
 
 /// One row's sum in portable code, lane-parallel over fixed-size chunks.
@@ -122,11 +149,41 @@ fn reduce_one<const L2: bool, const FMA: bool>(q: &[f32], row: &[f32]) -> f32 {
     acc[0] + tail
 }
 
+/// One row's L1 (sum) or L-infinity (maximum) of absolute differences in portable code,
+/// lane-parallel like [`reduce_one`].
+#[inline(always)]
+fn reduce_differences<const MAX: bool>(q: &[f32], row: &[f32]) -> f32 {
+    let (q_chunks, q_tail) = q.as_chunks::<LANES>();
+    let (r_chunks, r_tail) = row.as_chunks::<LANES>();
+    let mut acc = [0f32; LANES];
+    for (a, b) in q_chunks.iter().zip(r_chunks) {
+        for i in 0..LANES {
+            let d = (a[i] - b[i]).abs();
+            acc[i] = if MAX { acc[i].max(d) } else { acc[i] + d };
+        }
+    }
+    let mut tail = 0f32;
+    for (a, b) in q_tail.iter().zip(r_tail) {
+        let d = (a - b).abs();
+        tail = if MAX { tail.max(d) } else { tail + d };
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] = if MAX { acc[i].max(acc[i + width]) } else { acc[i] + acc[i + width] };
+        }
+    }
+    if MAX { acc[0].max(tail) } else { acc[0] + tail }
+}
+
 fn rows_portable<const FMA: bool>(kernel: Kernel, q: &[f32], rows: &[f32], out: &mut [f32]) {
     for (row, o) in rows.chunks_exact(q.len()).zip(out.iter_mut()) {
         *o = match kernel {
             Kernel::L2 => reduce_one::<true, FMA>(q, row),
             Kernel::Dot => reduce_one::<false, FMA>(q, row),
+            Kernel::L1 => reduce_differences::<false>(q, row),
+            Kernel::Linf => reduce_differences::<true>(q, row),
         };
     }
 }
@@ -140,18 +197,13 @@ mod x86 {
     use super::Kernel;
 
     fn tail(kernel: Kernel, q: &[f32], row: &[f32]) -> f32 {
-        q.iter()
-            .zip(row)
-            .map(|(a, b)| match kernel {
-                Kernel::L2 => (a - b) * (a - b),
-                Kernel::Dot => a * b,
-            })
-            .sum()
+        let terms = q.iter().zip(row).map(|(&a, &b)| kernel.term(a, b));
+        if kernel == Kernel::Linf { terms.fold(0.0, f32::max) } else { terms.sum() }
     }
 
     macro_rules! four_rows_kernel {
         ($name:ident, $features:literal, $lanes:literal, $vec:ty, $zero:ident, $load:ident, $sub:ident,
-         $fma:ident, $sum:ident) => {
+         $fma:ident, $sum:ident, $add:ident, $abs:ident, $max:ident, $hmax:ident) => {
             #[target_feature(enable = $features)]
             pub(super) fn $name(kernel: Kernel, q: &[f32], rows: &[f32], out: &mut [f32]) {
                 #[target_feature(enable = $features)]
@@ -162,19 +214,21 @@ mod x86 {
                 }
                 #[target_feature(enable = $features)]
                 #[inline]
-                fn step(l2: bool, q: $vec, x: $vec, acc: $vec) -> $vec {
-                    if l2 {
-                        let d = $sub(q, x);
-                        $fma(d, d, acc)
-                    } else {
-                        $fma(q, x, acc)
+                fn step(kernel: Kernel, q: $vec, x: $vec, acc: $vec) -> $vec {
+                    match kernel {
+                        Kernel::L2 => {
+                            let d = $sub(q, x);
+                            $fma(d, d, acc)
+                        }
+                        Kernel::Dot => $fma(q, x, acc),
+                        Kernel::L1 => $add($abs($sub(q, x)), acc),
+                        Kernel::Linf => $max($abs($sub(q, x)), acc),
                     }
                 }
                 let dim = q.len();
                 let (q_pairs, q_rest) = q.as_chunks::<{ 2 * $lanes }>();
                 let (q_single, q_tail) = q_rest.as_chunks::<$lanes>();
                 let whole = dim - q_tail.len();
-                let l2 = kernel == Kernel::L2;
                 for (row, o) in rows.chunks_exact(dim).zip(out.iter_mut()) {
                     let (r_pairs, r_rest) = row.as_chunks::<{ 2 * $lanes }>();
                     let r_single = r_rest.as_chunks::<$lanes>().0;
@@ -182,13 +236,18 @@ mod x86 {
                     let (mut even, mut odd) = ($zero(), $zero());
                     for (qv, xv) in q_pairs.iter().zip(r_pairs) {
                         let (q, x) = (qv.as_chunks::<$lanes>().0, xv.as_chunks::<$lanes>().0);
-                        even = step(l2, load(&q[0]), load(&x[0]), even);
-                        odd = step(l2, load(&q[1]), load(&x[1]), odd);
+                        even = step(kernel, load(&q[0]), load(&x[0]), even);
+                        odd = step(kernel, load(&q[1]), load(&x[1]), odd);
                     }
                     for (qv, xv) in q_single.iter().zip(r_single) {
-                        even = step(l2, load(qv), load(xv), even);
+                        even = step(kernel, load(qv), load(xv), even);
                     }
-                    *o = $sum(even) + $sum(odd) + tail(kernel, q_tail, &row[whole..]);
+                    let rest = tail(kernel, q_tail, &row[whole..]);
+                    *o = if kernel == Kernel::Linf {
+                        $hmax($max(even, odd)).max(rest)
+                    } else {
+                        $sum(even) + $sum(odd) + rest
+                    };
                 }
             }
         };
@@ -202,6 +261,21 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)))
     }
 
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn max256(v: __m256) -> f32 {
+        let halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
+        _mm_cvtss_f32(_mm_max_ss(pairs, _mm_movehdup_ps(pairs)))
+    }
+
+    /// `|v|`: the sign bits cleared.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn abs256(v: __m256) -> __m256 {
+        _mm256_andnot_ps(_mm256_set1_ps(-0.0), v)
+    }
+
     four_rows_kernel!(
         rows_avx512,
         "avx512f",
@@ -211,7 +285,11 @@ mod x86 {
         _mm512_loadu_ps,
         _mm512_sub_ps,
         _mm512_fmadd_ps,
-        _mm512_reduce_add_ps
+        _mm512_reduce_add_ps,
+        _mm512_add_ps,
+        _mm512_abs_ps,
+        _mm512_max_ps,
+        _mm512_reduce_max_ps
     );
     four_rows_kernel!(
         rows_avx2,
@@ -222,7 +300,11 @@ mod x86 {
         _mm256_loadu_ps,
         _mm256_sub_ps,
         _mm256_fmadd_ps,
-        sum256
+        sum256,
+        _mm256_add_ps,
+        abs256,
+        _mm256_max_ps,
+        max256
     );
 }
 
@@ -251,16 +333,15 @@ mod tests {
     use super::*;
 
     fn reference(kernel: Kernel, q: &[f32], r: &[f32]) -> f64 {
-        q.iter()
-            .zip(r)
-            .map(|(&a, &b)| {
-                let (a, b) = (f64::from(a), f64::from(b));
-                match kernel {
-                    Kernel::L2 => (a - b) * (a - b),
-                    Kernel::Dot => a * b,
-                }
-            })
-            .sum()
+        let terms = q.iter().zip(r).map(|(&a, &b)| {
+            let (a, b) = (f64::from(a), f64::from(b));
+            match kernel {
+                Kernel::L2 => (a - b) * (a - b),
+                Kernel::Dot => a * b,
+                Kernel::L1 | Kernel::Linf => (a - b).abs(),
+            }
+        });
+        if kernel == Kernel::Linf { terms.fold(0.0, f64::max) } else { terms.sum() }
     }
 
     #[test]
@@ -279,7 +360,7 @@ mod tests {
         for dim in [1usize, 3, 31, 32, 33, 128, 785] {
             let q: Vec<f32> = (0..dim).map(|_| next()).collect();
             let rows: Vec<f32> = (0..dim * 5).map(|_| next()).collect();
-            for kernel in [Kernel::L2, Kernel::Dot] {
+            for kernel in [Kernel::L2, Kernel::Dot, Kernel::L1, Kernel::Linf] {
                 for &level in &levels {
                     let mut out = [0f32; 5];
                     distances(level, kernel, &q, &rows, &mut out);

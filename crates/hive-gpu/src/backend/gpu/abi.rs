@@ -311,6 +311,12 @@ kernel_params! {
         a: Ptr, lda: U32, b: Ptr, ldb: U32, c: Ptr, ldc: U32, m: U32, n: U32, k: U32,
     }
 
+    /// L1 or L-infinity distances of a tile of rows to a tile of f32 queries, laid out as
+    /// `GemmTnParams`' products (`hg_differences`).
+    struct Differences for ["hg_differences_f32", "hg_differences_f16"] {
+        a: Ptr, lda: U32, b: Ptr, ldb: U32, c: Ptr, ldc: U32, m: U32, n: U32, k: U32, metric: I32,
+    }
+
     /// The tensor-core filter: every row against a tile of queries, candidates under each
     /// query's threshold (`hg_mma_filter`).
     struct MmaFilter for ["hg_mma_filter_tf32", "hg_mma_filter_f16", "hg_mma_filter_f32h"] {

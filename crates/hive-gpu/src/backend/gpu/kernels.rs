@@ -151,4 +151,6 @@ kernel_table!(
     strided_norms: StridedNorms,
     gemm_tn_f32: GemmTnParams,
     gemm_tn_f16: GemmTnParams,
+    differences_f32: Differences,
+    differences_f16: Differences,
 );

@@ -78,7 +78,8 @@ impl<D: Driver> GpuRows<D> {
         let fits = list_size(k) <= MAX_LIST
             && self.group_size(k) >= 1
             && u32::try_from(nq * probes.nprobe).is_ok()
-            && self.tuning.list_scan;
+            && self.tuning.list_scan
+            && !metric.is_difference_norm();
         if !fits {
             return scan_by_refine(self, queries, probes, k, metric, allowed);
         }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use self::abi::{GemmTnParams, Launch};
+use self::abi::{Differences, GemmTnParams, Launch};
 use self::driver::{Driver, GemmInputs, GemmTn};
 use self::kernels::Kernels;
 use crate::backend::{GpuBackend, RowStore};
@@ -68,6 +68,38 @@ impl<D: Driver> Device<D> {
                 m: g.m as u32,
                 n: g.n as u32,
                 k: g.k as u32,
+            },
+        )
+    }
+
+    /// Queues the L1 or L-infinity distances of `metric` laid out as [`Device::gemm`]'s
+    /// products (`g.a` the stored rows, f16 where `f16_rows`; `g.b` f32 queries): the tile
+    /// path's input for the metrics no BLAS computes.
+    pub(crate) fn differences(
+        &self,
+        stream: &D::Stream,
+        g: &GemmTn,
+        metric: crate::types::GpuDistanceMetric,
+        f16_rows: bool,
+    ) -> Result<()> {
+        const TILE: usize = 64;
+        let kernel = if f16_rows { self.kernels.differences_f16 } else { self.kernels.differences_f32 };
+        let grid = (g.m.div_ceil(TILE) as u32, g.n.div_ceil(TILE) as u32);
+        self.launch(
+            stream,
+            kernel,
+            Launch::new(grid, kernels::BLOCK),
+            &Differences {
+                a: g.a,
+                lda: g.lda as u32,
+                b: g.b,
+                ldb: g.ldb as u32,
+                c: g.c,
+                ldc: g.ldc as u32,
+                m: g.m as u32,
+                n: g.n as u32,
+                k: g.k as u32,
+                metric: crate::exact::metric_code(metric),
             },
         )
     }

@@ -378,7 +378,14 @@ impl<D: Driver> GpuRows<D> {
         ws.filtered.map_or_else(|| self.live(), |f| f.live)
     }
 
-    fn approximation(&self, nq: usize, k: usize) -> Approximation {
+    fn approximation(&self, nq: usize, k: usize, metric: GpuDistanceMetric) -> Approximation {
+        if metric.is_difference_norm() {
+            // No product form: the scan, or the tiles of `hg_differences` over f32 queries.
+            let scan = nq < GEMM_MIN_QUERIES
+                && list_size(k) <= MAX_LIST
+                && self.scan_shared_bytes(k) <= self.shared_limit();
+            return if scan { Approximation::Scan } else { Approximation::GemmF32 };
+        }
         if nq < GEMM_MIN_QUERIES
             && list_size(k) <= MAX_LIST
             && self.scan_shared_bytes(k) <= self.shared_limit()
@@ -409,7 +416,7 @@ impl<D: Driver> GpuRows<D> {
         path: Approximation,
     ) -> Option<Approximation> {
         self.device.kernels.tensor.as_ref()?;
-        if !self.tuning.fused {
+        if !self.tuning.fused || metric.is_difference_norm() {
             return None;
         }
         // Rows no scale brings into f16's range (a norm that overflowed f32) stay on TF32.
@@ -528,7 +535,7 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let dim = self.dim;
         let nq = queries.len() / dim;
-        let mut path = forced.unwrap_or_else(|| self.approximation(nq, k));
+        let mut path = forced.unwrap_or_else(|| self.approximation(nq, k, metric));
         let mut profile = Profiler::new();
         // Lists too large for on-chip memory (k beyond about 3,000, or less on devices with
         // 64 KiB of shared memory) take the radix path.
@@ -994,22 +1001,23 @@ impl<D: Driver> GpuRows<D> {
                 let tile = tiles[buffer];
                 // GEMM t+1 fills the other buffer while tile t is being selected.
                 driver.wait(&ws.gemm_stream, select_done)?;
-                self.device.gemm(
-                    &ws.gemm_stream,
-                    &GemmTn {
-                        m: rt,
-                        n: qc,
-                        k: dim,
-                        a: rows + (r0 * stride) as u64 * dim as u64 * row_element,
-                        lda: dim * stride,
-                        b: queries + q0 as u64 * dim as u64 * element,
-                        ldb: dim,
-                        c: tile,
-                        ldc: tile_rows,
-                        inputs: inputs_kind,
-                    },
-                    self.tuning.own_gemm,
-                )?;
+                let products = GemmTn {
+                    m: rt,
+                    n: qc,
+                    k: dim,
+                    a: rows + (r0 * stride) as u64 * dim as u64 * row_element,
+                    lda: dim * stride,
+                    b: queries + q0 as u64 * dim as u64 * element,
+                    ldb: dim,
+                    c: tile,
+                    ldc: tile_rows,
+                    inputs: inputs_kind,
+                };
+                if metric.is_difference_norm() {
+                    self.device.differences(&ws.gemm_stream, &products, metric, self.is_f16())?;
+                } else {
+                    self.device.gemm(&ws.gemm_stream, &products, self.tuning.own_gemm)?;
+                }
                 driver.record(gemm_done, &ws.gemm_stream)?;
                 profile.mark(&*driver, &ws.gemm_stream, "gemm")?;
                 driver.wait(&ws.stream, gemm_done)?;

@@ -221,10 +221,18 @@ pub(super) struct FilterPlan {
 
 impl WgpuRows {
     /// The filter plan for `nq` queries of k neighbors, if the device and the collection suit it.
-    pub(super) fn filter_plan(&self, nq: usize, k: usize, live: usize) -> Option<FilterPlan> {
+    pub(super) fn filter_plan(
+        &self,
+        nq: usize,
+        k: usize,
+        live: usize,
+        metric: GpuDistanceMetric,
+    ) -> Option<FilterPlan> {
         let kernels = self.device.filter.as_ref()?;
         let (dim, len) = (self.dim, self.host.len());
-        let fits = nq >= MIN_QUERIES
+        // Cooperative matrices multiply: L1 and L-infinity take the plain tiles.
+        let fits = !metric.is_difference_norm()
+            && nq >= MIN_QUERIES
             && k <= MAX_K
             && dim.is_multiple_of(16)
             && dim <= MAX_DIM
@@ -297,6 +305,8 @@ impl WgpuRows {
                 GpuDistanceMetric::Euclidean => 10.0 * u * max_sq + 2.0 * u * (max_sq + 2.0 * q_norm * r),
                 GpuDistanceMetric::DotProduct => u * q_norm * r,
                 GpuDistanceMetric::Cosine => 2.0 * u * q_norm,
+                // Never planned here (`filter_plan`).
+                GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => 0.0,
             };
         let add = (f64::from(add) + 2.0 * extra * 1.01) * (1.0 + 1e-6);
         [mul, add as f32]

@@ -377,6 +377,9 @@ impl WgpuRows {
             GpuDistanceMetric::Euclidean => 2.0 * flush * d.sqrt() * q_norm,
             GpuDistanceMetric::DotProduct => flush * d.sqrt() * q_norm,
             GpuDistanceMetric::Cosine => flush * d.sqrt() * q_norm * f64::from(self.max_inv_norm),
+            // Each flushed component moves one difference by at most `flush`.
+            GpuDistanceMetric::Manhattan => flush * d,
+            GpuDistanceMetric::Chebyshev => flush,
         }
     }
 
@@ -410,7 +413,7 @@ impl WgpuRows {
         let binding =
             self.device.limits.max_storage_buffer_binding_size.min(self.device.limits.max_buffer_size);
         let plain_tile = ((binding as usize) / (len * 4)).clamp(1, 256).min(nq).min(MAX_GROUPS);
-        let plan = self.filter_plan(nq, k, live);
+        let plan = self.filter_plan(nq, k, live, metric);
         let tile = plan.map_or(plain_tile, |plan| plan.tile);
         let mut results = Vec::with_capacity(nq);
         // With HIVE_GPU_PROFILE=1: wall time on the device's side (submit to results mapped)

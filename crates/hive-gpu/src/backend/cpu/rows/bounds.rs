@@ -19,7 +19,11 @@ impl CpuRows {
                 absolute: gamma * (2.0 * q_norm * max_norm + self.max_sq_norm) + tiny,
                 relative: 0.0,
             },
-            GpuDistanceMetric::Euclidean => ErrorBound { absolute: tiny, relative: gamma },
+            // Sums (L1) or maxima (L-infinity) of non-negative terms, each one rounding of a
+            // difference: an error relative to the distance itself.
+            GpuDistanceMetric::Euclidean | GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => {
+                ErrorBound { absolute: tiny, relative: gamma }
+            }
             GpuDistanceMetric::DotProduct => {
                 ErrorBound { absolute: gamma * q_norm * max_norm + tiny, relative: 0.0 }
             }

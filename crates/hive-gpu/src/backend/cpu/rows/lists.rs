@@ -34,8 +34,9 @@ impl CpuRows {
     ) -> Result<Vec<Vec<Neighbor>>> {
         let dim = self.dim;
         let nq = check_scan(dim, queries, probes, k)?;
-        if nq < GEMM_MIN_QUERIES {
-            // Few queries: each reads its lists' rows where they lie, split over the threads.
+        if nq < GEMM_MIN_QUERIES || metric.is_difference_norm() {
+            // Few queries (or L1 / L-infinity, which have no product tiles): each reads its
+            // lists' rows where they lie, split over the threads.
             return queries
                 .chunks_exact(dim)
                 .enumerate()

@@ -250,6 +250,8 @@ impl CpuRows {
         let norm = self.sq_norms[slot];
         match metric {
             GpuDistanceMetric::Euclidean if raw_is_l2 => (1.0, 0.0),
+            // The kernels compute these distances themselves.
+            GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => (1.0, 0.0),
             GpuDistanceMetric::Euclidean => (-2.0, norm),
             GpuDistanceMetric::DotProduct => (-1.0, 0.0),
             GpuDistanceMetric::Cosine if norm > 0.0 => (-1.0 / norm.sqrt(), 0.0),
@@ -367,6 +369,9 @@ impl CpuRows {
                 let norm = simd::squared_norm_f64(row).sqrt();
                 if norm == 0.0 || q_norm == 0.0 { 0.0 } else { -dot_f64(q, row) / (norm * q_norm) }
             }
+            GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => {
+                crate::exact::difference_norm_f64(metric, q, row)
+            }
         }
     }
 
@@ -417,6 +422,7 @@ impl CpuRows {
         let nq = queries.len() / dim;
         let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
         let bytes = self.all_bytes
+            && !metric.is_difference_norm()
             && dim <= int8::MAX_DIM
             && int8::available()
             && queries.iter().all(|&x| int8::is_byte(x));
@@ -836,7 +842,7 @@ impl CpuRows {
             (queries, q_norms.to_vec())
         };
         let q_norms = &unit_norms;
-        if nq >= BF16_MIN_QUERIES && bf16::available() {
+        if nq >= BF16_MIN_QUERIES && bf16::available() && !metric.is_difference_norm() {
             let bounds: Vec<ErrorBound> = queries
                 .chunks_exact(dim)
                 .zip(q_norms.iter())

@@ -128,7 +128,7 @@ impl CpuRows {
         bound: ErrorBound,
         slots: &[usize],
     ) -> Collector {
-        let kernel = if metric == GpuDistanceMetric::Euclidean { Kernel::L2 } else { Kernel::Dot };
+        let kernel = Kernel::for_metric(metric);
         // Rows read in place cost more each than streamed ones (the passing rows are scattered):
         // smaller tasks than the scan's, so that a few thousand rows still use every thread.
         let tasks = slots.len().div_ceil(SCATTERED_TASK_ROWS).max(1);
@@ -183,7 +183,7 @@ impl CpuRows {
         rows: std::ops::Range<usize>,
     ) -> Collector {
         let (start, end) = (rows.start, rows.end);
-        let kernel = if metric == GpuDistanceMetric::Euclidean { Kernel::L2 } else { Kernel::Dot };
+        let kernel = Kernel::for_metric(metric);
         let block = (SCAN_BLOCK_VALUES / self.dim).clamp(1, 256);
         let mut collector = Collector::new(k, bound);
         let (mut raw, mut scale, mut offset) = (vec![0f32; block], vec![0f32; block], vec![0f32; block]);
@@ -203,6 +203,7 @@ impl CpuRows {
 
     /// Candidates of every query through GEMM tiles fused with selection; the full
     /// queries x rows matrix never exists, only one `QUERY_BLOCK x ROW_TILE` tile per task.
+    /// L1 and L-infinity, which have no product form, fill the same tiles with the scan kernel.
     pub(super) fn gemm_collect(
         &self,
         skip: &SlotSet,
@@ -265,7 +266,16 @@ impl CpuRows {
             let count = ROW_TILE.min(end - at);
             let rows = self.rows_f32(at, count, &mut scratch);
             let products = &mut products[..nq * count];
-            inner_products(queries, rows, dim, nq, count, products);
+            if metric.is_difference_norm() {
+                // No product form: each query runs the scan kernel over the tile, which sits in
+                // cache for all of them.
+                let kernel = Kernel::for_metric(metric);
+                for (q, out) in queries.chunks_exact(dim).zip(products.chunks_exact_mut(count)) {
+                    simd::distances(self.simd, kernel, q, rows, out);
+                }
+            } else {
+                inner_products(queries, rows, dim, nq, count, products);
+            }
             self.block_transform(skip, metric, false, at, &mut scale[..count], &mut offset[..count]);
             for ((c, p), q) in
                 collectors.iter_mut().zip(products.chunks_exact(count)).zip(queries.chunks_exact(dim))

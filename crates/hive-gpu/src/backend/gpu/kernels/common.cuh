@@ -13,6 +13,8 @@ typedef unsigned char u8;
 #define HG_L2 0
 #define HG_DOT 1
 #define HG_COS 2
+#define HG_L1 3
+#define HG_LINF 4
 
 // Sortable encodings: unsigned order equals numeric order.
 __device__ __forceinline__ u32 hg_f32_key(float a) {
@@ -57,6 +59,10 @@ __device__ __forceinline__ float hg_band(float ak, float mul, float add) {
 
 __device__ __forceinline__ float hg_warp_sum(float v) {
     for (int o = HG_WARP / 2; o > 0; o >>= 1) v += HG_SHFL_XOR(v, o);
+    return v;
+}
+__device__ __forceinline__ float hg_warp_max(float v) {
+    for (int o = HG_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, HG_SHFL_XOR(v, o));
     return v;
 }
 __device__ __forceinline__ double hg_warp_sum_f64(double v) {

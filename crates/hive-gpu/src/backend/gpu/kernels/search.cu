@@ -45,7 +45,26 @@ __device__ __forceinline__ float hg_accumulate4(float acc, float4 q, float4 x, i
         float d0 = q.x - x.x, d1 = q.y - x.y, d2 = q.z - x.z, d3 = q.w - x.w;
         return fmaf(d3, d3, fmaf(d2, d2, fmaf(d1, d1, fmaf(d0, d0, acc))));
     }
+    if (metric >= HG_L1) {
+        float d0 = fabsf(q.x - x.x), d1 = fabsf(q.y - x.y), d2 = fabsf(q.z - x.z), d3 = fabsf(q.w - x.w);
+        if (metric == HG_L1) return acc + d0 + d1 + d2 + d3;
+        return fmaxf(fmaxf(fmaxf(acc, d0), fmaxf(d1, d2)), d3);
+    }
     return fmaf(q.w, x.w, fmaf(q.z, x.z, fmaf(q.y, x.y, fmaf(q.x, x.x, acc))));
+}
+
+// One component's term added into a lane's partial (the scalar path of hg_warp_distances).
+__device__ __forceinline__ float hg_accumulate1(float acc, float q, float x, int metric) {
+    float d = q - x;
+    if (metric == HG_L2) return fmaf(d, d, acc);
+    if (metric == HG_L1) return acc + fabsf(d);
+    if (metric == HG_LINF) return fmaxf(acc, fabsf(d));
+    return fmaf(q, x, acc);
+}
+
+// Two lanes' partials combined: a maximum for L-infinity, else a sum.
+__device__ __forceinline__ float hg_combine(float a, float b, int metric) {
+    return metric == HG_LINF ? fmaxf(a, b) : a + b;
 }
 
 // Rows one warp covers per pass.
@@ -53,7 +72,7 @@ __device__ __forceinline__ u32 hg_warp_rows(u32 dim) {
     return (dim & 3u) == 0 ? (HG_WARP / HG_LPR) * HG_RPL : HG_ROWS_PER_WARP;
 }
 
-// Raw distance (sum of squares or dot product) of the rows [first, first + hg_warp_rows(dim))
+// Raw distance (sum of squares, dot product, L1 sum or L-infinity maximum) of the rows [first, first + hg_warp_rows(dim))
 // below `end`, warp-cooperative. Each lane owns at most one of them: it gets that row's offset
 // from `first` (or 0xffffffff) and its distance in `out`. `q` is 16-byte aligned.
 template <typename T>
@@ -95,7 +114,7 @@ __device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 fir
         }
 #pragma unroll
         for (int r = 0; r < HG_RPL; r++) {
-            for (int o = HG_LPR / 2; o > 0; o >>= 1) acc[r] += HG_SHFL_XOR(acc[r], o);
+            for (int o = HG_LPR / 2; o > 0; o >>= 1) acc[r] = hg_combine(acc[r], HG_SHFL_XOR(acc[r], o), metric);
             u32 offset = r * groups + g;
             if (s == (u32)r && first + offset < end) {
                 owned = offset;
@@ -114,18 +133,13 @@ __device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 fir
         for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
             if (first + r < end) {
                 float x = hg_load<T>(rows, (u64)(first + r) * dim + c);
-                if (metric == HG_L2) {
-                    float d = qv - x;
-                    acc[r] = fmaf(d, d, acc[r]);
-                } else {
-                    acc[r] = fmaf(qv, x, acc[r]);
-                }
+                acc[r] = hg_accumulate1(acc[r], qv, x, metric);
             }
         }
     }
 #pragma unroll
     for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
-        float total = hg_warp_sum(acc[r]);
+        float total = metric == HG_LINF ? hg_warp_max(acc[r]) : hg_warp_sum(acc[r]);
         if (lane == (u32)r && first + r < end) {
             owned = r;
             *out = total;
@@ -135,7 +149,7 @@ __device__ __forceinline__ u32 hg_warp_distances(const T* rows, u32 dim, u32 fir
 }
 
 __device__ __forceinline__ float hg_finish(float raw, int metric, const float* norms, u32 slot) {
-    if (metric == HG_L2) return raw;
+    if (metric == HG_L2 || metric >= HG_L1) return raw;
     if (metric == HG_DOT) return -raw;
     return -raw / sqrtf(norms[slot]);
 }
@@ -230,7 +244,8 @@ extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, 
 #define HG_TILE_LOADS 4
 #define HG_TILE_PER_THREAD (4 * HG_TILE_LOADS)
 
-// grid (S, qc), block HG_BLOCK: folds one GEMM tile of dot products (query-major, leading
+// grid (S, qc), block HG_BLOCK: folds one GEMM tile of dot products (or, under L1 and
+// L-infinity, hg_differences' distances) (query-major, leading
 // dimension ldc, covering rows [row0, row0 + tile_rows) of a sample that takes every
 // `stride`-th slot: row r is slot r * stride) into each query's candidate lists. `norms` are
 // the sample's, indexed by sample row (the collection's own when stride = 1).
@@ -289,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
             if (aligned && j + 4 <= cols) {
                 float4 x = *(const float4*)(row + j);
                 v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
-                if (metric != HG_DOT) {
+                if (metric == HG_L2 || metric == HG_COS) {
                     float4 y = *(const float4*)(norms + row0 + j);
                     nv[0] = y.x; nv[1] = y.y; nv[2] = y.z; nv[3] = y.w;
                 }
@@ -297,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     v[e] = j + e < cols ? row[j + e] : 0.0f;
-                    nv[e] = (j + e < cols && metric != HG_DOT) ? norms[row0 + j + e] : 0.0f;
+                    nv[e] = (j + e < cols && (metric == HG_L2 || metric == HG_COS)) ? norms[row0 + j + e] : 0.0f;
                 }
             }
 #pragma unroll
@@ -307,6 +322,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
                 float d;
                 if (metric == HG_L2) d = fmaf(-2.0f, dot, nv[e]);
                 else if (metric == HG_DOT) d = -dot;
+                else if (metric >= HG_L1) d = dot;  // hg_differences' distances
                 else d = -dot / sqrtf(nv[e]);
                 a[i] = d;
                 if (j + e < cols && d <= thr && !hg_dead(dead, (row0 + j + e) * stride)) pass |= 1u << i;
@@ -397,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
 // The canonical distance from the sums in component order: acc of the squared differences
 // (L2) or of the products, rr of the row's squares (cosine only).
 __device__ __forceinline__ double hg_exact_finish(double acc, double rr, double q_norm, int metric) {
-    if (metric == HG_L2) return acc;
+    if (metric == HG_L2 || metric >= HG_L1) return acc;
     if (metric == HG_DOT) return __dadd_rn(-acc, 0.0);
     double norm = sqrt(rr);
     return (norm == 0.0 || q_norm == 0.0) ? 0.0 : __dadd_rn(-acc / (norm * q_norm), 0.0);
@@ -422,6 +438,10 @@ template <int M> __device__ __forceinline__ void hg_exact_term(double& acc, doub
     if (M == HG_L2) {
         double d = __dsub_rn(qv, xv);
         acc = __dadd_rn(acc, __dmul_rn(d, d));
+    } else if (M == HG_L1) {
+        acc = __dadd_rn(acc, fabs(__dsub_rn(qv, xv)));
+    } else if (M == HG_LINF) {
+        acc = fmax(acc, fabs(__dsub_rn(qv, xv)));
     } else {
         acc = __dadd_rn(acc, __dmul_rn(qv, xv));
         if (M == HG_COS) rr = __dadd_rn(rr, __dmul_rn(xv, xv));
@@ -474,6 +494,8 @@ template <typename T>
 __device__ double hg_exact_row(const T* x, u32 dim, const float* q, double q_norm, int metric) {
     if (metric == HG_L2) return hg_exact_row_metric<T, HG_L2>(x, dim, q, q_norm);
     if (metric == HG_DOT) return hg_exact_row_metric<T, HG_DOT>(x, dim, q, q_norm);
+    if (metric == HG_L1) return hg_exact_row_metric<T, HG_L1>(x, dim, q, q_norm);
+    if (metric == HG_LINF) return hg_exact_row_metric<T, HG_LINF>(x, dim, q, q_norm);
     return hg_exact_row_metric<T, HG_COS>(x, dim, q, q_norm);
 }
 
@@ -544,9 +566,11 @@ __device__ void hg_rerank(u64* sh, const u32* slots, u32 c, const T* rows, u32 d
         __syncthreads();
         if (threadIdx.x < n) {
             const double* x = staged + threadIdx.x * pitch;
-            double d = metric == HG_L2    ? hg_exact_staged<HG_L2>(x, stage, dim, q_norm)
-                       : metric == HG_DOT ? hg_exact_staged<HG_DOT>(x, stage, dim, q_norm)
-                                          : hg_exact_staged<HG_COS>(x, stage, dim, q_norm);
+            double d = metric == HG_L2     ? hg_exact_staged<HG_L2>(x, stage, dim, q_norm)
+                       : metric == HG_DOT  ? hg_exact_staged<HG_DOT>(x, stage, dim, q_norm)
+                       : metric == HG_L1   ? hg_exact_staged<HG_L1>(x, stage, dim, q_norm)
+                       : metric == HG_LINF ? hg_exact_staged<HG_LINF>(x, stage, dim, q_norm)
+                                           : hg_exact_staged<HG_COS>(x, stage, dim, q_norm);
             sh[first + threadIdx.x] = hg_f64_key(d);
         }
         __syncthreads();

@@ -6,7 +6,7 @@ struct Params {
     row_offset: u32,    // first slot of the chunk
     dim: u32,
     nq: u32,
-    metric: u32,        // 0 l2, 1 dot, 2 cosine
+    metric: u32,        // 0 l2, 1 dot, 2 cosine, 3 l1, 4 l-infinity
     stride: u32,        // distances per query in `dist` (the collection's slot count)
     shift: u32,         // radix pass: bit position of the digit
     cap: u32,           // candidates kept per query

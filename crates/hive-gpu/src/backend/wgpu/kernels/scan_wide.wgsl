@@ -19,6 +19,13 @@ fn wide_partial(row: u32, part: u32, words: u32) -> f32 {
 
 fn wide_sum(partial: f32) -> f32 {
     var acc = partial;
+    if (p.metric == 4u) {
+        // L-infinity: the lanes' maxima meet by a maximum.
+        acc = max(acc, subgroupShuffleXor(acc, 4u));
+        acc = max(acc, subgroupShuffleXor(acc, 2u));
+        acc = max(acc, subgroupShuffleXor(acc, 1u));
+        return acc;
+    }
     acc = acc + subgroupShuffleXor(acc, 4u);
     acc = acc + subgroupShuffleXor(acc, 2u);
     acc = acc + subgroupShuffleXor(acc, 1u);

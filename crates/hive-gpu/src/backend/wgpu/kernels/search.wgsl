@@ -28,9 +28,10 @@ fn is_dead(slot: u32) -> bool {
 }
 
 // Canonical approximate distance from the raw sum: L2 sums squared differences directly (an
-// error relative to the distance), dot and cosine sum products.
+// error relative to the distance), L1 and L-infinity are the distances themselves, dot and
+// cosine sum products.
 fn finish(raw: f32, chunk_row: u32) -> f32 {
-    if (p.metric == 0u) { return raw; }
+    if (p.metric == 0u || p.metric >= 3u) { return raw; }
     if (p.metric == 1u) { return -raw; }
     return -raw * scale[chunk_row];
 }
@@ -106,6 +107,33 @@ fn distances(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
                 d = a - vec4<f32>(r_tile[s][lid.x + 112u]);
                 acc7 += d * d;
             }
+        } else if (p.metric == 3u) {
+            // L1: the components padding a step beyond dim are zero on both sides.
+            for (var s = 0u; s < steps; s++) {
+                let a = vec4<f32>(q_tile[s][lid.y], q_tile[s][lid.y + 16u], q_tile[s][lid.y + 32u],
+                                  q_tile[s][lid.y + 48u]);
+                acc0 += abs(a - vec4<f32>(r_tile[s][lid.x]));
+                acc1 += abs(a - vec4<f32>(r_tile[s][lid.x + 16u]));
+                acc2 += abs(a - vec4<f32>(r_tile[s][lid.x + 32u]));
+                acc3 += abs(a - vec4<f32>(r_tile[s][lid.x + 48u]));
+                acc4 += abs(a - vec4<f32>(r_tile[s][lid.x + 64u]));
+                acc5 += abs(a - vec4<f32>(r_tile[s][lid.x + 80u]));
+                acc6 += abs(a - vec4<f32>(r_tile[s][lid.x + 96u]));
+                acc7 += abs(a - vec4<f32>(r_tile[s][lid.x + 112u]));
+            }
+        } else if (p.metric == 4u) {
+            for (var s = 0u; s < steps; s++) {
+                let a = vec4<f32>(q_tile[s][lid.y], q_tile[s][lid.y + 16u], q_tile[s][lid.y + 32u],
+                                  q_tile[s][lid.y + 48u]);
+                acc0 = max(acc0, abs(a - vec4<f32>(r_tile[s][lid.x])));
+                acc1 = max(acc1, abs(a - vec4<f32>(r_tile[s][lid.x + 16u])));
+                acc2 = max(acc2, abs(a - vec4<f32>(r_tile[s][lid.x + 32u])));
+                acc3 = max(acc3, abs(a - vec4<f32>(r_tile[s][lid.x + 48u])));
+                acc4 = max(acc4, abs(a - vec4<f32>(r_tile[s][lid.x + 64u])));
+                acc5 = max(acc5, abs(a - vec4<f32>(r_tile[s][lid.x + 80u])));
+                acc6 = max(acc6, abs(a - vec4<f32>(r_tile[s][lid.x + 96u])));
+                acc7 = max(acc7, abs(a - vec4<f32>(r_tile[s][lid.x + 112u])));
+            }
         } else {
             for (var s = 0u; s < steps; s++) {
                 let a = vec4<f32>(q_tile[s][lid.y], q_tile[s][lid.y + 16u], q_tile[s][lid.y + 32u],
@@ -168,6 +196,15 @@ fn accumulate4(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
         sum = sum + d.y * d.y;
         sum = sum + d.z * d.z;
         sum = sum + d.w * d.w;
+    } else if (p.metric == 3u) {
+        let d = abs(a - b);
+        sum = sum + d.x;
+        sum = sum + d.y;
+        sum = sum + d.z;
+        sum = sum + d.w;
+    } else if (p.metric == 4u) {
+        let d = abs(a - b);
+        sum = max(max(sum, d.x), max(max(d.y, d.z), d.w));
     } else {
         sum = sum + a.x * b.x;
         sum = sum + a.y * b.y;
@@ -200,6 +237,10 @@ fn row_distance(row: u32, qbase: u32) -> f32 {
         if (p.metric == 0u) {
             let d = a - b;
             acc = acc + d * d;
+        } else if (p.metric == 3u) {
+            acc = acc + abs(a - b);
+        } else if (p.metric == 4u) {
+            acc = max(acc, abs(a - b));
         } else {
             acc = acc + a * b;
         }
