@@ -72,7 +72,7 @@ def main():
         for nq in sizes:
             q = xq[:nq]
             for k in ks:
-                reps, warmup = {1: (30, 3), 100: (5, 1)}.get(nq, (2, 1))
+                reps, warmup = {1: (30, 3), 100: (5, 1)}.get(nq, (2, 0))
                 times[(metric, nq, k)] = peers.timed(lambda: torch_knn(xb, q, k, p), reps, warmup)
                 print(f"torch {metric} nq {nq} k {k}: {times[(metric, nq, k)]:.3f} ms", flush=True)
     del xb, xq

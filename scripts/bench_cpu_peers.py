@@ -210,9 +210,9 @@ def cargo_build(args, cargo_jobs):
     return res.returncode == 0
 
 
-def run_hive(hive_bin, ds, query, mode, k, env, groundtruth=None):
+def run_hive(hive_bin, ds, query, mode, k, env, groundtruth=None, metric="l2"):
     cmd = [str(hive_bin), "bench", "--base", str(ds["base"]), "--query", str(query),
-           "--metric", "l2", "-k", str(k), "--backend", "cpu", "--json"]
+           "--metric", metric, "-k", str(k), "--backend", "cpu", "--json"]
     if mode == "one-by-one":
         cmd += ["--batch", "1"]
     if groundtruth:

@@ -126,7 +126,7 @@ impl FromStr for GpuDistanceMetric {
             "cosine" | "cos" => Ok(GpuDistanceMetric::Cosine),
             "dot" | "ip" | "dotproduct" | "inner" => Ok(GpuDistanceMetric::DotProduct),
             "l1" | "manhattan" | "cityblock" => Ok(GpuDistanceMetric::Manhattan),
-            "linf" | "l-inf" | "chebyshev" | "max" => Ok(GpuDistanceMetric::Chebyshev),
+            "linf" | "l-inf" | "chebyshev" => Ok(GpuDistanceMetric::Chebyshev),
             other => Err(HiveGpuError::InvalidArgument(format!(
                 "unknown metric {other:?} (expected l2, cosine, dot, l1 or linf)"
             ))),

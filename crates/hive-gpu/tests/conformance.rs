@@ -244,8 +244,9 @@ fn adversarial_rounding_cases() {
             ],
             vec![1.0, 1.0, 0.0],
         ),
-        // L1: the f32 sum 1 + 2^-24 + 2^-24 rounds to 1 in any order, so r0 (1 + 2^-23) and r1
-        // (1 + 2^-25) tie in f32 and only the exact re-rank puts r1, stored second, first.
+        // L1: summed in component order (every kernel's order at dimension 3), 1 + 2^-24 + 2^-24
+        // rounds to 1, so r0 (1 + 2^-23) and r1 (1 + 2^-25) tie in f32 and only the exact
+        // re-rank puts r1, stored second, first.
         (
             GpuDistanceMetric::Manhattan,
             vec![vec![1.0, p(-24), p(-24)], vec![1.0, p(-25), 0.0]],

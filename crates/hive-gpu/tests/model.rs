@@ -237,6 +237,7 @@ fn random_operation_sequences_match_the_model() {
             GpuDistanceMetric::Cosine,
             GpuDistanceMetric::DotProduct,
             GpuDistanceMetric::Manhattan,
+            GpuDistanceMetric::Chebyshev,
         ]
         .into_iter()
         .enumerate()

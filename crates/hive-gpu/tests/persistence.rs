@@ -15,6 +15,16 @@ use hive_gpu::{
     StoragePrecision,
 };
 
+/// `image` with its config section's metric code replaced and every checksum made right again
+/// (the config is the first section of the table; its metric follows two u64).
+fn with_metric_code(image: &[u8], code: u32) -> Vec<u8> {
+    let mut out = image.to_vec();
+    let metric_at = u64::from_le_bytes(out[64 + 8..64 + 16].try_into().unwrap()) as usize + 16;
+    out[metric_at..metric_at + 4].copy_from_slice(&code.to_le_bytes());
+    reseal_section_of(&mut out, metric_at);
+    out
+}
+
 #[test]
 fn saved_collections_open_equal_on_every_backend() {
     let dir = scratch_dir("roundtrip");
@@ -171,6 +181,19 @@ fn damaged_files_are_refused_by_name_and_offset_never_with_a_panic() {
     reseal_header(&mut absurd);
     let e = open_error(&cpu, &bad, &absurd);
     assert!(e.contains("vectors") && e.contains("rows"), "{e}");
+
+    // Metric codes with every checksum correct: one no release knows, and L-infinity (4) in a
+    // file that carries an index section, which no index over that metric can have written.
+    let e = open_error(&cpu, &bad, &with_metric_code(&image, 5));
+    assert!(e.contains("unknown metric code 5"), "{e}");
+    let indexed = populated(&cpu, GpuDistanceMetric::Euclidean, StoragePrecision::F32, 3, 120);
+    indexed.build_index("ivf-flat:nlist=4".parse().unwrap()).expect("build");
+    let indexed_path = dir.join("indexed.hgc");
+    indexed.save(&indexed_path).expect("save");
+    let indexed_image = std::fs::read(&indexed_path).unwrap();
+    let e = open_error(&cpu, &bad, &with_metric_code(&indexed_image, 4));
+    assert!(e.contains("index") && e.contains("linf metric, which no index supports"), "{e}");
+    assert_eq!(cpu.open_storage(&indexed_path).unwrap().index_spec().to_string(), "ivf-flat:nlist=4");
 
     // The good file still opens, and a missing one is an I/O error naming it.
     assert_eq!(

@@ -2,6 +2,10 @@
 //! `a_k * mul + add` (with `a_k` the k-th best approximate distance) cannot be among the
 //! true k nearest, by the same argument as the CPU backend's collector (`backend/cpu/topk.rs`): with every
 //! approximate distance within `E` of the true one, true top-k rows satisfy `a <= a_k + 2E`.
+//! Where `E` is relative to the distance itself (sums of non-negative terms: L2 by differences,
+//! L1; the maximum of rounded differences: L-infinity), `|a - d| <= g d` gives
+//! `d_k <= a_k / (1 - g)` and `a <= (1 + g) d`, so true top-k rows satisfy
+//! `a <= a_k (1 + g) / (1 - g)`: the gate's `mul`.
 
 use crate::exact::ErrorBound;
 use crate::types::GpuDistanceMetric;

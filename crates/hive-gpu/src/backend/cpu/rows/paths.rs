@@ -83,8 +83,11 @@ pub(super) const QUERY_BLOCK: usize = 192;
 pub(super) const ROW_TILE: usize = 512;
 /// Target f32 values per scan block, so a block of rows stays in L1/L2.
 const SCAN_BLOCK_VALUES: usize = 8192;
-/// Rows per parallel scan task (at least).
-const SCAN_TASK_ROWS: usize = 16384;
+/// Rows per parallel scan task (at least): small enough that one query over 10,000 rows uses
+/// more than one thread (16,384 left SIFT10K's single L2 and L1 queries on one thread: 3,780
+/// and 3,498 QPS on the 2-core development machine, against 4,503 and 4,345 at 4,096;
+/// 100k x 128 went from 722 to 856 L1 QPS: docs/PERFORMANCE.md, "L1 and L-infinity").
+const SCAN_TASK_ROWS: usize = 4096;
 /// Scattered rows read in place are asked for this many rows ahead of their scoring
 /// (`CpuRows::prefetch_row`): enough to cover a memory access behind a few rows' arithmetic.
 const PREFETCH_AHEAD: usize = 4;

@@ -53,7 +53,7 @@ __device__ __forceinline__ u32 hg_warp_distances_group(const T* rows, u32 dim, u
             for (int j = 0; j < HG_LIST_GROUP; j++) {
                 if ((u32)j < count) {
                     float v = acc[j][r];
-                    for (int o = HG_LPR / 2; o > 0; o >>= 1) v += HG_SHFL_XOR(v, o);
+                    for (int o = HG_LPR / 2; o > 0; o >>= 1) v = hg_combine(v, HG_SHFL_XOR(v, o), metric);
                     if (mine) out[j] = v;
                 }
             }
@@ -79,14 +79,7 @@ __device__ __forceinline__ u32 hg_warp_distances_group(const T* rows, u32 dim, u
             if ((u32)j < count) {
                 float qv = qs[j * qstride + c];
 #pragma unroll
-                for (int r = 0; r < HG_ROWS_PER_WARP; r++) {
-                    if (metric == HG_L2) {
-                        float d = qv - x[r];
-                        acc[j][r] = fmaf(d, d, acc[j][r]);
-                    } else {
-                        acc[j][r] = fmaf(qv, x[r], acc[j][r]);
-                    }
-                }
+                for (int r = 0; r < HG_ROWS_PER_WARP; r++) acc[j][r] = hg_accumulate1(acc[j][r], qv, x[r], metric);
             }
         }
     }
@@ -96,7 +89,7 @@ __device__ __forceinline__ u32 hg_warp_distances_group(const T* rows, u32 dim, u
 #pragma unroll
         for (int j = 0; j < HG_LIST_GROUP; j++) {
             if ((u32)j < count) {
-                float total = hg_warp_sum(acc[j][r]);
+                float total = metric == HG_LINF ? hg_warp_max(acc[j][r]) : hg_warp_sum(acc[j][r]);
                 if (mine) out[j] = total;
             }
         }
