@@ -96,9 +96,12 @@ def ground_truth(xb, xq, k):
     return torch.cat(out).numpy()
 
 
-def hive(base, query, gt, precision, batches, ks, nq=None, backend="cuda"):
-    cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--groundtruth", gt, "--backend", backend,
+def hive(base, query, gt, precision, batches, ks, nq=None, backend="cuda", metric="l2"):
+    """`hive-gpu bench --json`'s rows; without `gt`, recall is the CLI's f64 brute force."""
+    cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--backend", backend, "--metric", metric,
            "--precision", precision, "--batch", ",".join(map(str, batches)), "--ks", ",".join(map(str, ks)), "--json"]
+    if gt:
+        cmd += ["--groundtruth", gt]
     if nq:
         cmd += ["--nq", str(nq)]
     run = subprocess.run(cmd, capture_output=True, text=True)

@@ -8,15 +8,13 @@ torch.topk, merged), on the same random data, on the GPU machine.
 PyTorch is timed with CUDA events around the search (data and queries already on the device:
 its best case); hive-gpu end to end from the host (queries up, results down). Each number is a
 median. hive-gpu's recall is its CLI's, against an f64 brute force of the same metric on a
-sample of the queries. The helpers (CUDA-event timer, tiled top-k, .fvecs writer) are
-`bench-gpu-peers.py`'s.
+sample of the queries. The helpers (CUDA-event timer, tiled top-k, .fvecs writer, the CLI run)
+are `bench-gpu-peers.py`'s.
 """
 import argparse
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import torch
 
@@ -34,18 +32,6 @@ def torch_knn(xb, xq, k, p, tile_bytes=2 << 30):
     nq, n = xq.shape[0], xb.shape[0]
     tile = max(k, min(n, tile_bytes // (nq * xb.element_size())))
     return peers.tiled_topk(lambda s, e: torch.cdist(xq, xb[s:e], p=p), n, tile, k)
-
-
-def hive(base, query, metric, batches, ks, nq=None):
-    cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--backend", "cuda", "--metric", metric,
-           "--batch", ",".join(map(str, batches)), "--ks", ",".join(map(str, ks)), "--json"]
-    if nq:
-        cmd += ["--nq", str(nq)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        print("FAILED:", " ".join(cmd), run.stderr, file=sys.stderr)
-        return []
-    return [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
 
 
 def main():
@@ -81,7 +67,7 @@ def main():
     for metric in NORMS:
         # One process per query-set size: the data is loaded and added once for each.
         for batches, limit in (([1], 300), ([100, args.queries], None)):
-            for r in hive(base, query, metric, batches, ks, nq=limit):
+            for r in peers.hive(base, query, None, "f32", batches, ks, nq=limit, metric=metric):
                 k, nq = r["k"], r["batch"]
                 torch_qps = nq / (times[(metric, nq, k)] * 1e-3)
                 row = {"metric": metric, "nq": nq, "k": k, "hive_qps": r["qps"], "hive_p50_ms": r["p50_ms"],

@@ -11,13 +11,7 @@ use common::{Rng, assert_exact, contexts_with_forced_paths, data_dir, describe, 
 use hive_gpu::io;
 use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector, GpuVectorStorage, StorageConfig, StoragePrecision};
 
-const METRICS: [GpuDistanceMetric; 5] = [
-    GpuDistanceMetric::Euclidean,
-    GpuDistanceMetric::Cosine,
-    GpuDistanceMetric::DotProduct,
-    GpuDistanceMetric::Manhattan,
-    GpuDistanceMetric::Chebyshev,
-];
+use common::METRICS;
 
 /// The values a collection of `precision` really stores.
 fn stored(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {

@@ -179,13 +179,7 @@ fn check_filters(
 
 #[test]
 fn filtered_searches_equal_a_brute_force_over_the_passing_vectors_on_every_backend_and_path() {
-    let metrics = [
-        GpuDistanceMetric::Euclidean,
-        GpuDistanceMetric::Cosine,
-        GpuDistanceMetric::DotProduct,
-        GpuDistanceMetric::Manhattan,
-        GpuDistanceMetric::Chebyshev,
-    ];
+    let metrics = common::METRICS;
     for (c, context) in contexts_with_forced_paths().into_iter().enumerate() {
         let software = context.device_info().software;
         for (m, metric) in metrics.into_iter().enumerate() {

@@ -15,13 +15,7 @@ use hive_gpu::{
     HiveGpuError, SearchPrecision, StorageConfig, StoragePrecision,
 };
 
-const METRICS: [GpuDistanceMetric; 5] = [
-    GpuDistanceMetric::Euclidean,
-    GpuDistanceMetric::Cosine,
-    GpuDistanceMetric::DotProduct,
-    GpuDistanceMetric::Manhattan,
-    GpuDistanceMetric::Chebyshev,
-];
+use common::METRICS;
 
 const MODES: [(StoragePrecision, SearchPrecision); 3] = [
     (StoragePrecision::F32, SearchPrecision::Exact),

@@ -232,16 +232,7 @@ fn run_sequence(context: &GpuContext, metric: GpuDistanceMetric, precision: Stor
 #[test]
 fn random_operation_sequences_match_the_model() {
     for context in contexts() {
-        for (i, metric) in [
-            GpuDistanceMetric::Euclidean,
-            GpuDistanceMetric::Cosine,
-            GpuDistanceMetric::DotProduct,
-            GpuDistanceMetric::Manhattan,
-            GpuDistanceMetric::Chebyshev,
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (i, metric) in common::METRICS.into_iter().enumerate() {
             for (j, precision) in [StoragePrecision::F32, StoragePrecision::F16].into_iter().enumerate() {
                 run_sequence(&context, metric, precision, 40 + (i * 2 + j) as u64);
             }

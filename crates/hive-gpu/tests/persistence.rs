@@ -30,16 +30,7 @@ fn saved_collections_open_equal_on_every_backend() {
     let dir = scratch_dir("roundtrip");
     let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
     for context in contexts() {
-        for (m, metric) in [
-            GpuDistanceMetric::Euclidean,
-            GpuDistanceMetric::DotProduct,
-            GpuDistanceMetric::Cosine,
-            GpuDistanceMetric::Manhattan,
-            GpuDistanceMetric::Chebyshev,
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (m, metric) in common::METRICS.into_iter().enumerate() {
             for precision in [StoragePrecision::F32, StoragePrecision::F16] {
                 let what = format!("{} {metric:?} {precision:?}", describe(&context));
                 let seed = 100 + m as u64;

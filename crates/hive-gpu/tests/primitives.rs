@@ -16,13 +16,7 @@ use hive_gpu::{GpuContext, GpuDistanceMetric, Neighbor, RowStore, SearchPrecisio
 const DIM: usize = 37;
 const ROWS: usize = 300;
 const REMOVED: [usize; 4] = [3, 15, 16, 299];
-const METRICS: [GpuDistanceMetric; 5] = [
-    GpuDistanceMetric::Euclidean,
-    GpuDistanceMetric::DotProduct,
-    GpuDistanceMetric::Cosine,
-    GpuDistanceMetric::Manhattan,
-    GpuDistanceMetric::Chebyshev,
-];
+use common::METRICS;
 
 /// A store of `ROWS` rows where rows 10..20 repeat rows 0..10 exactly, with `REMOVED` removed.
 fn store(context: &GpuContext, precision: StoragePrecision, rng: &mut Rng) -> Box<dyn RowStore> {

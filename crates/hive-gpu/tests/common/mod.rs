@@ -12,6 +12,15 @@ use hive_gpu::{
     GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, Tuning, detect_available_backends,
 };
 
+/// Every metric, in the order the suites derive their seeds from.
+pub const METRICS: [GpuDistanceMetric; 5] = [
+    GpuDistanceMetric::Euclidean,
+    GpuDistanceMetric::Cosine,
+    GpuDistanceMetric::DotProduct,
+    GpuDistanceMetric::Manhattan,
+    GpuDistanceMetric::Chebyshev,
+];
+
 /// A context on every available backend. `HIVE_GPU_REQUIRE=cuda,vulkan` turns an absent
 /// backend into a failure, so a GPU run can never pass by skipping.
 pub fn contexts() -> Vec<GpuContext> {
