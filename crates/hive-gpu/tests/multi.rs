@@ -235,6 +235,8 @@ fn sharded_and_replicated_searches_equal_one_collection_ties_included() {
         (GpuDistanceMetric::Euclidean, StoragePrecision::F32),
         (GpuDistanceMetric::Cosine, StoragePrecision::F32),
         (GpuDistanceMetric::DotProduct, StoragePrecision::F16),
+        (GpuDistanceMetric::Manhattan, StoragePrecision::F32),
+        (GpuDistanceMetric::Chebyshev, StoragePrecision::F16),
     ];
     for (name, group) in groups() {
         for (case, &(metric, precision)) in cases.iter().enumerate() {

@@ -40,6 +40,13 @@ pub(crate) struct Device<D: Driver> {
     pub(crate) merges: Mutex<Vec<merge::MergeScratch<D>>>,
 }
 
+/// The grid of `kernels/gemm.cu`'s tiles over `g`: a block of `kernels::BLOCK` threads per 64
+/// rows x 64 queries (`HG_GEMM_TILE`), for the own GEMM and `hg_differences` alike.
+fn pair_tile_launch(g: &GemmTn) -> Launch {
+    const TILE: usize = 64;
+    Launch::new((g.m.div_ceil(TILE) as u32, g.n.div_ceil(TILE) as u32), kernels::BLOCK)
+}
+
 impl<D: Driver> Device<D> {
     /// Queues `C = A^T B` (see [`GemmTn`]) on the BLAS library or on the engine's own kernel:
     /// where the BLAS cannot run it, or always with `own_gemm` (to test on CUDA the path ROCm
@@ -48,16 +55,14 @@ impl<D: Driver> Device<D> {
         if !own_gemm && self.driver.has_gemm(g.inputs) {
             return self.driver.gemm_tn(stream, g);
         }
-        const TILE: usize = 64;
         let kernel = match g.inputs {
             GemmInputs::F32 | GemmInputs::Tf32 => self.kernels.gemm_tn_f32,
             GemmInputs::F16 => self.kernels.gemm_tn_f16,
         };
-        let grid = (g.m.div_ceil(TILE) as u32, g.n.div_ceil(TILE) as u32);
         self.launch(
             stream,
             kernel,
-            Launch::new(grid, kernels::BLOCK),
+            pair_tile_launch(g),
             &GemmTnParams {
                 a: g.a,
                 lda: g.lda as u32,
@@ -82,13 +87,11 @@ impl<D: Driver> Device<D> {
         metric: crate::types::GpuDistanceMetric,
         f16_rows: bool,
     ) -> Result<()> {
-        const TILE: usize = 64;
         let kernel = if f16_rows { self.kernels.differences_f16 } else { self.kernels.differences_f32 };
-        let grid = (g.m.div_ceil(TILE) as u32, g.n.div_ceil(TILE) as u32);
         self.launch(
             stream,
             kernel,
-            Launch::new(grid, kernels::BLOCK),
+            pair_tile_launch(g),
             &Differences {
                 a: g.a,
                 lda: g.lda as u32,
