@@ -372,6 +372,13 @@ enum PrecisionArg {
     F32,
     /// f16 storage (half the memory; f16 tensor cores on GPUs).
     F16,
+    /// bfloat16 storage (half the memory, f32's range).
+    Bf16,
+    /// Signed-byte storage (a quarter of the memory): integer data in -128..=127 only.
+    I8,
+    /// Unsigned-byte storage (a quarter of the memory): integer data in 0..=255 only (SIFT's
+    /// bvecs, pixels).
+    U8,
     /// f32 storage, TF32 tensor-core candidate pass on GPUs (results stay exact).
     Fast,
 }
@@ -393,13 +400,16 @@ impl PrecisionArg {
         match self {
             PrecisionArg::F32 | PrecisionArg::Fast => StoragePrecision::F32,
             PrecisionArg::F16 => StoragePrecision::F16,
+            PrecisionArg::Bf16 => StoragePrecision::Bf16,
+            PrecisionArg::I8 => StoragePrecision::I8,
+            PrecisionArg::U8 => StoragePrecision::U8,
         }
     }
 
     fn search(self) -> SearchPrecision {
         match self {
             PrecisionArg::Fast => SearchPrecision::Fast,
-            PrecisionArg::F32 | PrecisionArg::F16 => SearchPrecision::Exact,
+            _ => SearchPrecision::Exact,
         }
     }
 }

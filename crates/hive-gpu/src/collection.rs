@@ -155,7 +155,7 @@ fn append_stored_rows(
     precision: StoragePrecision,
     progress: crate::persist::Progress<'_>,
 ) -> Result<()> {
-    let row_bytes = dim * crate::persist::element_bytes(precision);
+    let row_bytes = dim * crate::exact::elements::element_bytes(precision);
     rows.reserve(kept.len())?;
     let step = (RESTORE_STEP_BYTES / row_bytes).max(1);
     let (mut at, mut done) = (0, 0);
@@ -246,20 +246,26 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
             ),
         });
     }
-    if let (Subject::Vector(_), StoragePrecision::F16) = (subject, config.precision) {
-        // Stored values are what searches see: they must exist in f16 too.
-        if let Some((i, x)) = values.iter().enumerate().find(|(_, x)| half::f16::from_f32(**x).is_infinite())
+    if let Subject::Vector(_) = subject
+        && config.precision != StoragePrecision::F32
+    {
+        // Stored values are what searches see: each must exist in the stored type, and a
+        // cosine row must not round to zero.
+        let precision = config.precision;
+        if let Some((i, x, why)) = values
+            .iter()
+            .enumerate()
+            .find_map(|(i, &x)| crate::exact::elements::unrepresentable(x, precision).map(|why| (i, x, why)))
         {
-            return Err(HiveGpuError::InvalidVector {
-                id,
-                reason: format!("{x} at component {i} is outside the f16 storage range (|x| <= 65504)"),
-            });
+            return Err(HiveGpuError::InvalidVector { id, reason: format!("{x} at component {i} {why}") });
         }
-        let all_zero = values.iter().all(|&x| half::f16::from_f32(x).to_f32() == 0.0);
+        let all_zero = values.iter().all(|&x| crate::exact::elements::stored_value(x, precision) == 0.0);
         if config.metric == GpuDistanceMetric::Cosine && all_zero {
             return Err(HiveGpuError::InvalidVector {
                 id,
-                reason: "becomes a zero vector when rounded to f16, which has no cosine similarity".into(),
+                reason: format!(
+                    "becomes a zero vector when rounded to {precision}, which has no cosine similarity"
+                ),
             });
         }
     }
@@ -621,7 +627,7 @@ impl Collection {
     ) -> Result<()> {
         let config = self.config;
         let (dim, precision) = (config.dimension, config.precision);
-        let row_bytes = dim * crate::persist::element_bytes(precision);
+        let row_bytes = dim * crate::exact::elements::element_bytes(precision);
         let slots = stored.ids.len();
         if !self.entries.is_empty()
             || !self.rows.is_empty()
@@ -675,7 +681,7 @@ impl Collection {
                 let values: &[f32] = match (precision, bytemuck::try_cast_slice::<u8, f32>(row)) {
                     (StoragePrecision::F32, Ok(values)) if cfg!(target_endian = "little") => values,
                     _ => {
-                        crate::persist::widen(row, precision, scratch);
+                        crate::exact::elements::widen(row, precision, scratch);
                         scratch
                     }
                 };

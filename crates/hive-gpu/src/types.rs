@@ -134,24 +134,43 @@ impl FromStr for GpuDistanceMetric {
     }
 }
 
-/// How a collection stores its vectors.
+/// How a collection stores its vectors. Every search is exact over the stored values: a
+/// precision decides what is stored (and how much memory it takes), never how exactly it is
+/// searched. More types may come, so matches need a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum StoragePrecision {
     /// 32-bit floats: exact storage.
     #[default]
     F32,
-    /// 16-bit IEEE floats: half the memory. Vectors are rounded to f16 when stored; searches
-    /// are exact over the stored (rounded) values.
+    /// 16-bit IEEE floats: half the memory. Vectors are rounded to f16 when stored (to
+    /// nearest); values beyond f16's range (|x| > 65504) are refused.
     F16,
+    /// bfloat16 (f32's range, 8 significant bits): half the memory, for embeddings that come
+    /// out of a model in bf16. Vectors are rounded to bf16 when stored (to nearest, ties to
+    /// even).
+    Bf16,
+    /// Signed bytes: a quarter of the memory, for integer data (int8 embeddings). Only
+    /// integers in -128..=127 are stored; any other value is refused, never rounded.
+    I8,
+    /// Unsigned bytes: a quarter of the memory, for integer data (SIFT's `bvecs`, pixels).
+    /// Only integers in 0..=255 are stored; any other value is refused, never rounded.
+    U8,
 }
 
 impl StoragePrecision {
+    /// Every storage precision, in the order of their file codes.
+    pub const ALL: [StoragePrecision; 5] = [
+        StoragePrecision::F32,
+        StoragePrecision::F16,
+        StoragePrecision::Bf16,
+        StoragePrecision::I8,
+        StoragePrecision::U8,
+    ];
+
     /// Bytes per stored component.
     pub fn element_bytes(self) -> usize {
-        match self {
-            StoragePrecision::F32 => 4,
-            StoragePrecision::F16 => 2,
-        }
+        crate::exact::elements::element_bytes(self)
     }
 }
 
@@ -160,6 +179,9 @@ impl fmt::Display for StoragePrecision {
         f.write_str(match self {
             StoragePrecision::F32 => "f32",
             StoragePrecision::F16 => "f16",
+            StoragePrecision::Bf16 => "bf16",
+            StoragePrecision::I8 => "i8",
+            StoragePrecision::U8 => "u8",
         })
     }
 }
@@ -170,8 +192,11 @@ impl FromStr for StoragePrecision {
         match s.to_ascii_lowercase().as_str() {
             "f32" | "fp32" => Ok(StoragePrecision::F32),
             "f16" | "fp16" | "half" => Ok(StoragePrecision::F16),
+            "bf16" | "bfloat16" => Ok(StoragePrecision::Bf16),
+            "i8" | "int8" => Ok(StoragePrecision::I8),
+            "u8" | "uint8" => Ok(StoragePrecision::U8),
             other => Err(HiveGpuError::InvalidArgument(format!(
-                "unknown precision {other:?} (expected f32 or f16)"
+                "unknown precision {other:?} (expected f32, f16, bf16, i8 or u8)"
             ))),
         }
     }

@@ -1,25 +1,19 @@
 //! Conformance suite: every available backend against an f64 brute force on fresh random
 //! data (all metrics, k in {1, 10, 100, 1000}, dims {1, 3, 31, 63, 128, 784, 1536}, n up to 100k,
-//! f32 and f16 storage), on near-duplicates that break norm-based L2, on exact ties, and on
+//! every storage type), on near-duplicates that break norm-based L2, on exact ties, and on
 //! real data with published ground truth.
 
 mod common;
 
 use std::collections::HashMap;
 
-use common::{Rng, assert_exact, contexts_with_forced_paths, data_dir, describe, reference};
+use common::{
+    Rng, assert_exact, contexts_with_forced_paths, data_dir, describe, reference, storable, stored,
+};
 use hive_gpu::io;
 use hive_gpu::{GpuContext, GpuDistanceMetric, GpuVector, GpuVectorStorage, StorageConfig, StoragePrecision};
 
 use common::METRICS;
-
-/// The values a collection of `precision` really stores.
-fn stored(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {
-    match precision {
-        StoragePrecision::F32 => values.to_vec(),
-        StoragePrecision::F16 => values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
-    }
-}
 
 /// Queries in the small batches each case also checks.
 const SMALL_BATCH: usize = 5;
@@ -104,6 +98,9 @@ fn check_values(
     let mut rng = Rng::new(seed);
     let Case { dim, n, nq, ks } = *case;
     let (base, queries) = case_data(&mut rng, case, values);
+    // Integer storage takes integers: the same draw, scaled and rounded (queries alike, so
+    // that the perturbed ones stay near their rows).
+    let (base, queries) = (storable(precision, &base), storable(precision, &queries));
     let config = StorageConfig::new(dim, metric).with_precision(precision);
     let storage = context.create_storage_with(config).expect("storage");
     let vectors = fill(&storage, &base, dim, precision);
@@ -166,6 +163,21 @@ fn small_dims_f16_match_f64_reference() {
 }
 
 #[test]
+fn small_dims_bf16_match_f64_reference() {
+    run_cases(SMALL_DIMS, StoragePrecision::Bf16);
+}
+
+#[test]
+fn small_dims_i8_match_f64_reference() {
+    run_cases(SMALL_DIMS, StoragePrecision::I8);
+}
+
+#[test]
+fn small_dims_u8_match_f64_reference() {
+    run_cases(SMALL_DIMS, StoragePrecision::U8);
+}
+
+#[test]
 fn large_dims_f32_match_f64_reference() {
     run_cases(LARGE_DIMS, StoragePrecision::F32);
 }
@@ -175,11 +187,20 @@ fn large_dims_f16_match_f64_reference() {
     run_cases(LARGE_DIMS, StoragePrecision::F16);
 }
 
+/// bf16 and byte rows at 784 and 1536 dimensions: long rows of a 2- or 1-byte type, whose
+/// vector loads and tiles cross many words.
+#[test]
+fn large_dims_bf16_i8_u8_match_f64_reference() {
+    for precision in [StoragePrecision::Bf16, StoragePrecision::I8, StoragePrecision::U8] {
+        run_cases(LARGE_DIMS, precision);
+    }
+}
+
 #[test]
 fn hundred_thousand_vectors_match_f64_reference() {
     let case = Case { dim: 128, n: 100_000, nq: 16, ks: &[10, 100] };
     for context in contexts_with_forced_paths() {
-        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+        for precision in StoragePrecision::ALL {
             check_case(&context, &case, GpuDistanceMetric::Euclidean, precision, 77);
         }
         check_case(&context, &case, GpuDistanceMetric::Cosine, StoragePrecision::F32, 78);
@@ -198,7 +219,7 @@ fn byte_valued_data_match_f64_reference() {
     for context in contexts_with_forced_paths() {
         for (ci, case) in cases.iter().enumerate() {
             for (mi, &metric) in METRICS.iter().enumerate() {
-                for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+                for precision in StoragePrecision::ALL {
                     check_values(
                         &context,
                         case,

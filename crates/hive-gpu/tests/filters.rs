@@ -128,13 +128,7 @@ fn passes(filter: &Filter, v: &GpuVector) -> bool {
 fn passing(live: &[GpuVector], filter: &Filter, precision: StoragePrecision) -> Vec<(String, Vec<f32>)> {
     live.iter()
         .filter(|v| passes(filter, v))
-        .map(|v| {
-            let values = match precision {
-                StoragePrecision::F32 => v.data.clone(),
-                StoragePrecision::F16 => v.data.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
-            };
-            (v.id.clone(), values)
-        })
+        .map(|v| (v.id.clone(), common::stored(precision, &v.data)))
         .collect()
 }
 
@@ -183,7 +177,8 @@ fn filtered_searches_equal_a_brute_force_over_the_passing_vectors_on_every_backe
     for (c, context) in contexts_with_forced_paths().into_iter().enumerate() {
         let software = context.device_info().software;
         for (m, metric) in metrics.into_iter().enumerate() {
-            let precision = if m == 1 || m == 4 { StoragePrecision::F16 } else { StoragePrecision::F32 };
+            // Each metric with another storage type: f32, f16, bf16, i8, u8.
+            let precision = StoragePrecision::ALL[m];
             let dim = [3, 32, 100, 31, 64][m];
             let n = if software { 1500 } else { 6000 };
             let what = format!("{} {metric:?} {precision:?} d{dim}", describe(&context));
@@ -191,8 +186,12 @@ fn filtered_searches_equal_a_brute_force_over_the_passing_vectors_on_every_backe
             let storage = context
                 .create_storage_with(StorageConfig::new(dim, metric).with_precision(precision))
                 .expect("storage");
+            let storable = |mut v: GpuVector| {
+                v.data = common::storable(precision, &v.data);
+                v
+            };
             let mut vectors: Vec<GpuVector> =
-                (0..n).map(|i| random_vector(&mut rng, format!("v{i}"), dim)).collect();
+                (0..n).map(|i| storable(random_vector(&mut rng, format!("v{i}"), dim))).collect();
             storage.add_vectors(&vectors).expect("add");
             check_filters(&what, &mut rng, &storage, &vectors, n, metric, precision, 12);
 
@@ -202,7 +201,7 @@ fn filtered_searches_equal_a_brute_force_over_the_passing_vectors_on_every_backe
             storage.remove_vectors(&removed).expect("remove");
             let replacements: Vec<GpuVector> = (0..n)
                 .filter(|i| i % 10 == 7)
-                .map(|i| random_vector(&mut rng, format!("v{i}"), dim))
+                .map(|i| storable(random_vector(&mut rng, format!("v{i}"), dim)))
                 .collect();
             storage.add_vectors(&replacements).expect("replace");
             vectors.retain(|v| !removed.contains(&v.id) && !replacements.iter().any(|r| r.id == v.id));

@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{Rng, assert_exact, contexts, reference};
+use common::{Rng, assert_exact, contexts, reference, stored};
 use hive_gpu::{
     GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, GpuVector, GpuVectorStorage,
     HiveGpuError, SearchPrecision, StorageConfig, StoragePrecision,
@@ -30,13 +30,6 @@ fn gpu_contexts() -> Vec<GpuContext> {
         eprintln!("no GPU backend available: nothing checked (HIVE_GPU_REQUIRE=cuda makes this a failure)");
     }
     gpus
-}
-
-fn stored(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {
-    match precision {
-        StoragePrecision::F32 => values.to_vec(),
-        StoragePrecision::F16 => values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
-    }
 }
 
 fn filled(

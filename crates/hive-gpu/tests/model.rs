@@ -26,10 +26,7 @@ struct Model {
 
 impl Model {
     fn upsert(&mut self, v: &GpuVector, precision: StoragePrecision) {
-        let data = match precision {
-            StoragePrecision::F32 => v.data.clone(),
-            StoragePrecision::F16 => v.data.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
-        };
+        let data = common::stored(precision, &v.data);
         if self.vectors.insert(v.id.clone(), (data, v.metadata.clone())).is_some() {
             self.order.retain(|x| x != &v.id);
         }
@@ -138,7 +135,8 @@ fn run_sequence(context: &GpuContext, metric: GpuDistanceMetric, precision: Stor
                     .iter()
                     .map(|&i| {
                         let meta: Metadata = [("step".to_string(), step.to_string())].into();
-                        let v = GpuVector::with_metadata(name(i), random_vector(&mut rng, dim), meta);
+                        let values = common::storable(precision, &random_vector(&mut rng, dim));
+                        let v = GpuVector::with_metadata(name(i), values, meta);
                         // One vector in eight has no `bucket`: predicates on it fail there.
                         if rng.below(8) == 0 { v } else { v.with_field("bucket", rng.below(6) as i64) }
                     })
@@ -233,7 +231,12 @@ fn run_sequence(context: &GpuContext, metric: GpuDistanceMetric, precision: Stor
 fn random_operation_sequences_match_the_model() {
     for context in contexts() {
         for (i, metric) in common::METRICS.into_iter().enumerate() {
-            for (j, precision) in [StoragePrecision::F32, StoragePrecision::F16].into_iter().enumerate() {
+            // f32 and f16 with every metric; each other type with one (seeds as before for f32
+            // and f16).
+            let extra = [StoragePrecision::Bf16, StoragePrecision::I8, StoragePrecision::U8][i % 3];
+            for (j, precision) in
+                [StoragePrecision::F32, StoragePrecision::F16, extra].into_iter().enumerate()
+            {
                 run_sequence(&context, metric, precision, 40 + (i * 2 + j) as u64);
             }
         }

@@ -104,7 +104,7 @@ pub(crate) fn append_widened<S: RowStore + ?Sized>(
     precision: StoragePrecision,
     dim: usize,
 ) -> Result<()> {
-    let row_bytes = dim * crate::persist::element_bytes(precision);
+    let row_bytes = dim * crate::exact::elements::element_bytes(precision);
     if row_bytes == 0 || !bytes.len().is_multiple_of(row_bytes) {
         return Err(HiveGpuError::InvalidArgument(format!(
             "{} bytes are not whole stored rows of dimension {dim}",
@@ -113,7 +113,7 @@ pub(crate) fn append_widened<S: RowStore + ?Sized>(
     }
     let mut values = Vec::new();
     for piece in bytes.chunks((STORED_PIECE_BYTES / row_bytes).max(1) * row_bytes) {
-        crate::persist::widen(piece, precision, &mut values);
+        crate::exact::elements::widen(piece, precision, &mut values);
         store.append(&values)?;
     }
     Ok(())
@@ -175,7 +175,7 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     ) -> Result<()> {
         let slots: Vec<usize> = (start..start + count).collect();
         let values = self.gather(&slots)?;
-        out(&crate::persist::narrow(&values, precision))
+        out(&crate::exact::elements::narrow(&values, precision))
     }
     /// Takes `rows` (a mapped file's little-endian elements of `precision`, whole rows of
     /// `dim`) as the rows of this empty store, searched where they lie, with no copy: true

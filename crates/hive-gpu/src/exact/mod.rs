@@ -1,11 +1,13 @@
 //! What every backend shares, so that no backend imports another: the error bound of an f32
 //! distance and the candidate gates built on it, the sample plan of the filtered batch paths,
-//! the metric codes the kernels take, and the f64 squared norm the re-ranks and gates use.
+//! the metric codes the kernels take, the stored element types (`elements`), and the f64
+//! squared norm the re-ranks and gates use.
 //!
 //! Still outside: wgpu keeps an exact host copy of its rows for the f64 re-rank and for
 //! answering on the host while its device copy is stale; that copy is the CPU backend's row
 //! store (`backend::cpu::rows::CpuRows`), the one dependency of a backend on another left.
 
+pub(crate) mod elements;
 pub(crate) mod error;
 pub(crate) mod gates;
 pub(crate) mod plan;

@@ -491,12 +491,14 @@ impl Ivf {
     /// coded index its codes, as the collection will store it: the fallible half of an add.
     pub(crate) fn assign(&self, values: &[f32]) -> Result<Assigned> {
         match (&self.coded, self.precision) {
-            (Some(_), StoragePrecision::F16) => {
-                let stored: Vec<f32> = values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+            (Some(_), StoragePrecision::F16 | StoragePrecision::Bf16) => {
+                let precision = self.precision;
+                let stored: Vec<f32> =
+                    values.iter().map(|&x| crate::exact::elements::stored_value(x, precision)).collect();
                 self.assign_stored(&stored)
             }
-            // IVF-Flat files vectors without encoding them, and f32 storage keeps them as given:
-            // no copy.
+            // IVF-Flat files vectors without encoding them, and f32 and integer storage keep
+            // them as given: no copy.
             _ => self.assign_stored(values),
         }
     }

@@ -151,10 +151,7 @@ pub(crate) fn encode_config(config: &StorageConfig, slots: usize) -> Vec<u8> {
         GpuDistanceMetric::Manhattan => 3,
         GpuDistanceMetric::Chebyshev => 4,
     };
-    let precision = match config.precision {
-        StoragePrecision::F32 => 0u32,
-        StoragePrecision::F16 => 1,
-    };
+    let precision = precision_code(config.precision);
     let search = match config.search {
         SearchPrecision::Exact => 0u32,
         SearchPrecision::Fast => 1,
@@ -499,44 +496,18 @@ impl Snapshot<'_> {
     }
 }
 
-/// Bytes of one stored element of `precision`.
-pub(crate) fn element_bytes(precision: StoragePrecision) -> usize {
+/// A storage precision's code in the config section (`docs/FORMAT.md`).
+fn precision_code(precision: StoragePrecision) -> u32 {
     match precision {
-        StoragePrecision::F32 => 4,
-        StoragePrecision::F16 => 2,
+        StoragePrecision::F32 => 0,
+        StoragePrecision::F16 => 1,
+        StoragePrecision::Bf16 => 2,
+        StoragePrecision::I8 => 3,
+        StoragePrecision::U8 => 4,
     }
 }
 
-/// Stored elements (little-endian f32, or f16 bits, as `precision` says) as f32 into `out`
-/// (replacing what it held): f16 widens exactly.
-pub(crate) fn widen(bytes: &[u8], precision: StoragePrecision, out: &mut Vec<f32>) {
-    out.clear();
-    match precision {
-        StoragePrecision::F32 => {
-            out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-        }
-        StoragePrecision::F16 => out.extend(
-            bytes.chunks_exact(2).map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()),
-        ),
-    }
-}
-
-/// f32 values as stored elements of `precision` (little-endian f32, or f16 bits): what a save
-/// writes. The values of an f16 collection are f16 already, so that rounding is exact. On a
-/// little-endian machine f32 values are their own bytes (no copy).
-pub(crate) fn narrow(values: &[f32], precision: StoragePrecision) -> std::borrow::Cow<'_, [u8]> {
-    match precision {
-        StoragePrecision::F32 if cfg!(target_endian = "little") => {
-            std::borrow::Cow::Borrowed(bytemuck::cast_slice(values))
-        }
-        StoragePrecision::F32 => {
-            std::borrow::Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
-        }
-        StoragePrecision::F16 => std::borrow::Cow::Owned(
-            values.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect(),
-        ),
-    }
-}
+use crate::exact::elements::{element_bytes, widen};
 
 /// What is wrong with a collection file, and where: the part (a section's name, "header",
 /// "section table" or "padding"), the byte offset in the file, and why.
@@ -828,10 +799,9 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         4 => GpuDistanceMetric::Chebyshev,
         other => return fail("config", c.offset() - 4, format!("unknown metric code {other}")),
     };
-    let precision = match c.u32("the storage precision")? {
-        0 => StoragePrecision::F32,
-        1 => StoragePrecision::F16,
-        other => return fail("config", c.offset() - 4, format!("unknown storage precision code {other}")),
+    let code = c.u32("the storage precision")?;
+    let Some(precision) = StoragePrecision::ALL.into_iter().find(|&p| precision_code(p) == code) else {
+        return fail("config", c.offset() - 4, format!("unknown storage precision code {code}"));
     };
     let search = match c.u32("the search precision")? {
         0 => SearchPrecision::Exact,
@@ -853,10 +823,7 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
     // Every slot has a row of `dim` elements: the vector section's length bounds `slots`
     // before any per-slot allocation.
     let (vectors, _) = body(Kind::Vectors)?;
-    let element = match precision {
-        StoragePrecision::F32 => 4,
-        StoragePrecision::F16 => 2,
-    };
+    let element = element_bytes(precision) as u64;
     let row_bytes = dim as u64 * element;
     if slots.checked_mul(row_bytes) != Some(vectors.length) {
         return fail(

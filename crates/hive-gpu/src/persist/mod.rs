@@ -17,7 +17,6 @@ pub(crate) mod manifest;
 
 pub use durable::{Durability, DurableOptions, LogStats};
 pub use format::FormatError;
-pub(crate) use format::{element_bytes, narrow, widen};
 pub(crate) use image::Image;
 pub use image::MappedRows;
 pub use manifest::{MAX_SHARDS, ManifestInfo, inspect_manifest, is_manifest};

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use hive_gpu::{
-    GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, Tuning, detect_available_backends,
+    GpuBackendType, GpuContext, GpuDistanceMetric, GpuSearchResult, StoragePrecision, Tuning,
+    detect_available_backends,
 };
 
 /// Every metric, in the order the suites derive their seeds from.
@@ -20,6 +21,42 @@ pub const METRICS: [GpuDistanceMetric; 5] = [
     GpuDistanceMetric::Manhattan,
     GpuDistanceMetric::Chebyshev,
 ];
+
+/// The values a collection of `precision` really stores (the float types round to nearest;
+/// the integer types store the integers they were given).
+pub fn stored(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {
+    match precision {
+        StoragePrecision::F16 => values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+        StoragePrecision::Bf16 => values.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect(),
+        _ => values.to_vec(),
+    }
+}
+
+/// `values` made storable as `precision`: the float types take them as they are; the integer
+/// types, which refuse anything but their integers, get them scaled by 40 and rounded (so
+/// standard normal data keeps its shape, with many exact ties), clamped to their range, never
+/// 0 (see below). Data
+/// that is bytes already (integers in 0..=255) stays bytes for u8 and shifts by -128 for i8.
+pub fn storable(precision: StoragePrecision, values: &[f32]) -> Vec<f32> {
+    let bytes = values.iter().all(|&x| x.fract() == 0.0 && (0.0..=255.0).contains(&x));
+    match precision {
+        StoragePrecision::I8 if bytes => values.iter().map(|&x| x - 128.0).collect(),
+        StoragePrecision::U8 if bytes => values.to_vec(),
+        // No zero component (a one-dimensional row of 0 has no cosine): what rounds to 0
+        // keeps its sign as 1 or -1, and u8 starts at 1.
+        StoragePrecision::I8 => values
+            .iter()
+            .map(|&x| match (x * 40.0).round().clamp(-128.0, 127.0) {
+                0.0 => 1f32.copysign(x),
+                v => v,
+            })
+            .collect(),
+        StoragePrecision::U8 => {
+            values.iter().map(|&x| (x * 40.0 + 128.0).round().clamp(1.0, 255.0)).collect()
+        }
+        _ => values.to_vec(),
+    }
+}
 
 /// A context on every available backend. `HIVE_GPU_REQUIRE=cuda,vulkan` turns an absent
 /// backend into a failure, so a GPU run can never pass by skipping.

@@ -176,7 +176,9 @@ macro_rules! kernel_params {
 kernel_params! {
     /// One block per (query, segment) scans every row of its segment and keeps the query's
     /// candidates inside its error band (`hg_scan_topk`).
-    struct ScanTopk for ["hg_scan_topk_f32", "hg_scan_topk_f16"] {
+    struct ScanTopk for [
+        "hg_scan_topk_f32", "hg_scan_topk_f16", "hg_scan_topk_bf16", "hg_scan_topk_i8", "hg_scan_topk_u8",
+    ] {
         rows: Ptr, norms: Ptr, dead: Ptr, n: U32, dim: U32, queries: Ptr, gate_mul: Ptr,
         gate_add: Ptr, metric: I32, k: U32, kcap: U32, sortn: U32, per: U32, max_sub: U32,
         lists: Ptr, evicted: Ptr,
@@ -192,7 +194,9 @@ kernel_params! {
     }
 
     /// The approximate distance of every row to one query (`hg_scan_all`).
-    struct ScanAll for ["hg_scan_all_f32", "hg_scan_all_f16"] {
+    struct ScanAll for [
+        "hg_scan_all_f32", "hg_scan_all_f16", "hg_scan_all_bf16", "hg_scan_all_i8", "hg_scan_all_u8",
+    ] {
         rows: Ptr, norms: Ptr, dead: Ptr, n: U32, dim: U32, q: Ptr, metric: I32, dist: Ptr,
     }
 
@@ -205,7 +209,9 @@ kernel_params! {
 
     /// Merges a query's candidate lists, checks its band, re-ranks in f64 and writes its
     /// results (`hg_finalize`).
-    struct Finalize for ["hg_finalize_f32", "hg_finalize_f16"] {
+    struct Finalize for [
+        "hg_finalize_f32", "hg_finalize_f16", "hg_finalize_bf16", "hg_finalize_i8", "hg_finalize_u8",
+    ] {
         lists: Ptr, evicted: Ptr, segments: U32, head: U32, sorted: U32, kcap_in: U32, k: U32,
         kcap: U32, sortn: U32, gate_mul: Ptr, gate_add: Ptr, rows: Ptr, dim: U32, queries: Ptr,
         q_norms: Ptr, metric: I32, out_slots: Ptr, out_dist: Ptr, flags: Ptr, stage_bytes: U32,
@@ -227,14 +233,18 @@ kernel_params! {
     }
 
     /// Exact f64 distances of one query's candidates, as sortable keys (`hg_rerank_list`).
-    struct RerankList for ["hg_rerank_list_f32", "hg_rerank_list_f16"] {
+    struct RerankList for [
+        "hg_rerank_list_f32", "hg_rerank_list_f16", "hg_rerank_list_bf16", "hg_rerank_list_i8", "hg_rerank_list_u8",
+    ] {
         cand: Ptr, count: U32, padded: U32, rows: Ptr, dim: U32, q: Ptr, q_norm: F64,
         metric: I32, keys: Ptr, slots: Ptr,
     }
 
     /// A batch's candidate lists to each query's exact top-k, one block per query
     /// (`hg_refine_lists`).
-    struct RefineLists for ["hg_refine_lists_f32", "hg_refine_lists_f16"] {
+    struct RefineLists for [
+        "hg_refine_lists_f32", "hg_refine_lists_f16", "hg_refine_lists_bf16", "hg_refine_lists_i8", "hg_refine_lists_u8",
+    ] {
         cand: Ptr, offsets: Ptr, rows: Ptr, dim: U32, queries: Ptr, q_norms: Ptr, metric: I32,
         k: U32, room: U32, out_slots: Ptr, out_dist: Ptr, stage_bytes: U32,
     }
@@ -292,13 +302,15 @@ kernel_params! {
     }
 
     /// Squared norms of `count` rows from `first` (`hg_norms`).
-    struct Norms for ["hg_norms_f32", "hg_norms_f16"] {
+    struct Norms for [
+        "hg_norms_f32", "hg_norms_f16", "hg_norms_bf16", "hg_norms_i8", "hg_norms_u8",
+    ] {
         rows: Ptr, dim: U32, first: U32, count: U32, norms: Ptr,
     }
 
-    /// `dst[i] = src[keep[i]]` for rows of `words` 16-bit words, norms alongside (`hg_gather`).
+    /// `dst[i] = src[keep[i]]` for rows of `row_bytes` bytes, norms alongside (`hg_gather`).
     struct Gather for ["hg_gather"] {
-        src: Ptr, dst: Ptr, words: U64, keep: Ptr, count: U32, norms_src: Ptr, norms_dst: Ptr,
+        src: Ptr, dst: Ptr, row_bytes: U64, keep: Ptr, count: U32, norms_src: Ptr, norms_dst: Ptr,
     }
 
     /// Every `stride`-th norm, the norms of a sample (`hg_strided_norms`).
@@ -311,9 +323,9 @@ kernel_params! {
         a: Ptr, lda: U32, b: Ptr, ldb: U32, c: Ptr, ldc: U32, m: U32, n: U32, k: U32,
     }
 
-    /// L1 or L-infinity distances of a tile of rows to a tile of f32 queries, laid out as
-    /// `GemmTnParams`' products (`hg_differences`).
-    struct Differences for ["hg_differences_f32", "hg_differences_f16"] {
+    /// A tile of rows of any stored type against a tile of f32 queries: L1 or L-infinity
+    /// distances, else dot products, laid out as `GemmTnParams`' products (`hg_tiles`).
+    struct Tiles for ["hg_tiles_f32", "hg_tiles_f16", "hg_tiles_bf16", "hg_tiles_i8", "hg_tiles_u8"] {
         a: Ptr, lda: U32, b: Ptr, ldb: U32, c: Ptr, ldc: U32, m: U32, n: U32, k: U32, metric: I32,
     }
 

@@ -122,20 +122,35 @@ macro_rules! kernel_table {
 kernel_table!(
     scan_topk_f32: ScanTopk,
     scan_topk_f16: ScanTopk,
+    scan_topk_bf16: ScanTopk,
+    scan_topk_i8: ScanTopk,
+    scan_topk_u8: ScanTopk,
     list_topk_f32: ListTopk,
     list_topk_f16: ListTopk,
     scan_all_f32: ScanAll,
     scan_all_f16: ScanAll,
+    scan_all_bf16: ScanAll,
+    scan_all_i8: ScanAll,
+    scan_all_u8: ScanAll,
     tile_topk: TileTopk,
     finalize_f32: Finalize,
     finalize_f16: Finalize,
+    finalize_bf16: Finalize,
+    finalize_i8: Finalize,
+    finalize_u8: Finalize,
     radix_hist: RadixHist,
     radix_pick: RadixPick,
     radix_collect: RadixCollect,
     rerank_list_f32: RerankList,
     rerank_list_f16: RerankList,
+    rerank_list_bf16: RerankList,
+    rerank_list_i8: RerankList,
+    rerank_list_u8: RerankList,
     refine_lists_f32: RefineLists,
     refine_lists_f16: RefineLists,
+    refine_lists_bf16: RefineLists,
+    refine_lists_i8: RefineLists,
+    refine_lists_u8: RefineLists,
     sq8_scan: Sq8ListScan,
     pq_scan: PqListScan,
     bits_scan: BitsListScan,
@@ -147,10 +162,119 @@ kernel_table!(
     merge_lists: MergeLists,
     norms_f32: Norms,
     norms_f16: Norms,
+    norms_bf16: Norms,
+    norms_i8: Norms,
+    norms_u8: Norms,
     gather: Gather,
     strided_norms: StridedNorms,
     gemm_tn_f32: GemmTnParams,
     gemm_tn_f16: GemmTnParams,
-    differences_f32: Differences,
-    differences_f16: Differences,
+    tiles_f32: Tiles,
+    tiles_f16: Tiles,
+    tiles_bf16: Tiles,
+    tiles_i8: Tiles,
+    tiles_u8: Tiles,
 );
+
+/// One kernel per stored element type, picked by a collection's precision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PerElement<K> {
+    pub(crate) f32: K,
+    pub(crate) f16: K,
+    pub(crate) bf16: K,
+    pub(crate) i8: K,
+    pub(crate) u8: K,
+}
+
+impl<K: Copy> PerElement<K> {
+    /// The kernel for rows stored as `precision`.
+    pub(crate) fn get(&self, precision: crate::types::StoragePrecision) -> K {
+        use crate::types::StoragePrecision as P;
+        match precision {
+            P::F32 => self.f32,
+            P::F16 => self.f16,
+            P::Bf16 => self.bf16,
+            P::I8 => self.i8,
+            P::U8 => self.u8,
+        }
+    }
+}
+
+impl<D: Driver> Kernels<D> {
+    /// `hg_scan_topk` for each stored element type.
+    pub(crate) fn scan_topk(&self) -> PerElement<Kernel<D::Function, ScanTopk>> {
+        PerElement {
+            f32: self.scan_topk_f32,
+            f16: self.scan_topk_f16,
+            bf16: self.scan_topk_bf16,
+            i8: self.scan_topk_i8,
+            u8: self.scan_topk_u8,
+        }
+    }
+
+    /// `hg_scan_all` for each stored element type.
+    pub(crate) fn scan_all(&self) -> PerElement<Kernel<D::Function, ScanAll>> {
+        PerElement {
+            f32: self.scan_all_f32,
+            f16: self.scan_all_f16,
+            bf16: self.scan_all_bf16,
+            i8: self.scan_all_i8,
+            u8: self.scan_all_u8,
+        }
+    }
+
+    /// `hg_finalize` for each stored element type.
+    pub(crate) fn finalize(&self) -> PerElement<Kernel<D::Function, Finalize>> {
+        PerElement {
+            f32: self.finalize_f32,
+            f16: self.finalize_f16,
+            bf16: self.finalize_bf16,
+            i8: self.finalize_i8,
+            u8: self.finalize_u8,
+        }
+    }
+
+    /// `hg_rerank_list` for each stored element type.
+    pub(crate) fn rerank_list(&self) -> PerElement<Kernel<D::Function, RerankList>> {
+        PerElement {
+            f32: self.rerank_list_f32,
+            f16: self.rerank_list_f16,
+            bf16: self.rerank_list_bf16,
+            i8: self.rerank_list_i8,
+            u8: self.rerank_list_u8,
+        }
+    }
+
+    /// `hg_refine_lists` for each stored element type.
+    pub(crate) fn refine_lists(&self) -> PerElement<Kernel<D::Function, RefineLists>> {
+        PerElement {
+            f32: self.refine_lists_f32,
+            f16: self.refine_lists_f16,
+            bf16: self.refine_lists_bf16,
+            i8: self.refine_lists_i8,
+            u8: self.refine_lists_u8,
+        }
+    }
+
+    /// `hg_norms` for each stored element type.
+    pub(crate) fn norms(&self) -> PerElement<Kernel<D::Function, Norms>> {
+        PerElement {
+            f32: self.norms_f32,
+            f16: self.norms_f16,
+            bf16: self.norms_bf16,
+            i8: self.norms_i8,
+            u8: self.norms_u8,
+        }
+    }
+
+    /// `hg_tiles` for each stored element type.
+    pub(crate) fn tiles(&self) -> PerElement<Kernel<D::Function, Tiles>> {
+        PerElement {
+            f32: self.tiles_f32,
+            f16: self.tiles_f16,
+            bf16: self.tiles_bf16,
+            i8: self.tiles_i8,
+            u8: self.tiles_u8,
+        }
+    }
+}

@@ -32,6 +32,7 @@ use crate::exact::gates::Approximation;
 use crate::exact::metric_code;
 use crate::slots::{SearchMask, SlotSet};
 use crate::types::GpuDistanceMetric;
+use crate::types::StoragePrecision;
 
 /// Candidate lists of one launch (queries x nprobe x splits x kcap entries) stay under this
 /// many bytes: a batch with more runs in pieces of queries.
@@ -79,7 +80,9 @@ impl<D: Driver> GpuRows<D> {
             && self.group_size(k) >= 1
             && u32::try_from(nq * probes.nprobe).is_ok()
             && self.tuning.list_scan
-            && !metric.is_difference_norm();
+            && !metric.is_difference_norm()
+            // `hg_list_topk` is built for f32 and f16 rows; the others are refined.
+            && matches!(self.precision, StoragePrecision::F32 | StoragePrecision::F16);
         if !fits {
             return scan_by_refine(self, queries, probes, k, metric, allowed);
         }
@@ -265,8 +268,11 @@ impl<D: Driver> GpuRows<D> {
         profile.mark(&*driver, &ws.stream, "prepare+upload")?;
 
         let (rows, norms, dead) = self.arrays_ptrs(ws)?;
-        let kernel =
-            if self.is_f16() { self.device.kernels.list_topk_f16 } else { self.device.kernels.list_topk_f32 };
+        let kernel = if self.precision == StoragePrecision::F16 {
+            self.device.kernels.list_topk_f16
+        } else {
+            self.device.kernels.list_topk_f32
+        };
         let offsets = lists.buffer.ptr();
         let slots = offsets + (lists.lists as u64 + 1) * 4;
         let shared = group * self.group_stride(k) * 8;

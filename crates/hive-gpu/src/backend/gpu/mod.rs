@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use self::abi::{Differences, GemmTnParams, Launch};
+use self::abi::{GemmTnParams, Launch, Tiles};
 use self::driver::{Driver, GemmInputs, GemmTn};
 use self::kernels::Kernels;
 use crate::backend::{GpuBackend, RowStore};
@@ -41,7 +41,7 @@ pub(crate) struct Device<D: Driver> {
 }
 
 /// The grid of `kernels/gemm.cu`'s tiles over `g`: a block of `kernels::BLOCK` threads per 64
-/// rows x 64 queries (`HG_GEMM_TILE`), for the own GEMM and `hg_differences` alike.
+/// rows x 64 queries (`HG_GEMM_TILE`), for the own GEMM and `hg_tiles` alike.
 fn pair_tile_launch(g: &GemmTn) -> Launch {
     const TILE: usize = 64;
     Launch::new((g.m.div_ceil(TILE) as u32, g.n.div_ceil(TILE) as u32), kernels::BLOCK)
@@ -77,22 +77,21 @@ impl<D: Driver> Device<D> {
         )
     }
 
-    /// Queues the L1 or L-infinity distances of `metric` laid out as [`Device::gemm`]'s
-    /// products (`g.a` the stored rows, f16 where `f16_rows`; `g.b` f32 queries): the tile
-    /// path's input for the metrics no BLAS computes.
-    pub(crate) fn differences(
+    /// Queues the engine's own tiles of `g` (`g.a` the stored rows, of `precision`; `g.b` f32
+    /// queries), laid out as [`Device::gemm`]'s products: L1 or L-infinity distances under
+    /// those metrics, else dot products. The tile path's input where no BLAS computes it.
+    pub(crate) fn tiles(
         &self,
         stream: &D::Stream,
         g: &GemmTn,
         metric: crate::types::GpuDistanceMetric,
-        f16_rows: bool,
+        precision: crate::types::StoragePrecision,
     ) -> Result<()> {
-        let kernel = if f16_rows { self.kernels.differences_f16 } else { self.kernels.differences_f32 };
         self.launch(
             stream,
-            kernel,
+            self.kernels.tiles().get(precision),
             pair_tile_launch(g),
-            &Differences {
+            &Tiles {
                 a: g.a,
                 lda: g.lda as u32,
                 b: g.b,

@@ -11,7 +11,6 @@
 //! back to back and read back once. A batched refine over many short lists (IVF's) is the
 //! IVF issue's work; correctness and the contract come first here.
 
-use half::f16;
 use rayon::prelude::*;
 
 use super::abi::{BitonicStep, Gather, Launch, RefineLists, RerankList, WriteResults};
@@ -24,7 +23,7 @@ use crate::backend::Neighbor;
 use crate::backend::candidates::{Candidates, check_refine, check_select, live_candidates};
 use crate::error::{HiveGpuError, Result};
 use crate::exact::{metric_code, squared_norm_f64};
-use crate::types::{GpuDistanceMetric, StoragePrecision};
+use crate::types::GpuDistanceMetric;
 
 /// Shared memory a block of `hg_refine_lists` takes at most when it stages rows for the
 /// re-rank: the default per-block size, so that several blocks share a multiprocessor.
@@ -85,7 +84,7 @@ impl<D: Driver> GpuRows<D> {
         let grid = pairs.padded.div_ceil(BLOCK as usize).min(65535) as u32;
         self.device.launch(
             &ws.stream,
-            if self.is_f16() { kernels.rerank_list_f16 } else { kernels.rerank_list_f32 },
+            kernels.rerank_list().get(self.precision),
             Launch::new((grid, 1), BLOCK),
             &RerankList {
                 cand,
@@ -189,17 +188,14 @@ impl<D: Driver> GpuRows<D> {
         let host = ws.staging.get(&*driver, (count * 4).max(count * row_bytes))?;
         host[..count * 4].copy_from_slice(bytemuck::cast_slice(&keep_slots));
         driver.upload(&ws.stream, keep, host, count * 4)?;
-        // Rows are whole 16-bit words (f32 rows two each, f16 rows one).
-        let words = (row_bytes / 2) as u64;
-        let grid = (words * count as u64).div_ceil(u64::from(BLOCK)).min(65535) as u32;
         self.device.launch(
             &ws.stream,
             self.device.kernels.gather,
-            Launch::new((grid, 1), BLOCK),
+            super::rows::gather_launch(row_bytes, count),
             &Gather {
                 src: arrays.rows.ptr(),
                 dst,
-                words,
+                row_bytes: row_bytes as u64,
                 keep,
                 count: count as u32,
                 norms_src: arrays.norms.ptr(),
@@ -209,13 +205,9 @@ impl<D: Driver> GpuRows<D> {
         driver.download(&ws.stream, host, dst, count * row_bytes)?;
         driver.synchronize(&ws.stream)?;
         let bytes = &host[..count * row_bytes];
-        Ok(match self.precision {
-            StoragePrecision::F32 => bytemuck::pod_collect_to_vec(bytes),
-            StoragePrecision::F16 => {
-                let halves: Vec<u16> = bytemuck::pod_collect_to_vec(bytes);
-                halves.into_iter().map(|h| f16::from_bits(h).to_f32()).collect()
-            }
-        })
+        let mut values = Vec::with_capacity(count * self.dim);
+        crate::exact::elements::widen(bytes, self.precision, &mut values);
+        Ok(values)
     }
 
     /// [`crate::backend::RowStore::refine`] on the device: each query's live candidates get
@@ -360,7 +352,7 @@ impl<D: Driver> GpuRows<D> {
         let ptr = |offset: usize| base + offset as u64;
         self.device.launch(
             &ws.stream,
-            if self.is_f16() { kernels.refine_lists_f16 } else { kernels.refine_lists_f32 },
+            kernels.refine_lists().get(self.precision),
             Launch::new((grid, 1), BLOCK).shared((keys_bytes + stage_bytes) as u32),
             &RefineLists {
                 cand: ptr(query_bytes + norm_bytes + offset_bytes),

@@ -3,8 +3,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::Device;
@@ -25,50 +23,28 @@ const UPLOAD_CHUNK_BYTES: usize = 32 << 20;
 /// Values converted per task when staging rows in parallel.
 const FILL_GRAIN: usize = 1 << 16;
 
-/// [`fill_staging`] of one chunk, on this thread.
-fn fill_chunk(dst: &mut [u8], src: &[f32], precision: StoragePrecision) {
-    match precision {
-        StoragePrecision::F32 => {
-            for (dst, src) in dst.chunks_exact_mut(4).zip(src) {
-                dst.copy_from_slice(&src.to_ne_bytes());
-            }
-        }
-        StoragePrecision::F16 => {
-            for (dst, src) in dst.chunks_exact_mut(2).zip(src) {
-                dst.copy_from_slice(&f16::from_f32(*src).to_bits().to_ne_bytes());
-            }
-        }
-    }
-}
-
-/// Writes `values` into `staging` as the stored element type (native-endian bytes), in
-/// parallel: one thread cannot keep up with the copy engine.
+/// Writes `values` into `staging` as the stored element type (little-endian bytes, the
+/// device's order), in parallel: one thread cannot keep up with the copy engine.
 fn fill_staging(staging: &mut [u8], values: &[f32], precision: StoragePrecision) {
+    let narrow = crate::exact::elements::narrow_into;
     if values.len() <= FILL_GRAIN {
         // One task's worth stays on this thread: a small write makes no rayon call.
-        fill_chunk(staging, values, precision);
+        narrow(values, precision, staging);
         return;
     }
-    match precision {
-        StoragePrecision::F32 => staging
-            .par_chunks_mut(FILL_GRAIN * 4)
-            .zip(values.par_chunks(FILL_GRAIN))
-            .for_each(|(dst, src)| {
-                for (dst, src) in dst.chunks_exact_mut(4).zip(src) {
-                    dst.copy_from_slice(&src.to_ne_bytes());
-                }
-            }),
-        StoragePrecision::F16 => staging
-            .par_chunks_mut(FILL_GRAIN * 2)
-            .zip(values.par_chunks(FILL_GRAIN))
-            .for_each(|(dst, src)| {
-                let mut halves = vec![f16::ZERO; src.len()];
-                halves.convert_from_f32_slice(src);
-                for (dst, src) in dst.chunks_exact_mut(2).zip(&halves) {
-                    dst.copy_from_slice(&src.to_bits().to_ne_bytes());
-                }
-            }),
-    }
+    let size = precision.element_bytes();
+    staging
+        .par_chunks_mut(FILL_GRAIN * size)
+        .zip(values.par_chunks(FILL_GRAIN))
+        .for_each(|(dst, src)| narrow(src, precision, dst));
+}
+
+/// The launch of `hg_gather` over `count` rows of `row_bytes`: a thread per unit it copies (4,
+/// 2 or 1 bytes, the widest that divides the row).
+pub(super) fn gather_launch(row_bytes: usize, count: usize) -> Launch {
+    let unit = [4, 2, 1].into_iter().find(|u| row_bytes.is_multiple_of(*u)).unwrap_or(1);
+    let total = (row_bytes / unit) as u64 * count as u64;
+    Launch::new((total.div_ceil(u64::from(BLOCK)).min(65535) as u32, 1), BLOCK)
 }
 
 /// The device arrays of one collection.
@@ -174,10 +150,7 @@ impl<D: Driver> GpuRows<D> {
     }
 
     pub(super) fn element_bytes(&self) -> usize {
-        match self.precision {
-            StoragePrecision::F32 => 4,
-            StoragePrecision::F16 => 2,
-        }
+        self.precision.element_bytes()
     }
 
     fn row_bytes(&self) -> usize {
@@ -289,10 +262,7 @@ impl<D: Driver> GpuRows<D> {
         }
         // The norms read every uploaded row: both streams' uploads finish first.
         driver.synchronize(streams[1])?;
-        let kernel = match precision {
-            StoragePrecision::F32 => self.device.kernels.norms_f32,
-            StoragePrecision::F16 => self.device.kernels.norms_f16,
-        };
+        let kernel = self.device.kernels.norms().get(precision);
         let warps_per_block = (BLOCK / driver.warp_size()) as usize;
         let grid = count.div_ceil(warps_per_block).min(65535) as u32;
         self.device.launch(
@@ -389,17 +359,14 @@ impl<D: Driver> GpuRows<D> {
         driver.upload(stream, keep_ptr, buffer, count * 4)?;
         driver.fill(stream, dead.ptr(), 0, words * 4)?;
         if count > 0 {
-            let words16 = (row_bytes / 2) as u64;
-            let total = words16 * count as u64;
-            let grid = total.div_ceil(u64::from(BLOCK)).min(65535) as u32;
             self.device.launch(
                 stream,
                 self.device.kernels.gather,
-                Launch::new((grid, 1), BLOCK),
+                gather_launch(row_bytes, count),
                 &Gather {
                     src: old.rows.ptr(),
                     dst: rows.ptr(),
-                    words: words16,
+                    row_bytes: row_bytes as u64,
                     keep: keep_ptr,
                     count: count as u32,
                     norms_src: old.norms.ptr(),
@@ -616,16 +583,9 @@ impl<D: Driver> RowStore for GpuRows<D> {
         let buffer = staging[1].get(&driver, row_bytes)?;
         driver.download(stream, buffer, arrays.rows.ptr() + (slot * row_bytes) as u64, row_bytes)?;
         driver.synchronize(stream)?;
-        Ok(match self.precision {
-            StoragePrecision::F32 => buffer[..row_bytes]
-                .chunks_exact(4)
-                .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            StoragePrecision::F16 => buffer[..row_bytes]
-                .chunks_exact(2)
-                .map(|b| f16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f32())
-                .collect(),
-        })
+        let mut row = Vec::with_capacity(self.dim);
+        crate::exact::elements::widen(&buffer[..row_bytes], self.precision, &mut row);
+        Ok(row)
     }
 
     fn read_stored(
@@ -645,7 +605,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         let Some(arrays) = self.arrays.as_ref().filter(|_| count > 0) else { return Ok(()) };
         if precision != self.precision || cfg!(target_endian = "big") {
             let slots: Vec<usize> = (start..start + count).collect();
-            return out(&crate::persist::narrow(&self.gather(&slots)?, precision));
+            return out(&crate::exact::elements::narrow(&self.gather(&slots)?, precision));
         }
         // The device holds the stored elements: downloaded as they are, a chunk at a time through
         // pinned memory into a host buffer. `out` runs with the maintenance lock released: a
@@ -786,18 +746,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn staging_holds_the_native_bytes_of_every_value() {
-        // Several parallel tasks and a short last one.
-        let values: Vec<f32> = (0..FILL_GRAIN * 3 + 5).map(|i| (i as f32 - 1000.5) * 0.37).collect();
-        let mut staging = vec![0u8; values.len() * 4];
-        fill_staging(&mut staging, &values, StoragePrecision::F32);
-        let expected: Vec<u8> = values.iter().flat_map(|x| x.to_ne_bytes()).collect();
-        assert!(staging == expected, "f32 staging differs");
-
-        let mut staging = vec![0u8; values.len() * 2];
-        fill_staging(&mut staging, &values, StoragePrecision::F16);
-        let expected: Vec<u8> =
-            values.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_ne_bytes()).collect();
-        assert!(staging == expected, "f16 staging differs");
+    fn staging_holds_the_little_endian_stored_bytes_of_every_value() {
+        // Several parallel tasks and a short last one, for every stored type.
+        let values: Vec<f32> = (0..FILL_GRAIN * 3 + 5).map(|i| ((i % 200) as f32 - 100.0) * 0.37).collect();
+        for precision in StoragePrecision::ALL {
+            let values: Vec<f32> = match precision {
+                // The integer types take integers in their range (the collection checks).
+                StoragePrecision::I8 => values.iter().map(|x| x.round().clamp(-128.0, 127.0)).collect(),
+                StoragePrecision::U8 => values.iter().map(|x| x.round().abs().min(255.0)).collect(),
+                _ => values.clone(),
+            };
+            let mut staging = vec![0u8; values.len() * precision.element_bytes()];
+            fill_staging(&mut staging, &values, precision);
+            let expected: Vec<u8> = values
+                .iter()
+                .flat_map(|&x| match precision {
+                    StoragePrecision::F32 => x.to_le_bytes().to_vec(),
+                    StoragePrecision::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
+                    StoragePrecision::Bf16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+                    StoragePrecision::I8 => vec![(x as i8) as u8],
+                    _ => vec![x as u8],
+                })
+                .collect();
+            assert!(staging == expected, "{precision} staging differs");
+        }
     }
 }

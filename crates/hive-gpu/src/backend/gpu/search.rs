@@ -379,8 +379,9 @@ impl<D: Driver> GpuRows<D> {
     }
 
     fn approximation(&self, nq: usize, k: usize, metric: GpuDistanceMetric) -> Approximation {
-        if metric.is_difference_norm() {
-            // No product form: the scan, or the tiles of `hg_differences` over f32 queries.
+        if self.own_tiles(metric) {
+            // No product form, or rows no BLAS multiplies (bf16 and bytes against f32
+            // queries): the scan, or the engine's own tiles (`hg_tiles`) over f32 queries.
             let scan = nq < GEMM_MIN_QUERIES
                 && list_size(k) <= MAX_LIST
                 && self.scan_shared_bytes(k) <= self.shared_limit();
@@ -394,9 +395,17 @@ impl<D: Driver> GpuRows<D> {
         }
         match (self.precision, self.search) {
             (StoragePrecision::F16, _) => Approximation::GemmF16 { scale: 1.0 },
-            (StoragePrecision::F32, SearchPrecision::Exact) => Approximation::GemmF32,
             (StoragePrecision::F32, SearchPrecision::Fast) => Approximation::GemmTf32,
+            _ => Approximation::GemmF32,
         }
+    }
+
+    /// Whether a batch's tiles come from the engine's own kernel (`hg_tiles`) rather than the
+    /// BLAS: for the metrics without a product form, and for rows stored as bf16 or bytes,
+    /// which widen exactly to f32 in the kernel (so the f32 gate holds for them as it is).
+    fn own_tiles(&self, metric: GpuDistanceMetric) -> bool {
+        metric.is_difference_norm()
+            || !matches!(self.precision, StoragePrecision::F32 | StoragePrecision::F16)
     }
 
     /// The tensor-core path of the fused filter for a batch that would take `path`, if the
@@ -416,7 +425,7 @@ impl<D: Driver> GpuRows<D> {
         path: Approximation,
     ) -> Option<Approximation> {
         self.device.kernels.tensor.as_ref()?;
-        if !self.tuning.fused || metric.is_difference_norm() {
+        if !self.tuning.fused || self.own_tiles(metric) {
             return None;
         }
         // Rows no scale brings into f16's range (a norm that overflowed f32) stay on TF32.
@@ -786,10 +795,6 @@ impl<D: Driver> GpuRows<D> {
         Ok((arrays.rows.ptr(), arrays.norms.ptr(), dead))
     }
 
-    pub(super) fn is_f16(&self) -> bool {
-        self.precision == StoragePrecision::F16
-    }
-
     /// Finalize: merge `lists` (S per query), check the band, re-rank in f64, write results.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finalize(
@@ -833,8 +838,7 @@ impl<D: Driver> GpuRows<D> {
             }
         }
         let (rows, _, _) = self.arrays_ptrs(ws)?;
-        let kernel =
-            if self.is_f16() { self.device.kernels.finalize_f16 } else { self.device.kernels.finalize_f32 };
+        let kernel = self.device.kernels.finalize().get(self.precision);
         let q0 = first_query as u64;
         self.device.launch(
             &ws.stream,
@@ -884,8 +888,7 @@ impl<D: Driver> GpuRows<D> {
         // Passes between merge checks; the kernel caps it so the buffer stays half free.
         let max_sub = self.tuning.scan_subrounds;
         let (rows, norms, dead) = self.arrays_ptrs(ws)?;
-        let kernel =
-            if self.is_f16() { self.device.kernels.scan_topk_f16 } else { self.device.kernels.scan_topk_f32 };
+        let kernel = self.device.kernels.scan_topk().get(self.precision);
         for q0 in (0..nq).step_by(MAX_GRID_Y) {
             let qn = (nq - q0).min(MAX_GRID_Y);
             let blocks_wanted = (driver.multiprocessors() as usize * per_sm / qn).max(1);
@@ -1013,8 +1016,8 @@ impl<D: Driver> GpuRows<D> {
                     ldc: tile_rows,
                     inputs: inputs_kind,
                 };
-                if metric.is_difference_norm() {
-                    self.device.differences(&ws.gemm_stream, &products, metric, self.is_f16())?;
+                if self.own_tiles(metric) {
+                    self.device.tiles(&ws.gemm_stream, &products, metric, self.precision)?;
                 } else {
                     self.device.gemm(&ws.gemm_stream, &products, self.tuning.own_gemm)?;
                 }
@@ -1331,13 +1334,12 @@ impl<D: Driver> GpuRows<D> {
         let cand = ws.cand.get(&driver, n * 4)?;
         let radix = ws.radix.get(&driver, 256 * 4 + 64)?;
         let (hist, state) = (radix, radix + 1024);
-        let f16_rows = self.is_f16();
         let kernels = &self.device.kernels;
         let grid = driver.multiprocessors() * 8;
         let query = inputs.approx + (q * dim * 4) as u64;
         self.device.launch(
             &ws.stream,
-            if f16_rows { kernels.scan_all_f16 } else { kernels.scan_all_f32 },
+            kernels.scan_all().get(self.precision),
             Launch::new((grid, 1), BLOCK),
             &ScanAll {
                 rows,

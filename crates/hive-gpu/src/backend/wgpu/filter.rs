@@ -230,8 +230,10 @@ impl WgpuRows {
     ) -> Option<FilterPlan> {
         let kernels = self.device.filter.as_ref()?;
         let (dim, len) = (self.dim, self.host.len());
-        // Cooperative matrices multiply: L1 and L-infinity take the plain tiles.
+        // Cooperative matrices multiply f32 or f16 rows: L1 and L-infinity, and bf16 and byte
+        // rows, take the plain tiles.
         let fits = !metric.is_difference_norm()
+            && matches!(self.precision, StoragePrecision::F32 | StoragePrecision::F16)
             && nq >= MIN_QUERIES
             && k <= MAX_K
             && dim.is_multiple_of(16)

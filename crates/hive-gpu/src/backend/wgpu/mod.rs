@@ -132,10 +132,11 @@ fn adapter_info(adapter: &wgpu::Adapter, ordinal: usize, note: Option<&str>) -> 
 /// The WGSL modules the backend compiles, assembled from `kernels/*.wgsl`: what device creation
 /// builds its pipelines from, and what `translate.rs` checks that naga turns into MSL and HLSL.
 pub(super) struct Modules {
-    /// The scans and distances, rows bound as f32 (`[0]`) or f16 (`[1]`) vectors.
-    pub(super) search: [String; 2],
+    /// The scans and distances, one module per stored element type (in the order of
+    /// [`StoragePrecision::ALL`]: f32, f16, bf16, i8, u8).
+    pub(super) search: [String; 5],
     /// The same with the subgroup scan of single queries added.
-    pub(super) wide: [String; 2],
+    pub(super) wide: [String; 5],
     /// Radix select, lists and thresholds.
     pub(super) select: String,
 }
@@ -146,8 +147,8 @@ impl Modules {
         // Naga takes the subgroup built-ins without `enable subgroups;` (which it rejects).
         let wide = format!("{search}\n{SCAN_WIDE_WGSL}");
         Self {
-            search: [f32_rows(&search), f16_rows(&search)],
-            wide: [f32_rows(&wide), f16_rows(&wide)],
+            search: StoragePrecision::ALL.map(|p| rows_as(&search, p)),
+            wide: StoragePrecision::ALL.map(|p| rows_as(&wide, p)),
             select: format!("{KEYS_WGSL}\n{COMMON_WGSL}\n{SELECT_WGSL}"),
         }
     }
@@ -155,35 +156,142 @@ impl Modules {
     /// Every module with a name, for checks over all of them.
     #[cfg(test)]
     pub(super) fn all(self) -> Vec<(&'static str, String)> {
-        let [search_f32, search_f16] = self.search;
-        let [wide_f32, wide_f16] = self.wide;
-        vec![
-            ("search (f32 rows)", search_f32),
-            ("search (f16 rows)", search_f16),
-            ("subgroup scan (f32 rows)", wide_f32),
-            ("subgroup scan (f16 rows)", wide_f16),
-            ("select", self.select),
-        ]
+        const SEARCH: [&str; 5] = [
+            "search (f32 rows)",
+            "search (f16 rows)",
+            "search (bf16 rows)",
+            "search (i8 rows)",
+            "search (u8 rows)",
+        ];
+        const WIDE: [&str; 5] = [
+            "subgroup scan (f32 rows)",
+            "subgroup scan (f16 rows)",
+            "subgroup scan (bf16 rows)",
+            "subgroup scan (i8 rows)",
+            "subgroup scan (u8 rows)",
+        ];
+        let mut all: Vec<(&'static str, String)> = SEARCH.into_iter().zip(self.search).collect();
+        all.extend(WIDE.into_iter().zip(self.wide));
+        all.push(("select", self.select));
+        all
     }
 }
 
-// Rows are bound as 16-byte (f32) or 8-byte (f16) vectors of 4 components, so that a row of a
-// length divisible by 4 loads in wide pieces; buffers are sized to whole vectors.
-fn f32_rows(source: &str) -> String {
-    source
-        .replace("ROW_TYPE", "vec4<f32>")
-        .replace("ROW(i)", "rows[i >> 2u][i & 3u]")
-        .replace("ROW4(base + w)", "rows[base + w]")
+// Rows are bound as vectors of 4 components (16 bytes of f32, 8 of f16 or bf16, 4 of bytes),
+// so that a row of a length divisible by 4 loads in wide pieces; buffers are sized to whole
+// vectors. `ROW(i)` is component i of the binding, `ROW4(w)` components 4w to 4w + 3, both as
+// f32: every stored type widens exactly (bf16 is an f32's high half; a byte is sign- or
+// zero-extended by `extractBits`), so the kernels' f32 arithmetic is that of f32 rows holding
+// the stored values. f16 goes through `unpack2x16float`, which may flush subnormals (the gate
+// covers that, `rows.rs`).
+fn rows_as(source: &str, precision: StoragePrecision) -> String {
+    let (row_type, row, row4) = match precision {
+        StoragePrecision::F32 => ("vec4<f32>", "rows[i >> 2u][i & 3u]", "rows[base + w]"),
+        StoragePrecision::F16 => (
+            "vec2<u32>",
+            "unpack2x16float(rows[i >> 2u][(i >> 1u) & 1u])[i & 1u]",
+            "vec4<f32>(unpack2x16float(rows[base + w].x), unpack2x16float(rows[base + w].y))",
+        ),
+        StoragePrecision::Bf16 => (
+            "vec2<u32>",
+            "bitcast<f32>((rows[i >> 2u][(i >> 1u) & 1u] << (16u - 16u * (i & 1u))) & 0xffff0000u)",
+            "bf16x4(rows[base + w])",
+        ),
+        StoragePrecision::I8 => (
+            "u32",
+            "f32(extractBits(bitcast<i32>(rows[i >> 2u]), (i & 3u) * 8u, 8u))",
+            "i8x4(rows[base + w])",
+        ),
+        StoragePrecision::U8 => {
+            ("u32", "f32(extractBits(rows[i >> 2u], (i & 3u) * 8u, 8u))", "u8x4(rows[base + w])")
+        }
+    };
+    // The unpacking helpers ROW4 may call (unused ones cost nothing).
+    const UNPACK: &str = "
+fn bf16x4(v: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u));
+}
+fn i8x4(v: u32) -> vec4<f32> {
+    let s = bitcast<i32>(v);
+    return vec4<f32>(f32(extractBits(s, 0u, 8u)), f32(extractBits(s, 8u, 8u)), f32(extractBits(s, 16u, 8u)), f32(extractBits(s, 24u, 8u)));
+}
+fn u8x4(v: u32) -> vec4<f32> {
+    return vec4<f32>(f32(extractBits(v, 0u, 8u)), f32(extractBits(v, 8u, 8u)), f32(extractBits(v, 16u, 8u)), f32(extractBits(v, 24u, 8u)));
+}
+";
+    let body = source.replace("ROW_TYPE", row_type).replace("ROW(i)", row).replace("ROW4(base + w)", row4);
+    format!("{body}\n{UNPACK}")
 }
 
-fn f16_rows(source: &str) -> String {
-    source
-        .replace("ROW_TYPE", "vec2<u32>")
-        .replace("ROW(i)", "unpack2x16float(rows[i >> 2u][(i >> 1u) & 1u])[i & 1u]")
-        .replace(
-            "ROW4(base + w)",
-            "vec4<f32>(unpack2x16float(rows[base + w].x), unpack2x16float(rows[base + w].y))",
-        )
+/// The index of `precision` in [`StoragePrecision::ALL`] (and in the per-type arrays here).
+fn element_index(precision: StoragePrecision) -> usize {
+    StoragePrecision::ALL.iter().position(|&p| p == precision).unwrap_or(0)
+}
+
+/// The pipelines that read stored rows, for one element type.
+#[derive(Debug)]
+pub(crate) struct RowPipelines {
+    pub(crate) distances: wgpu::ComputePipeline,
+    pub(crate) scan: wgpu::ComputePipeline,
+    pub(crate) scan_select: wgpu::ComputePipeline,
+    /// `scan_select` with eight lanes per row, where the adapter has fixed-size subgroups of at
+    /// least 8 lanes (collections use it unless `Tuning::wgpu_subgroups` is off); rows of a
+    /// length divisible by 4. None where the driver failed it: single queries stay on
+    /// `scan_select`.
+    pub(crate) scan_select_wide: Option<wgpu::ComputePipeline>,
+}
+
+/// A compute pipeline of `entry` in `source`, bound by `layout`.
+fn compute_pipeline(
+    device: &wgpu::Device,
+    layout: &wgpu::BindGroupLayout,
+    source: &str,
+    entry: &str,
+) -> wgpu::ComputePipeline {
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(entry),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(entry),
+        bind_group_layouts: &[Some(layout)],
+        ..Default::default()
+    });
+    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(entry),
+        layout: Some(&pipeline_layout),
+        module: &module,
+        entry_point: Some(entry),
+        compilation_options: Default::default(),
+        cache: None,
+    })
+}
+
+impl Kernels {
+    /// The row pipelines of `precision`, made on first use.
+    fn row_pipelines(&self, device: &wgpu::Device, precision: StoragePrecision) -> &RowPipelines {
+        let index = element_index(precision);
+        self.rows[index].get_or_init(|| {
+            let modules = Modules::new();
+            let source = &modules.search[index];
+            let layout = &self.search_layout;
+            // A driver that fails the subgroup kernel leaves single queries on `scan_select`.
+            let scan_select_wide = self
+                .subgroups
+                .then(|| {
+                    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+                    let pipeline = compute_pipeline(device, layout, &modules.wide[index], "scan_select_wide");
+                    pollster::block_on(scope.pop()).is_none().then_some(pipeline)
+                })
+                .flatten();
+            RowPipelines {
+                distances: compute_pipeline(device, layout, source, "distances"),
+                scan: compute_pipeline(device, layout, source, "scan"),
+                scan_select: compute_pipeline(device, layout, source, "scan_select"),
+                scan_select_wide,
+            }
+        })
+    }
 }
 
 /// Pipelines and layouts, created once per device.
@@ -191,13 +299,11 @@ fn f16_rows(source: &str) -> String {
 pub(crate) struct Kernels {
     search_layout: wgpu::BindGroupLayout,
     select_layout: wgpu::BindGroupLayout,
-    distances: [wgpu::ComputePipeline; 2],
-    scan: [wgpu::ComputePipeline; 2],
-    scan_select: [wgpu::ComputePipeline; 2],
-    /// `scan_select` with eight lanes per row, where the adapter has fixed-size subgroups of at
-    /// least 8 lanes (collections use it unless `Tuning::wgpu_subgroups` is off); rows of a
-    /// length divisible by 4.
-    scan_select_wide: Option<[wgpu::ComputePipeline; 2]>,
+    /// The scans and distances of each stored element type ([`element_index`]): f32 and f16
+    /// made with the device, the others on a collection's first use of them.
+    rows: [OnceLock<RowPipelines>; 5],
+    /// Whether the adapter has fixed-size subgroups of at least 8 lanes (`scan_select_wide`).
+    subgroups: bool,
     merge_lists: wgpu::ComputePipeline,
     radix_hist: wgpu::ComputePipeline,
     radix_pick: wgpu::ComputePipeline,
@@ -347,9 +453,13 @@ impl WgpuBackend {
             }
         }));
         let kernels = Self::kernels(&device, subgroups);
-        let mut note =
-            String::from("f16 rows are unpacked with unpack2x16float, so f16 storage needs no SHADER_F16");
-        if kernels.scan_select_wide.is_some() {
+        // f32 and f16 rows' pipelines are made with the device, the other types' on first use.
+        let wide = kernels.row_pipelines(&device, StoragePrecision::F32).scan_select_wide.is_some();
+        kernels.row_pipelines(&device, StoragePrecision::F16);
+        let mut note = String::from(
+            "f16 and bf16 rows are unpacked in the shaders, so they need no SHADER_F16; i8 and u8 rows are read as packed words",
+        );
+        if wide {
             note.push_str("; single queries scan 8 lanes per row (subgroups)");
         }
         if filter.is_some() {
@@ -385,52 +495,12 @@ impl WgpuBackend {
             ],
         });
         let pipeline = |layout: &wgpu::BindGroupLayout, source: &str, entry: &str| {
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(entry),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
-            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some(entry),
-                bind_group_layouts: &[Some(layout)],
-                ..Default::default()
-            });
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: Some(&pipeline_layout),
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            })
+            compute_pipeline(device, layout, source, entry)
         };
-        let modules = Modules::new();
-        let [f32_source, f16_source] = &modules.search;
-        let select = &modules.select;
-        // A driver that fails the subgroup kernels leaves single queries on `scan_select`.
-        let scan_select_wide = subgroups
-            .then(|| {
-                let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-                let pipelines = [
-                    pipeline(&search_layout, &modules.wide[0], "scan_select_wide"),
-                    pipeline(&search_layout, &modules.wide[1], "scan_select_wide"),
-                ];
-                pollster::block_on(scope.pop()).is_none().then_some(pipelines)
-            })
-            .flatten();
+        let select = &Modules::new().select;
         Kernels {
-            scan_select_wide,
-            distances: [
-                pipeline(&search_layout, f32_source, "distances"),
-                pipeline(&search_layout, f16_source, "distances"),
-            ],
-            scan: [
-                pipeline(&search_layout, f32_source, "scan"),
-                pipeline(&search_layout, f16_source, "scan"),
-            ],
-            scan_select: [
-                pipeline(&search_layout, f32_source, "scan_select"),
-                pipeline(&search_layout, f16_source, "scan_select"),
-            ],
+            rows: Default::default(),
+            subgroups,
             merge_lists: pipeline(&select_layout, select, "merge_lists"),
             radix_hist: pipeline(&select_layout, select, "radix_hist"),
             radix_pick: pipeline(&select_layout, select, "radix_pick"),
@@ -447,6 +517,11 @@ impl WgpuBackend {
 const STAGING_BYTES: usize = 8 << 20;
 
 impl WgpuDevice {
+    /// The pipelines that read rows stored as `precision`.
+    pub(super) fn row_pipelines(&self, precision: StoragePrecision) -> &RowPipelines {
+        self.kernels.row_pipelines(&self.device, precision)
+    }
+
     /// Copies `bytes` (a multiple of 4) to `dst` at `offset` through the reusable staging
     /// buffer: map, fill, copy on the device, wait (so the next trip may map it again).
     fn write(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {

@@ -5,7 +5,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use half::f16;
 use rayon::prelude::*;
 
 use super::WgpuDevice;
@@ -143,10 +142,7 @@ impl WgpuRows {
         precision: StoragePrecision,
         tuning: Tuning,
     ) -> Result<Self> {
-        let element = match precision {
-            StoragePrecision::F32 => 4,
-            StoragePrecision::F16 => 2,
-        };
+        let element = precision.element_bytes();
         let binding =
             device.limits.max_storage_buffer_binding_size.min(device.limits.max_buffer_size) as usize;
         if dim.saturating_mul(element).saturating_add(16) > binding {
@@ -183,12 +179,7 @@ impl WgpuRows {
         let mut bytes = Vec::with_capacity((to - from) * self.dim * 4);
         for slot in from..to {
             let row = self.host.read_row(slot)?;
-            match self.precision {
-                StoragePrecision::F32 => bytes.extend(row.iter().flat_map(|x| x.to_ne_bytes())),
-                StoragePrecision::F16 => {
-                    bytes.extend(row.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_ne_bytes()))
-                }
-            }
+            bytes.extend_from_slice(&crate::exact::elements::narrow(&row, self.precision));
             if let Some(scales) = scales.as_deref_mut() {
                 let norm = row.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
                 let inv = if norm > 0.0 { (1.0 / norm) as f32 } else { 0.0 };
@@ -204,11 +195,7 @@ impl WgpuRows {
     }
 
     fn row_bytes(&self) -> usize {
-        self.dim
-            * match self.precision {
-                StoragePrecision::F32 => 4,
-                StoragePrecision::F16 => 2,
-            }
+        self.dim * self.precision.element_bytes()
     }
 
     /// Device room for `total` rows: chunks grow by doubling; a regrown chunk gets the rows
@@ -260,20 +247,24 @@ impl WgpuRows {
                 return Err(HiveGpuError::Internal(format!("no device chunk for slot {slot}")));
             };
             let mut offset = ((slot - first) * row_bytes) as u64;
-            // Copies need 4-byte multiples: packed f16 rows may start or end mid-word, and the
-            // neighbouring half (re-encoded from the host) completes the word.
-            if !offset.is_multiple_of(4) {
-                let previous = self.encode_rows(slot - 1, slot, None)?;
-                bytes.splice(0..0, previous[previous.len() - 2..].iter().copied());
-                offset -= 2;
+            // Copies need 4-byte multiples: packed 2- and 1-byte rows may start or end mid-word,
+            // and the neighbouring rows' bytes (re-encoded from the host) complete the words.
+            let lead = (offset % 4) as usize;
+            if lead > 0 {
+                // The rows of this chunk from the one holding the word's first byte.
+                let from = first + (offset as usize - lead) / row_bytes;
+                let previous = self.encode_rows(from, slot, None)?;
+                bytes.splice(0..0, previous[previous.len() - lead..].iter().copied());
+                offset -= lead as u64;
             }
-            if !bytes.len().is_multiple_of(4) {
-                if end < self.host.len() && end < first + self.rows_per_chunk {
-                    let next = self.encode_rows(end, end + 1, None)?;
-                    bytes.extend_from_slice(&next[..2]);
-                } else {
-                    bytes.extend_from_slice(&[0, 0]);
-                }
+            let tail = (4 - bytes.len() % 4) % 4;
+            if tail > 0 {
+                // Up to 3 bytes from the next rows of this chunk, zeros past its stored rows.
+                let next_end = (end + tail).min(self.host.len()).min(first + self.rows_per_chunk);
+                let mut next =
+                    if end < next_end { self.encode_rows(end, next_end, None)? } else { Vec::new() };
+                next.resize(tail.max(next.len()), 0);
+                bytes.extend_from_slice(&next[..tail]);
             }
             self.write(&rows, offset, &bytes)?;
             self.write(&scale, ((slot - first) * 4) as u64, &scales)?;
@@ -693,7 +684,7 @@ impl WgpuRows {
                 label: Some("knn"),
                 timestamp_writes: None,
             });
-            let variant = usize::from(self.precision == StoragePrecision::F16);
+            let pipelines = device.row_pipelines(self.precision);
             for ((chunk, group), &offset) in self.chunks.iter().zip(search_groups).zip(&chunk_offsets) {
                 // Reserved chunks beyond the stored rows hold nothing yet.
                 let rows_here = len.saturating_sub(chunk.first).min(self.rows_per_chunk);
@@ -702,18 +693,17 @@ impl WgpuRows {
                 }
                 pass.set_bind_group(0, group, &[offset]);
                 if lists.is_some() {
-                    let wide = device
-                        .kernels
+                    let wide = pipelines
                         .scan_select_wide
                         .as_ref()
                         .filter(|_| dim.is_multiple_of(4) && self.tuning.wgpu_subgroups);
-                    pass.set_pipeline(wide.map_or(&device.kernels.scan_select[variant], |w| &w[variant]));
+                    pass.set_pipeline(wide.unwrap_or(&pipelines.scan_select));
                     pass.dispatch_workgroups(rows_here.div_ceil(SELECT_ROWS) as u32, 1, 1);
                 } else if t == 1 {
-                    pass.set_pipeline(&device.kernels.scan[variant]);
+                    pass.set_pipeline(&pipelines.scan);
                     pass.dispatch_workgroups(rows_here.div_ceil(256) as u32, 1, 1);
                 } else {
-                    pass.set_pipeline(&device.kernels.distances[variant]);
+                    pass.set_pipeline(&pipelines.distances);
                     pass.dispatch_workgroups(rows_here.div_ceil(128) as u32, t.div_ceil(64) as u32, 1);
                 }
             }

@@ -44,10 +44,80 @@ struct RowStats {
     bytes: bool,
 }
 
+/// The stored values, in the collection's storage type (`exact/elements.rs`).
 #[derive(Debug, Clone)]
 enum Elements {
     F32(Values<f32>),
     F16(Values<f16>),
+    Bf16(Values<half::bf16>),
+    I8(Values<i8>),
+    U8(Values<u8>),
+}
+
+/// `$body` with `$v` bound to the values of whichever type `$elements` holds (the same code
+/// for each: generic over [`Element`]).
+macro_rules! each_elements {
+    ($elements:expr, $v:ident => $body:expr) => {
+        match $elements {
+            Elements::F32($v) => $body,
+            Elements::F16($v) => $body,
+            Elements::Bf16($v) => $body,
+            Elements::I8($v) => $body,
+            Elements::U8($v) => $body,
+        }
+    };
+}
+
+/// A stored element type: made from an f32 the collection checked it can hold
+/// (`exact::elements::unrepresentable`), and widened back exactly.
+trait Element: bytemuck::Pod + Send + Sync {
+    fn from_f32(x: f32) -> Self;
+    fn widen(from: &[Self], to: &mut [f32]);
+}
+
+impl Element for f32 {
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn widen(from: &[Self], to: &mut [f32]) {
+        to.copy_from_slice(from);
+    }
+}
+
+impl Element for f16 {
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn widen(from: &[Self], to: &mut [f32]) {
+        from.convert_to_f32_slice(to);
+    }
+}
+
+impl Element for half::bf16 {
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+    fn widen(from: &[Self], to: &mut [f32]) {
+        from.convert_to_f32_slice(to);
+    }
+}
+
+impl Element for i8 {
+    fn from_f32(x: f32) -> Self {
+        x as i8
+    }
+    fn widen(from: &[Self], to: &mut [f32]) {
+        to.iter_mut().zip(from).for_each(|(t, &f)| *t = f32::from(f));
+    }
+}
+
+impl Element for u8 {
+    fn from_f32(x: f32) -> Self {
+        x as u8
+    }
+    fn widen(from: &[Self], to: &mut [f32]) {
+        to.iter_mut().zip(from).for_each(|(t, &f)| *t = f32::from(f));
+    }
 }
 
 /// Rows in host memory, a squared norm per row and a tombstone bitmap.
@@ -74,6 +144,9 @@ impl CpuRows {
         let elements = match precision {
             StoragePrecision::F32 => Elements::F32(Values::Owned(Vec::new())),
             StoragePrecision::F16 => Elements::F16(Values::Owned(Vec::new())),
+            StoragePrecision::Bf16 => Elements::Bf16(Values::Owned(Vec::new())),
+            StoragePrecision::I8 => Elements::I8(Values::Owned(Vec::new())),
+            StoragePrecision::U8 => Elements::U8(Values::Owned(Vec::new())),
         };
         Self {
             dim,
@@ -88,16 +161,25 @@ impl CpuRows {
         }
     }
 
-    /// Rows `start..start + count` as f32, converting f16 storage into `scratch`.
+    /// Rows `start..start + count` as f32, widening other storage types into `scratch`.
     fn rows_f32<'a>(&'a self, start: usize, count: usize, scratch: &'a mut Vec<f32>) -> &'a [f32] {
         let range = start * self.dim..(start + count) * self.dim;
-        match &self.elements {
-            Elements::F32(v) => &v[range],
-            Elements::F16(v) => {
-                scratch.resize(range.len(), 0.0);
-                v[range].convert_to_f32_slice(scratch);
-                scratch
-            }
+        if let Elements::F32(v) = &self.elements {
+            return &v[range];
+        }
+        scratch.resize(range.len(), 0.0);
+        each_elements!(&self.elements, v => Element::widen(&v[range], scratch));
+        scratch
+    }
+
+    /// The storage type of the values.
+    fn precision(&self) -> StoragePrecision {
+        match self.elements {
+            Elements::F32(_) => StoragePrecision::F32,
+            Elements::F16(_) => StoragePrecision::F16,
+            Elements::Bf16(_) => StoragePrecision::Bf16,
+            Elements::I8(_) => StoragePrecision::I8,
+            Elements::U8(_) => StoragePrecision::U8,
         }
     }
 
@@ -108,16 +190,10 @@ impl CpuRows {
         #[cfg(target_arch = "x86_64")]
         {
             let range = slot * self.dim..(slot + 1) * self.dim;
-            let (start, bytes) = match &self.elements {
-                Elements::F32(v) => match v.get(range) {
-                    Some(row) => (row.as_ptr().cast::<u8>(), std::mem::size_of_val(row)),
-                    None => return,
-                },
-                Elements::F16(v) => match v.get(range) {
-                    Some(row) => (row.as_ptr().cast::<u8>(), std::mem::size_of_val(row)),
-                    None => return,
-                },
-            };
+            let (start, bytes) = each_elements!(&self.elements, v => match v.get(range) {
+                Some(row) => (row.as_ptr().cast::<u8>(), std::mem::size_of_val(row)),
+                None => return,
+            });
             for offset in (0..bytes).step_by(64) {
                 // SAFETY: a prefetch reads nothing into the program's state and cannot fault;
                 // the address is inside the row's slice besides.
@@ -179,6 +255,9 @@ impl CpuRows {
         let elements = match &self.elements {
             Elements::F32(v) => Elements::F32(Values::Owned(copy(v, slots, dim))),
             Elements::F16(v) => Elements::F16(Values::Owned(copy(v, slots, dim))),
+            Elements::Bf16(v) => Elements::Bf16(Values::Owned(copy(v, slots, dim))),
+            Elements::I8(v) => Elements::I8(Values::Owned(copy(v, slots, dim))),
+            Elements::U8(v) => Elements::U8(Values::Owned(copy(v, slots, dim))),
         };
         let mut dead = SlotSet::default();
         dead.cover(slots.len());
@@ -238,10 +317,7 @@ impl CpuRows {
     }
 
     fn len_slots(&self) -> usize {
-        match &self.elements {
-            Elements::F32(v) => v.len() / self.dim,
-            Elements::F16(v) => v.len() / self.dim,
-        }
+        each_elements!(&self.elements, v => v.len() / self.dim)
     }
 
     /// The `scale` and `offset` that turn row `slot`'s raw kernel value into its canonical
@@ -395,10 +471,7 @@ impl CpuRows {
         let skip: &SlotSet = &mask.skip;
         // Few rows pass the filter: search a copy of just those rows, whose slots keep their
         // order (so ties still go to the lower slot), where the host has the memory for it.
-        let element_bytes = match self.elements {
-            Elements::F32(_) => 4,
-            Elements::F16(_) => 2,
-        };
+        let element_bytes = self.precision().element_bytes();
         let gathered_bytes = (live * (dim * element_bytes + 4)) as u64;
         if mask.filtered
             && live.saturating_mul(GATHER_SHARE.1) <= self.len_slots().saturating_mul(GATHER_SHARE.0)
@@ -475,10 +548,7 @@ impl RowStore for CpuRows {
             )));
         }
         let values = additional * self.dim;
-        let element_bytes = match self.elements {
-            Elements::F32(_) => 4,
-            Elements::F16(_) => 2,
-        };
+        let element_bytes = self.precision().element_bytes();
         // Claimed from what this process may still allocate (cgroup and rlimit included) on
         // every reservation, room or not: memory the kernel granted but never backed (a Vec's
         // spare capacity) gets the process killed when the rows are written, long after
@@ -493,16 +563,10 @@ impl RowStore for CpuRows {
         // Amortised growth may ask for up to twice the rows held; under an address-space limit
         // that can fail where the rows asked for still fit, so exactly those are tried next.
         // Rows still in a mapped file move into memory first: appends go after them.
-        let reserved = match &mut self.elements {
-            Elements::F32(v) => {
-                let v = v.owned()?;
-                v.try_reserve(values).or_else(|_| v.try_reserve_exact(values))
-            }
-            Elements::F16(v) => {
-                let v = v.owned()?;
-                v.try_reserve(values).or_else(|_| v.try_reserve_exact(values))
-            }
-        };
+        let reserved = each_elements!(&mut self.elements, v => {
+            let v = v.owned()?;
+            v.try_reserve(values).or_else(|_| v.try_reserve_exact(values))
+        });
         reserved
             .and_then(|_| self.sq_norms.try_reserve(additional))
             .and_then(|_| self.dead.try_reserve(self.len_slots() + additional))
@@ -524,29 +588,24 @@ impl RowStore for CpuRows {
             )));
         }
         let first = self.len_slots();
-        if rows.len() <= PARALLEL_VALUES {
-            match &mut self.elements {
-                Elements::F32(v) => v.owned()?.extend_from_slice(rows),
-                Elements::F16(v) => v.owned()?.extend(rows.iter().map(|&x| f16::from_f32(x))),
+        fn extend<T: Element>(values: &mut Values<T>, rows: &[f32]) -> Result<()> {
+            let owned = values.owned()?;
+            if rows.len() <= PARALLEL_VALUES {
+                owned.extend(rows.iter().map(|&x| T::from_f32(x)));
+            } else {
+                owned.par_extend(rows.par_iter().with_min_len(PARALLEL_VALUES).map(|&x| T::from_f32(x)));
             }
-        } else {
-            let values = rows.par_iter().with_min_len(PARALLEL_VALUES);
-            match &mut self.elements {
-                Elements::F32(v) => v.owned()?.par_extend(values.copied()),
-                Elements::F16(v) => v.owned()?.par_extend(values.map(|&x| f16::from_f32(x))),
-            }
+            Ok(())
         }
+        each_elements!(&mut self.elements, v => extend(v, rows))?;
         self.note_rows_from(first);
         self.dead.cover(self.len_slots());
         Ok(())
     }
 
     fn append_stored(&mut self, bytes: &[u8], precision: StoragePrecision, dim: usize) -> Result<()> {
-        let stored = match self.elements {
-            Elements::F32(_) => StoragePrecision::F32,
-            Elements::F16(_) => StoragePrecision::F16,
-        };
-        let row_bytes = self.dim * crate::persist::element_bytes(precision);
+        let stored = self.precision();
+        let row_bytes = self.dim * crate::exact::elements::element_bytes(precision);
         if precision != stored || dim != self.dim || cfg!(target_endian = "big") {
             return crate::backend::append_widened(self, bytes, precision, dim);
         }
@@ -571,10 +630,7 @@ impl RowStore for CpuRows {
             }
             Ok(true)
         }
-        let copied = match &mut self.elements {
-            Elements::F32(v) => extend(v, bytes)?,
-            Elements::F16(v) => extend(v, bytes)?,
-        };
+        let copied = each_elements!(&mut self.elements, v => extend(v, bytes)?);
         if !copied {
             return crate::backend::append_widened(self, bytes, precision, dim);
         }
@@ -599,22 +655,15 @@ impl RowStore for CpuRows {
         }
         let range = start * self.dim..(start + count) * self.dim;
         // The stored elements are the file's: their own memory goes out as it is.
-        match (&self.elements, precision) {
-            (Elements::F32(v), StoragePrecision::F32) if cfg!(target_endian = "little") => {
-                out(bytemuck::cast_slice(&v[range]))
-            }
-            (Elements::F16(v), StoragePrecision::F16) if cfg!(target_endian = "little") => {
-                out(bytemuck::cast_slice(&v[range]))
-            }
-            _ => {
-                let mut scratch = Vec::new();
-                out(&crate::persist::narrow(self.rows_f32(start, count, &mut scratch), precision))
-            }
+        if precision == self.precision() && cfg!(target_endian = "little") {
+            return each_elements!(&self.elements, v => out(bytemuck::cast_slice(&v[range])));
         }
+        let mut scratch = Vec::new();
+        out(&crate::exact::elements::narrow(self.rows_f32(start, count, &mut scratch), precision))
     }
 
     fn adopt_mapped(&mut self, rows: &MappedRows, precision: StoragePrecision, dim: usize) -> Result<bool> {
-        let row_bytes = dim * crate::persist::element_bytes(precision);
+        let row_bytes = dim * crate::exact::elements::element_bytes(precision);
         if self.len_slots() != 0
             || dim != self.dim
             || !rows.bytes().len().is_multiple_of(row_bytes)
@@ -622,10 +671,15 @@ impl RowStore for CpuRows {
         {
             return Ok(false);
         }
-        let elements = match (&self.elements, precision) {
-            (Elements::F32(_), StoragePrecision::F32) => Values::mapped(rows).map(Elements::F32),
-            (Elements::F16(_), StoragePrecision::F16) => Values::mapped(rows).map(Elements::F16),
-            _ => None,
+        if precision != self.precision() {
+            return Ok(false);
+        }
+        let elements = match &self.elements {
+            Elements::F32(_) => Values::mapped(rows).map(Elements::F32),
+            Elements::F16(_) => Values::mapped(rows).map(Elements::F16),
+            Elements::Bf16(_) => Values::mapped(rows).map(Elements::Bf16),
+            Elements::I8(_) => Values::mapped(rows).map(Elements::I8),
+            Elements::U8(_) => Values::mapped(rows).map(Elements::U8),
         };
         let Some(elements) = elements else { return Ok(false) };
         // Norms, 4 bytes a row, stay in memory: claimed like an append's.
@@ -649,10 +703,7 @@ impl RowStore for CpuRows {
             return;
         }
         self.dead.clear_from(len);
-        match &mut self.elements {
-            Elements::F32(v) => v.truncate(len * self.dim),
-            Elements::F16(v) => v.truncate(len * self.dim),
-        }
+        each_elements!(&mut self.elements, v => v.truncate(len * self.dim));
         self.sq_norms.truncate(len);
     }
 
@@ -681,10 +732,7 @@ impl RowStore for CpuRows {
             out.extend(keep.iter().flat_map(|&s| v[s * dim..(s + 1) * dim].iter().copied()));
             Some(out)
         }
-        let element_bytes = match self.elements {
-            Elements::F32(_) => 4,
-            Elements::F16(_) => 2,
-        };
+        let element_bytes = self.precision().element_bytes();
         let requested = (keep.len() * dim * element_bytes) as u64;
         let too_much = || HiveGpuError::VramLimitExceeded {
             backend: GpuBackendType::Cpu,
@@ -697,6 +745,9 @@ impl RowStore for CpuRows {
         let gathered = match &self.elements {
             Elements::F32(v) => gather(v, keep, dim).map(|v| Elements::F32(Values::Owned(v))),
             Elements::F16(v) => gather(v, keep, dim).map(|v| Elements::F16(Values::Owned(v))),
+            Elements::Bf16(v) => gather(v, keep, dim).map(|v| Elements::Bf16(Values::Owned(v))),
+            Elements::I8(v) => gather(v, keep, dim).map(|v| Elements::I8(Values::Owned(v))),
+            Elements::U8(v) => gather(v, keep, dim).map(|v| Elements::U8(Values::Owned(v))),
         };
         self.elements = gathered.ok_or_else(too_much)?;
         self.dead.reset(keep.len());
@@ -708,10 +759,7 @@ impl RowStore for CpuRows {
     }
 
     fn clear(&mut self) {
-        match &mut self.elements {
-            Elements::F32(v) => *v = Values::Owned(Vec::new()),
-            Elements::F16(v) => *v = Values::Owned(Vec::new()),
-        }
+        each_elements!(&mut self.elements, v => *v = Values::Owned(Vec::new()));
         self.sq_norms = Vec::new();
         self.dead = SlotSet::default();
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
@@ -730,10 +778,7 @@ impl RowStore for CpuRows {
     }
 
     fn memory_bytes(&self) -> usize {
-        let values = match &self.elements {
-            Elements::F32(v) => v.heap_bytes(),
-            Elements::F16(v) => v.heap_bytes(),
-        };
+        let values = each_elements!(&self.elements, v => v.heap_bytes());
         values + self.sq_norms.capacity() * 4 + self.dead.capacity_bytes()
     }
 

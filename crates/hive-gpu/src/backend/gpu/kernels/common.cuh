@@ -8,6 +8,12 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef unsigned short u16;
 typedef unsigned char u8;
+typedef signed char i8;
+// A stored bfloat16 (its 16 bits): a type of its own, so that templates over the stored element
+// tell it from f16 (u16).
+struct hg_bf16 {
+    u16 bits;
+};
 
 #define HG_NONE 0xffffffffffffffffull
 #define HG_L2 0
@@ -44,6 +50,9 @@ __device__ __forceinline__ float hg_h2f(u16 h) {
     float mag = __uint_as_float(((u32)(h & 0x7fffu)) << 13) * 5.192296858534828e+33f;
     return (h & 0x8000u) ? -mag : mag;
 }
+
+// Exact bf16 -> f32: bf16 is the high half of an f32.
+__device__ __forceinline__ float hg_bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
 __device__ __forceinline__ bool hg_dead(const u32* dead, u32 slot) {
     return dead != 0 && ((dead[slot >> 5] >> (slot & 31)) & 1u);

@@ -1,8 +1,9 @@
 // The engine's own GEMM, for devices without a BLAS library (ROCm without rocBLAS) and to
 // test that path on CUDA (HIVE_GPU_OWN_GEMM=1). Same contract as the driver's GemmTn:
 // c[col * ldc + row] = dot(a[row * lda ..], b[col * ldb ..]) over k, f32 accumulation.
-// The same tiles compute L1 and L-infinity distances (`hg_differences`), which have no BLAS:
-// c[col * ldc + row] = sum or max over k of |a - b|, rows of a stored type against f32 queries.
+// The same tiles (`hg_tiles`) compute L1 and L-infinity distances, which have no BLAS
+// (c[col * ldc + row] = sum or max over k of |a - b|), and the products of bf16 and byte rows
+// against f32 queries.
 // A block of 256 threads computes 64 rows x 64 queries, 4 x 4 per thread, 16 dimensions of
 // both operands staged in shared memory per step. Any summation order meets the f32 bound
 // the gate assumes (a maximum is exact); f16 operands are widened exactly, as the tensor
@@ -79,19 +80,35 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_gemm_tn_f16(const u16*
     hg_pair_tile<u16, u16, HG_PAIR_DOT>(a, lda, b, ldb, c, ldc, m, n, k);
 }
 
-// L1 (metric HG_L1) or L-infinity (HG_LINF) distances of rows `a` to f32 queries `b`, laid
-// out as hg_gemm_tn's products: the tile path's input for the metrics without a product form.
+// The tile path's input for what no BLAS computes: rows `a` of any stored type against f32
+// queries `b`, laid out as hg_gemm_tn's products. L1 (metric HG_L1) and L-infinity (HG_LINF)
+// get their distances; every other metric gets dot products (bf16 and byte rows, which no BLAS
+// multiplies against f32 queries). Each stored element widens to f32 exactly, so the products
+// are f32 products of the stored values and the f32 bound of the gate holds as for f32 rows.
 template <typename T>
-__device__ void hg_differences(const T* a, u32 lda, const float* b, u32 ldb, float* c, u32 ldc, u32 m, u32 n,
-                               u32 k, int metric) {
+__device__ void hg_tiles(const T* a, u32 lda, const float* b, u32 ldb, float* c, u32 ldc, u32 m, u32 n, u32 k,
+                         int metric) {
     if (metric == HG_LINF) hg_pair_tile<T, float, HG_PAIR_LINF>(a, lda, b, ldb, c, ldc, m, n, k);
-    else hg_pair_tile<T, float, HG_PAIR_L1>(a, lda, b, ldb, c, ldc, m, n, k);
+    else if (metric == HG_L1) hg_pair_tile<T, float, HG_PAIR_L1>(a, lda, b, ldb, c, ldc, m, n, k);
+    else hg_pair_tile<T, float, HG_PAIR_DOT>(a, lda, b, ldb, c, ldc, m, n, k);
 }
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_differences_f32(const float* a, u32 lda, const float* b,
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tiles_f32(const float* a, u32 lda, const float* b,
         u32 ldb, float* c, u32 ldc, u32 m, u32 n, u32 k, int metric) {
-    hg_differences<float>(a, lda, b, ldb, c, ldc, m, n, k, metric);
+    hg_tiles<float>(a, lda, b, ldb, c, ldc, m, n, k, metric);
 }
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_differences_f16(const u16* a, u32 lda, const float* b,
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tiles_f16(const u16* a, u32 lda, const float* b,
         u32 ldb, float* c, u32 ldc, u32 m, u32 n, u32 k, int metric) {
-    hg_differences<u16>(a, lda, b, ldb, c, ldc, m, n, k, metric);
+    hg_tiles<u16>(a, lda, b, ldb, c, ldc, m, n, k, metric);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tiles_bf16(const hg_bf16* a, u32 lda, const float* b,
+        u32 ldb, float* c, u32 ldc, u32 m, u32 n, u32 k, int metric) {
+    hg_tiles<hg_bf16>(a, lda, b, ldb, c, ldc, m, n, k, metric);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tiles_i8(const i8* a, u32 lda, const float* b,
+        u32 ldb, float* c, u32 ldc, u32 m, u32 n, u32 k, int metric) {
+    hg_tiles<i8>(a, lda, b, ldb, c, ldc, m, n, k, metric);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tiles_u8(const u8* a, u32 lda, const float* b,
+        u32 ldb, float* c, u32 ldc, u32 m, u32 n, u32 k, int metric) {
+    hg_tiles<u8>(a, lda, b, ldb, c, ldc, m, n, k, metric);
 }

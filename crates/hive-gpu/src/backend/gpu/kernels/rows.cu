@@ -23,16 +23,37 @@ extern "C" __global__ void hg_norms_f32(const float* rows, u32 dim, u32 first, u
 extern "C" __global__ void hg_norms_f16(const u16* rows, u32 dim, u32 first, u32 count, float* norms) {
     hg_norms<u16>(rows, dim, first, count, norms);
 }
+extern "C" __global__ void hg_norms_bf16(const hg_bf16* rows, u32 dim, u32 first, u32 count, float* norms) {
+    hg_norms<hg_bf16>(rows, dim, first, count, norms);
+}
+extern "C" __global__ void hg_norms_i8(const i8* rows, u32 dim, u32 first, u32 count, float* norms) {
+    hg_norms<i8>(rows, dim, first, count, norms);
+}
+extern "C" __global__ void hg_norms_u8(const u8* rows, u32 dim, u32 first, u32 count, float* norms) {
+    hg_norms<u8>(rows, dim, first, count, norms);
+}
 
-// dst[i] = src[keep[i]] for rows of `words` 16-bit words (rows), and norms alongside.
-extern "C" __global__ void hg_gather(const u16* src, u16* dst, u64 words, const u32* keep, u32 count,
-                                     const float* norms_src, float* norms_dst) {
-    u64 total = words * count;
+// dst[i] = src[keep[i]] for rows of `row_bytes` bytes, and norms alongside: copied in 4-byte
+// words where the rows are whole words (f32, and f16 / bf16 / byte rows of even or 4-multiple
+// lengths), else in 2-byte or single bytes (byte rows of odd length).
+template <typename W>
+__device__ void hg_gather_units(const W* src, W* dst, u64 units, const u32* keep, u32 count, const float* norms_src,
+                                float* norms_dst) {
+    u64 total = units * count;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        u64 row = i / words, w = i % words;
-        dst[i] = src[(u64)keep[row] * words + w];
+        u64 row = i / units, w = i % units;
+        dst[i] = src[(u64)keep[row] * units + w];
         if (w == 0) norms_dst[row] = norms_src[keep[row]];
     }
+}
+extern "C" __global__ void hg_gather(const u8* src, u8* dst, u64 row_bytes, const u32* keep, u32 count,
+                                     const float* norms_src, float* norms_dst) {
+    if ((row_bytes & 3u) == 0)
+        hg_gather_units<u32>((const u32*)src, (u32*)dst, row_bytes / 4, keep, count, norms_src, norms_dst);
+    else if ((row_bytes & 1u) == 0)
+        hg_gather_units<u16>((const u16*)src, (u16*)dst, row_bytes / 2, keep, count, norms_src, norms_dst);
+    else
+        hg_gather_units<u8>(src, dst, row_bytes, keep, count, norms_src, norms_dst);
 }
 
 // out[i] = norms[i * stride] for i < count: a sample's norms side by side, so the selection over

@@ -13,6 +13,9 @@
 template <typename T> __device__ __forceinline__ float hg_load(const T* p, u64 i);
 template <> __device__ __forceinline__ float hg_load<float>(const float* p, u64 i) { return p[i]; }
 template <> __device__ __forceinline__ float hg_load<u16>(const u16* p, u64 i) { return hg_h2f(p[i]); }
+template <> __device__ __forceinline__ float hg_load<hg_bf16>(const hg_bf16* p, u64 i) { return hg_bf2f(p[i].bits); }
+template <> __device__ __forceinline__ float hg_load<i8>(const i8* p, u64 i) { return (float)p[i]; }
+template <> __device__ __forceinline__ float hg_load<u8>(const u8* p, u64 i) { return (float)p[i]; }
 
 // Four consecutive elements from a 4-element-aligned index.
 template <typename T> __device__ __forceinline__ float4 hg_load4(const T* p, u64 i);
@@ -39,6 +42,41 @@ template <> __device__ __forceinline__ float4 hg_load4<u16>(const u16* p, u64 i)
     return make_float4(hg_h2f((u16)(v.x & 0xffffu)), hg_h2f((u16)(v.x >> 16)), hg_h2f((u16)(v.y & 0xffffu)),
                        hg_h2f((u16)(v.y >> 16)));
 }
+// Four bf16 (8 bytes, 8-aligned), four bytes (4 bytes, 4-aligned), streamed the same way.
+__device__ __forceinline__ uint2 hg_stream_load8(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+#else
+    return *(const uint2*)p;
+#endif
+}
+__device__ __forceinline__ u32 hg_stream_load4(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return *(const u32*)p;
+#endif
+}
+__device__ __forceinline__ float4 hg_bf16x4(uint2 v) {
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xffff0000u));
+}
+__device__ __forceinline__ float4 hg_i8x4(u32 v) {
+    return make_float4((float)((int)(v << 24) >> 24), (float)((int)(v << 16) >> 24), (float)((int)(v << 8) >> 24),
+                       (float)((int)v >> 24));
+}
+__device__ __forceinline__ float4 hg_u8x4(u32 v) {
+    return make_float4((float)(v & 0xffu), (float)((v >> 8) & 0xffu), (float)((v >> 16) & 0xffu), (float)(v >> 24));
+}
+template <> __device__ __forceinline__ float4 hg_load4<hg_bf16>(const hg_bf16* p, u64 i) {
+    return hg_bf16x4(hg_stream_load8(p + i));
+}
+template <> __device__ __forceinline__ float4 hg_load4<i8>(const i8* p, u64 i) { return hg_i8x4(hg_stream_load4(p + i)); }
+template <> __device__ __forceinline__ float4 hg_load4<u8>(const u8* p, u64 i) { return hg_u8x4(hg_stream_load4(p + i)); }
 
 __device__ __forceinline__ float hg_accumulate4(float acc, float4 q, float4 x, int metric) {
     if (metric == HG_L2) {
@@ -213,6 +251,24 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_f16(const u1
     hg_scan_topk<u16>(rows, norms, dead, n, dim, queries, gate_mul, gate_add, metric, k, kcap, sortn, per,
                       max_sub, lists, evicted);
 }
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_bf16(const hg_bf16* rows, const float* norms,
+        const u32* dead, u32 n, u32 dim, const float* queries, const float* gate_mul, const float* gate_add,
+        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u32 max_sub, u64* lists, u64* evicted) {
+    hg_scan_topk<hg_bf16>(rows, norms, dead, n, dim, queries, gate_mul, gate_add, metric, k, kcap, sortn, per,
+                      max_sub, lists, evicted);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_i8(const i8* rows, const float* norms,
+        const u32* dead, u32 n, u32 dim, const float* queries, const float* gate_mul, const float* gate_add,
+        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u32 max_sub, u64* lists, u64* evicted) {
+    hg_scan_topk<i8>(rows, norms, dead, n, dim, queries, gate_mul, gate_add, metric, k, kcap, sortn, per,
+                      max_sub, lists, evicted);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_scan_topk_u8(const u8* rows, const float* norms,
+        const u32* dead, u32 n, u32 dim, const float* queries, const float* gate_mul, const float* gate_add,
+        int metric, u32 k, u32 kcap, u32 sortn, u32 per, u32 max_sub, u64* lists, u64* evicted) {
+    hg_scan_topk<u8>(rows, norms, dead, n, dim, queries, gate_mul, gate_add, metric, k, kcap, sortn, per,
+                      max_sub, lists, evicted);
+}
 
 // Approximate distance of every row to one query (removed rows get +inf): the input of the
 // radix-select path. grid: any, block HG_BLOCK; the query is read from global memory.
@@ -238,6 +294,18 @@ extern "C" __global__ void hg_scan_all_f32(const float* rows, const float* norms
 extern "C" __global__ void hg_scan_all_f16(const u16* rows, const float* norms, const u32* dead, u32 n, u32 dim,
                                            const float* q, int metric, float* dist) {
     hg_scan_all<u16>(rows, norms, dead, n, dim, q, metric, dist);
+}
+extern "C" __global__ void hg_scan_all_bf16(const hg_bf16* rows, const float* norms, const u32* dead, u32 n, u32 dim,
+                                           const float* q, int metric, float* dist) {
+    hg_scan_all<hg_bf16>(rows, norms, dead, n, dim, q, metric, dist);
+}
+extern "C" __global__ void hg_scan_all_i8(const i8* rows, const float* norms, const u32* dead, u32 n, u32 dim,
+                                           const float* q, int metric, float* dist) {
+    hg_scan_all<i8>(rows, norms, dead, n, dim, q, metric, dist);
+}
+extern "C" __global__ void hg_scan_all_u8(const u8* rows, const float* norms, const u32* dead, u32 n, u32 dim,
+                                           const float* q, int metric, float* dist) {
+    hg_scan_all<u8>(rows, norms, dead, n, dim, q, metric, dist);
 }
 
 // float4 loads per thread per round of hg_tile_topk: 16 columns each.
@@ -429,6 +497,15 @@ template <> __device__ __forceinline__ float4 hg_cached_load4<u16>(const u16* p,
     uint2 v = *(const uint2*)(p + i);
     return make_float4(hg_h2f((u16)(v.x & 0xffffu)), hg_h2f((u16)(v.x >> 16)), hg_h2f((u16)(v.y & 0xffffu)),
                        hg_h2f((u16)(v.y >> 16)));
+}
+template <> __device__ __forceinline__ float4 hg_cached_load4<hg_bf16>(const hg_bf16* p, u64 i) {
+    return hg_bf16x4(*(const uint2*)(p + i));
+}
+template <> __device__ __forceinline__ float4 hg_cached_load4<i8>(const i8* p, u64 i) {
+    return hg_i8x4(*(const u32*)(p + i));
+}
+template <> __device__ __forceinline__ float4 hg_cached_load4<u8>(const u8* p, u64 i) {
+    return hg_u8x4(*(const u32*)(p + i));
 }
 
 // One term of the canonical distance, from components widened exactly to f64, each operation
@@ -807,6 +884,27 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_f16(const u64
     hg_finalize<u16>(lists, evicted, segments, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
                        q_norms, metric, out_slots, out_dist, flags, stage_bytes);
 }
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_bf16(const u64* lists, const u64* evicted, u32 segments,
+        u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const hg_bf16* rows,
+        u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
+        u32* flags, u32 stage_bytes) {
+    hg_finalize<hg_bf16>(lists, evicted, segments, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
+                       q_norms, metric, out_slots, out_dist, flags, stage_bytes);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_i8(const u64* lists, const u64* evicted, u32 segments,
+        u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const i8* rows,
+        u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
+        u32* flags, u32 stage_bytes) {
+    hg_finalize<i8>(lists, evicted, segments, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
+                       q_norms, metric, out_slots, out_dist, flags, stage_bytes);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_finalize_u8(const u64* lists, const u64* evicted, u32 segments,
+        u32 head, u32 sorted, u32 kcap_in, u32 k, u32 kcap, u32 sortn, const float* gate_mul, const float* gate_add, const u8* rows,
+        u32 dim, const float* queries, const double* q_norms, int metric, u32* out_slots, double* out_dist,
+        u32* flags, u32 stage_bytes) {
+    hg_finalize<u8>(lists, evicted, segments, head, sorted, kcap_in, k, kcap, sortn, gate_mul, gate_add, rows, dim, queries,
+                       q_norms, metric, out_slots, out_dist, flags, stage_bytes);
+}
 
 // ---- Radix-select path (any k): state = {prefix, mask, remaining k, candidate count}. ----
 
@@ -868,6 +966,18 @@ extern "C" __global__ void hg_rerank_list_f16(const u32* cand, u32 count, u32 pa
                                               const float* q, double q_norm, int metric, u64* keys, u32* slots) {
     hg_rerank_list<u16>(cand, count, padded, rows, dim, q, q_norm, metric, keys, slots);
 }
+extern "C" __global__ void hg_rerank_list_bf16(const u32* cand, u32 count, u32 padded, const hg_bf16* rows, u32 dim,
+                                              const float* q, double q_norm, int metric, u64* keys, u32* slots) {
+    hg_rerank_list<hg_bf16>(cand, count, padded, rows, dim, q, q_norm, metric, keys, slots);
+}
+extern "C" __global__ void hg_rerank_list_i8(const u32* cand, u32 count, u32 padded, const i8* rows, u32 dim,
+                                              const float* q, double q_norm, int metric, u64* keys, u32* slots) {
+    hg_rerank_list<i8>(cand, count, padded, rows, dim, q, q_norm, metric, keys, slots);
+}
+extern "C" __global__ void hg_rerank_list_u8(const u32* cand, u32 count, u32 padded, const u8* rows, u32 dim,
+                                              const float* q, double q_norm, int metric, u64* keys, u32* slots) {
+    hg_rerank_list<u8>(cand, count, padded, rows, dim, q, q_norm, metric, keys, slots);
+}
 
 // ---- Refine of a whole batch in one launch: each query's candidate slots to its exact top-k.
 // Launch contract: grid (queries), block HG_BLOCK. Query q's candidates are
@@ -913,6 +1023,24 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_f16(const
         const u16* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
         u32* out_slots, double* out_dist, u32 stage_bytes) {
     hg_refine_lists<u16>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
+                         stage_bytes);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_bf16(const u32* cand, const u32* offsets,
+        const hg_bf16* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
+        u32* out_slots, double* out_dist, u32 stage_bytes) {
+    hg_refine_lists<hg_bf16>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
+                         stage_bytes);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_i8(const u32* cand, const u32* offsets,
+        const i8* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
+        u32* out_slots, double* out_dist, u32 stage_bytes) {
+    hg_refine_lists<i8>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
+                         stage_bytes);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_u8(const u32* cand, const u32* offsets,
+        const u8* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
+        u32* out_slots, double* out_dist, u32 stage_bytes) {
+    hg_refine_lists<u8>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
                          stage_bytes);
 }
 
