@@ -210,9 +210,11 @@ def cargo_build(args, cargo_jobs):
     return res.returncode == 0
 
 
-def run_hive(hive_bin, ds, query, mode, k, env, groundtruth=None, metric="l2"):
+def run_hive(hive_bin, ds, query, mode, k, env, groundtruth=None, metric="l2", precision=None):
     cmd = [str(hive_bin), "bench", "--base", str(ds["base"]), "--query", str(query),
            "--metric", metric, "-k", str(k), "--backend", "cpu", "--json"]
+    if precision:
+        cmd += ["--precision", precision]
     if mode == "one-by-one":
         cmd += ["--batch", "1"]
     if groundtruth:

@@ -15,14 +15,19 @@ use hive_gpu::{
     StoragePrecision,
 };
 
-/// `image` with its config section's metric code replaced and every checksum made right again
-/// (the config is the first section of the table; its metric follows two u64).
-fn with_metric_code(image: &[u8], code: u32) -> Vec<u8> {
+/// `image` with its config section's u32 `word` (0 the metric, 1 the storage precision)
+/// replaced by `code` and every checksum made right again (the config is the first section of
+/// the table; its u32 words follow two u64).
+fn with_config_word(image: &[u8], word: usize, code: u32) -> Vec<u8> {
     let mut out = image.to_vec();
-    let metric_at = u64::from_le_bytes(out[64 + 8..64 + 16].try_into().unwrap()) as usize + 16;
-    out[metric_at..metric_at + 4].copy_from_slice(&code.to_le_bytes());
-    reseal_section_of(&mut out, metric_at);
+    let at = u64::from_le_bytes(out[64 + 8..64 + 16].try_into().unwrap()) as usize + 16 + 4 * word;
+    out[at..at + 4].copy_from_slice(&code.to_le_bytes());
+    reseal_section_of(&mut out, at);
     out
+}
+
+fn with_metric_code(image: &[u8], code: u32) -> Vec<u8> {
+    with_config_word(image, 0, code)
 }
 
 #[test]
@@ -31,7 +36,7 @@ fn saved_collections_open_equal_on_every_backend() {
     let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
     for context in contexts() {
         for (m, metric) in common::METRICS.into_iter().enumerate() {
-            for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            for precision in StoragePrecision::ALL {
                 let what = format!("{} {metric:?} {precision:?}", describe(&context));
                 let seed = 100 + m as u64;
                 let count = 700;
@@ -186,6 +191,14 @@ fn damaged_files_are_refused_by_name_and_offset_never_with_a_panic() {
     assert!(e.contains("index") && e.contains("linf metric, which no index supports"), "{e}");
     assert_eq!(cpu.open_storage(&indexed_path).unwrap().index_spec().to_string(), "ivf-flat:nlist=4");
 
+    // Storage precision codes with every checksum correct: one no release knows, and an f32
+    // file relabelled u8 (4), whose vector section then holds four times the rows its slots
+    // can have: refused by the section's length, nothing read as bytes.
+    let e = open_error(&cpu, &bad, &with_config_word(&image, 1, 5));
+    assert!(e.contains("unknown storage precision code 5"), "{e}");
+    let e = open_error(&cpu, &bad, &with_config_word(&image, 1, 4));
+    assert!(e.contains("vectors") && e.contains("1-byte"), "{e}");
+
     // The good file still opens, and a missing one is an I/O error naming it.
     assert_eq!(
         cpu.open_storage(&good).unwrap().vector_count(),
@@ -264,7 +277,7 @@ fn a_file_whose_ids_repeat_far_apart_is_refused_naming_the_id_and_both_slots() {
 fn a_mapped_collection_searches_in_place_and_copies_its_rows_only_when_vectors_are_added() {
     let dir = scratch_dir("mapped");
     for context in contexts() {
-        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+        for precision in StoragePrecision::ALL {
             let what = format!("{} {precision:?}", describe(&context));
             let (seed, count) = (21, 900);
             // Removed and replaced slots: a mapped open keeps them as removed slots.
@@ -276,7 +289,7 @@ fn a_mapped_collection_searches_in_place_and_copies_its_rows_only_when_vectors_a
             let mapped =
                 unsafe { context.open_storage_mapped(&path) }.unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_same_collection(&format!("{what}: mapped"), &original, &mapped, count, seed);
-            let row_bytes = original.dimension() * if precision == StoragePrecision::F32 { 4 } else { 2 };
+            let row_bytes = original.dimension() * precision.element_bytes();
             let rows_in_memory = |s: &GpuVectorStorage| s.memory_bytes() >= s.slot_count() * row_bytes;
             if context.backend_type() == GpuBackendType::Cpu {
                 assert_eq!(mapped.slot_count(), original.slot_count(), "{what}: the file's slots are kept");

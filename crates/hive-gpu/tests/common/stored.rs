@@ -48,6 +48,7 @@ pub fn populated(
                 meta.insert("source".into(), format!("doc-{}", i % 11));
                 meta.insert("ünïcode".into(), "✓".into());
             }
+            let data = super::storable(precision, &data);
             let mut v = GpuVector::with_metadata(format!("id-{i}"), data, meta);
             if i % 4 != 0 {
                 v = v
@@ -65,7 +66,7 @@ pub fn populated(
     // Replaced vectors move to new slots at the end.
     let replaced: Vec<GpuVector> = (0..count)
         .filter(|i| i % 13 == 1)
-        .map(|i| GpuVector::new(format!("id-{i}"), rng.normals(dim)))
+        .map(|i| GpuVector::new(format!("id-{i}"), super::storable(precision, &rng.normals(dim))))
         .collect();
     storage.add_vectors(&replaced).expect("upsert");
     storage

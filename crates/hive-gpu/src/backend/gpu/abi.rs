@@ -337,6 +337,11 @@ kernel_params! {
         evicted: Ptr,
     }
 
+    /// Byte rows widened to an exact f16 copy (`hg_widen_bytes_f16`).
+    struct WidenBytes for ["hg_widen_bytes_f16"] {
+        rows: Ptr, out: Ptr, quads: U64, is_signed: I32,
+    }
+
     /// f32 rows scaled and rounded to an f16 copy (`hg_round_rows_f16`).
     struct RoundRows for ["hg_round_rows_f16"] {
         rows: Ptr, out: Ptr, quads: U64, scale: F32,

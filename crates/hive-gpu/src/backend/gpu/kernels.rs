@@ -23,8 +23,13 @@ const CODES: &str = include_str!("kernels/codes.cu");
 const MERGE: &str = include_str!("kernels/merge.cu");
 
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
-pub(crate) const TENSOR_NAMES: &[&str] =
-    &["hg_mma_filter_tf32", "hg_mma_filter_f16", "hg_mma_filter_f32h", "hg_round_rows_f16"];
+pub(crate) const TENSOR_NAMES: &[&str] = &[
+    "hg_mma_filter_tf32",
+    "hg_mma_filter_f16",
+    "hg_mma_filter_f32h",
+    "hg_round_rows_f16",
+    "hg_widen_bytes_f16",
+];
 
 /// Dynamic shared memory of the `hg_mma_filter` kernels for stored elements of `row_element`
 /// bytes multiplied as `operand_element` bytes, rows of `dim` of them: the resident query tile
@@ -65,6 +70,8 @@ pub(crate) struct TensorKernels<F> {
     pub(crate) f32h: Kernel<F, MmaFilter>,
     /// f32 rows scaled and rounded to an f16 copy, for the f16 filter.
     pub(crate) round_rows: Kernel<F, RoundRows>,
+    /// Byte rows widened to an exact f16 copy, for the f16 filter and tiles.
+    pub(crate) widen_bytes: Kernel<F, WidenBytes>,
 }
 
 macro_rules! kernel_table {
@@ -87,6 +94,7 @@ macro_rules! kernel_table {
         const _: () = assert!(declares(<MmaFilter as KernelParams>::KERNELS, TENSOR_NAMES[1]));
         const _: () = assert!(declares(<MmaFilter as KernelParams>::KERNELS, TENSOR_NAMES[2]));
         const _: () = assert!(declares(<RoundRows as KernelParams>::KERNELS, TENSOR_NAMES[3]));
+        const _: () = assert!(declares(<WidenBytes as KernelParams>::KERNELS, TENSOR_NAMES[4]));
 
         impl<D: Driver> Kernels<D> {
             /// Kernel names, in the order of the table.
@@ -109,6 +117,7 @@ macro_rules! kernel_table {
                         f16: Kernel::new(next()?),
                         f32h: Kernel::new(next()?),
                         round_rows: Kernel::new(next()?),
+                        widen_bytes: Kernel::new(next()?),
                     })
                 } else {
                     None

@@ -264,7 +264,8 @@ impl<D: Driver> GpuRows<D> {
         let work_ptr = put(bytemuck::cast_slice(&work), sizes[6]);
         let groups_ptr = put(bytemuck::cast_slice(&groups), sizes[7]);
         driver.upload(&ws.stream, base, staging, input_bytes)?;
-        let inputs = Inputs { exact, approx, half: 0, inv_scale: 0, q_norms, gate_mul, gate_add };
+        let inputs =
+            Inputs { exact, approx, half: 0, inv_scale: 0, q_norms, gate_mul, gate_add, product_rows: 0 };
         profile.mark(&*driver, &ws.stream, "prepare+upload")?;
 
         let (rows, norms, dead) = self.arrays_ptrs(ws)?;

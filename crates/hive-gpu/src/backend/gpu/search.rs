@@ -15,7 +15,8 @@ use rayon::prelude::*;
 
 use super::abi::{
     Finalize, Launch, MmaFilter, RadixCollect, RadixHist, RadixPick, RadixState, RoundRows, ScanAll,
-    ScanTopk, SelectCollect, SelectHist, SelectPick, SelectState, StridedNorms, TileTopk, read_back,
+    ScanTopk, SelectCollect, SelectHist, SelectPick, SelectState, StridedNorms, TileTopk, WidenBytes,
+    read_back,
 };
 use super::driver::{DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
@@ -75,6 +76,9 @@ pub(super) struct Inputs {
     pub(super) q_norms: DevicePtr,
     pub(super) gate_mul: DevicePtr,
     pub(super) gate_add: DevicePtr,
+    /// The rows the products read where they are not the stored ones: an exact f16 copy of
+    /// byte rows on the f16 paths (`GpuRows::widened_bytes`); 0 for the stored rows.
+    pub(super) product_rows: DevicePtr,
 }
 
 /// Per-query candidate lists handed to finalize: `segments` lists of `len` entries per query,
@@ -379,19 +383,21 @@ impl<D: Driver> GpuRows<D> {
     }
 
     fn approximation(&self, nq: usize, k: usize, metric: GpuDistanceMetric) -> Approximation {
-        if self.own_tiles(metric) {
-            // No product form, or rows no BLAS multiplies (bf16 and bytes against f32
-            // queries): the scan, or the engine's own tiles (`hg_tiles`) over f32 queries.
-            let scan = nq < GEMM_MIN_QUERIES
-                && list_size(k) <= MAX_LIST
-                && self.scan_shared_bytes(k) <= self.shared_limit();
-            return if scan { Approximation::Scan } else { Approximation::GemmF32 };
-        }
         if nq < GEMM_MIN_QUERIES
             && list_size(k) <= MAX_LIST
             && self.scan_shared_bytes(k) <= self.shared_limit()
         {
             return Approximation::Scan;
+        }
+        if !metric.is_difference_norm() && self.byte_copy_fits() {
+            // Byte rows are f16 values: an exact f16 copy of them multiplies on the f16
+            // tensor cores under the f16 rows' bound.
+            return Approximation::GemmF16 { scale: 1.0 };
+        }
+        if self.own_tiles(metric) {
+            // No product form, or rows no BLAS multiplies (bf16 and bytes against f32
+            // queries): the engine's own tiles (`hg_tiles`) over f32 queries.
+            return Approximation::GemmF32;
         }
         match (self.precision, self.search) {
             (StoragePrecision::F16, _) => Approximation::GemmF16 { scale: 1.0 },
@@ -406,6 +412,65 @@ impl<D: Driver> GpuRows<D> {
     fn own_tiles(&self, metric: GpuDistanceMetric) -> bool {
         metric.is_difference_norm()
             || !matches!(self.precision, StoragePrecision::F32 | StoragePrecision::F16)
+    }
+
+    /// Whether the rows are bytes (i8 or u8).
+    fn byte_rows(&self) -> bool {
+        matches!(self.precision, StoragePrecision::I8 | StoragePrecision::U8)
+    }
+
+    /// Whether a batch over byte rows can multiply an exact f16 copy of them
+    /// ([`Self::widened_bytes`]): a device with the tensor-core kernels, rows of whole 4-byte
+    /// words, and a copy within `Tuning::rounded_copy_bytes`.
+    fn byte_copy_fits(&self) -> bool {
+        self.byte_rows()
+            && self.device.kernels.tensor.is_some()
+            && self.dim.is_multiple_of(4)
+            && self.len.saturating_mul(self.dim).saturating_mul(2) <= self.tuning.rounded_copy_bytes
+    }
+
+    /// Whether the rows `path` multiplies are the f16 copy of byte rows.
+    fn products_on_copy(&self, path: Approximation) -> bool {
+        self.byte_rows() && matches!(path, Approximation::GemmF16 { .. })
+    }
+
+    /// Bytes of one element of the rows `path` multiplies (the f16 copy's for byte rows).
+    fn product_element_bytes(&self, path: Approximation) -> usize {
+        if self.products_on_copy(path) { 2 } else { self.element_bytes() }
+    }
+
+    /// An exact f16 copy of the byte rows in `ws` (every integer up to 2048 is an f16), for
+    /// the f16 paths; None where the device's memory has no room for it (the batch then
+    /// takes the own tiles over the stored bytes). One pass over the rows per batch, which
+    /// the tensor cores' work over every row for every query dwarfs.
+    fn widened_bytes(&self, ws: &mut Workspace<D>) -> Result<Option<DevicePtr>> {
+        let Some(tensor) = self.device.kernels.tensor.as_ref() else {
+            return Ok(None);
+        };
+        let (rows, _, _) = self.arrays_ptrs(ws)?;
+        let values = self.len * self.dim;
+        let driver = self.driver().clone();
+        let copy = match ws.rounded_rows.get(&driver, values * 2) {
+            Ok(copy) => copy,
+            Err(HiveGpuError::VramLimitExceeded { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let quads = values / 4;
+        self.device.launch(
+            &ws.stream,
+            tensor.widen_bytes,
+            Launch::new(
+                (quads.div_ceil(BLOCK as usize).min(driver.multiprocessors() as usize * 16).max(1) as u32, 1),
+                BLOCK,
+            ),
+            &WidenBytes {
+                rows,
+                out: copy,
+                quads: quads as u64,
+                is_signed: i32::from(self.precision == StoragePrecision::I8),
+            },
+        )?;
+        Ok(Some(copy))
     }
 
     /// The tensor-core path of the fused filter for a batch that would take `path`, if the
@@ -425,7 +490,7 @@ impl<D: Driver> GpuRows<D> {
         path: Approximation,
     ) -> Option<Approximation> {
         self.device.kernels.tensor.as_ref()?;
-        if !self.tuning.fused || self.own_tiles(metric) {
+        if !self.tuning.fused || (self.own_tiles(metric) && !self.products_on_copy(path)) {
             return None;
         }
         // Rows no scale brings into f16's range (a norm that overflowed f32) stay on TF32.
@@ -450,7 +515,7 @@ impl<D: Driver> GpuRows<D> {
         let kcap = self.path_list_size(k, tensor_path);
         let fits = nq >= GEMM_MIN_QUERIES
             && (self.len >= min_rows || self.len.saturating_mul(nq) >= self.tuning.fused_min_work)
-            && (self.dim * self.element_bytes()).is_multiple_of(16)
+            && (self.dim * self.product_element_bytes(tensor_path)).is_multiple_of(16)
             && kcap < FUSED_CAP
             // Without a sample every row passes: only small collections fit the buffers.
             && (self.sample_rank(ws, k).is_some() || self.len <= FUSED_CAP)
@@ -466,7 +531,7 @@ impl<D: Driver> GpuRows<D> {
 
     /// The filter kernel's dynamic shared memory on `path`.
     fn mma_shared_bytes(&self, path: Approximation) -> usize {
-        mma_shared_bytes(self.element_bytes(), Self::operand_bytes(path), self.dim)
+        mma_shared_bytes(self.product_element_bytes(path), Self::operand_bytes(path), self.dim)
     }
 
     /// The power of two f32 rows are scaled by before the filter rounds them to f16: the
@@ -527,7 +592,10 @@ impl<D: Driver> GpuRows<D> {
         let scan_fits = list_size(k) <= MAX_LIST && self.scan_shared_bytes(k) <= self.shared_limit();
         match (path, self.precision) {
             (Approximation::GemmTf32 | Approximation::RoundedF16 { .. }, _) => Some(Approximation::GemmF32),
-            (Approximation::GemmF16 { .. }, StoragePrecision::F16) if scan_fits => Some(Approximation::Scan),
+            (
+                Approximation::GemmF16 { .. },
+                StoragePrecision::F16 | StoragePrecision::I8 | StoragePrecision::U8,
+            ) if scan_fits => Some(Approximation::Scan),
             _ => None,
         }
     }
@@ -571,6 +639,19 @@ impl<D: Driver> GpuRows<D> {
             path = Approximation::GemmF32;
             fused = None;
             prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq)?;
+        }
+        // Byte rows on an f16 path multiply their f16 copy; without room for it, the own
+        // tiles over the bytes.
+        let mut product_rows = 0;
+        if self.products_on_copy(path) && !radix_only {
+            match self.widened_bytes(ws)? {
+                Some(copy) => product_rows = copy,
+                None => {
+                    path = Approximation::GemmF32;
+                    fused = None;
+                    prepared = prepare(queries, dim, metric, path, gate_path(path), max_sq)?;
+                }
+            }
         }
         let half = matches!(path, Approximation::GemmF16 { .. } | Approximation::RoundedF16 { .. });
         let Prepared { q_norms, gate_mul, gate_add, scan_mul, scan_add, .. } = &prepared;
@@ -624,6 +705,7 @@ impl<D: Driver> GpuRows<D> {
             q_norms: q_norms_ptr,
             gate_mul: gate_mul_ptr,
             gate_add: gate_add_ptr,
+            product_rows,
         };
         // Every query's flag is written by finalize or the radix path: no clearing first.
         profile.mark(&*driver, &ws.stream, "upload")?;
@@ -988,7 +1070,11 @@ impl<D: Driver> GpuRows<D> {
             _ => (GemmInputs::F32, inputs.approx, 4),
         };
         let inv_scale = if matches!(path, Approximation::GemmF16 { .. }) { inputs.inv_scale } else { 0 };
-        let row_element = self.element_bytes() as u64;
+        // Byte rows on an f16 path: their f16 copy.
+        let (rows, row_element) = match inputs.product_rows {
+            0 => (rows, self.element_bytes() as u64),
+            copy => (copy, 2),
+        };
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
             driver.fill(&ws.stream, lists, 0xff, qc * segments * kcap * 8)?;
@@ -1016,7 +1102,7 @@ impl<D: Driver> GpuRows<D> {
                     ldc: tile_rows,
                     inputs: inputs_kind,
                 };
-                if self.own_tiles(metric) {
+                if self.own_tiles(metric) && inputs.product_rows == 0 {
                     self.device.tiles(&ws.gemm_stream, &products, metric, self.precision)?;
                 } else {
                     self.device.gemm(&ws.gemm_stream, &products, self.tuning.own_gemm)?;
@@ -1101,7 +1187,10 @@ impl<D: Driver> GpuRows<D> {
         let counts = ws.fused_counts.get(&driver, chunk * 4)?;
         let (rows, norms, dead) = self.arrays_ptrs(ws)?;
         let (kernel, queries, element, rows, row_element) = match path {
-            Approximation::GemmF16 { .. } => (tensor.f16, inputs.half, 2u64, rows, 2),
+            Approximation::GemmF16 { .. } => {
+                let rows = if inputs.product_rows == 0 { rows } else { inputs.product_rows };
+                (tensor.f16, inputs.half, 2u64, rows, 2)
+            }
             Approximation::RoundedF16 { row_scale, .. } => match self.rounded_rows(ws, rows, row_scale)? {
                 Some(copy) => (tensor.f16, inputs.half, 2, copy, 2),
                 None => (tensor.f32h, inputs.half, 2, rows, 4),

@@ -418,3 +418,13 @@ extern "C" __global__ void hg_round_rows_f16(const float4* rows, uint2* out, u64
         out[i] = make_uint2(hg_f16x2(v.x * scale, v.y * scale), hg_f16x2(v.z * scale, v.w * scale));
     }
 }
+
+// Byte rows (i8 where `is_signed`, else u8) widened to f16, four at a time: exact, since every
+// integer up to 2048 is an f16. The copy a batch over byte rows multiplies on the f16 tensor
+// cores (filter, sample and tiles) exactly as it would f16 rows (search.rs).
+extern "C" __global__ void hg_widen_bytes_f16(const u32* rows, uint2* out, u64 quads, int is_signed) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < quads; i += (u64)gridDim.x * blockDim.x) {
+        float4 v = is_signed ? hg_i8x4(rows[i]) : hg_u8x4(rows[i]);
+        out[i] = make_uint2(hg_f16x2(v.x, v.y), hg_f16x2(v.z, v.w));
+    }
+}
