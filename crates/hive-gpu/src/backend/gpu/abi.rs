@@ -343,7 +343,7 @@ kernel_params! {
     }
 
     /// f32 rows scaled and rounded to an f16 copy (`hg_round_rows_f16`).
-    struct RoundRows for ["hg_round_rows_f16"] {
+    struct RoundRows for ["hg_round_rows_f16", "hg_round_bf16_rows_f16"] {
         rows: Ptr, out: Ptr, quads: U64, scale: F32,
     }
 }

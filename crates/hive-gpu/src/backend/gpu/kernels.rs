@@ -29,6 +29,7 @@ pub(crate) const TENSOR_NAMES: &[&str] = &[
     "hg_mma_filter_f32h",
     "hg_round_rows_f16",
     "hg_widen_bytes_f16",
+    "hg_round_bf16_rows_f16",
 ];
 
 /// Dynamic shared memory of the `hg_mma_filter` kernels for stored elements of `row_element`
@@ -72,6 +73,8 @@ pub(crate) struct TensorKernels<F> {
     pub(crate) round_rows: Kernel<F, RoundRows>,
     /// Byte rows widened to an exact f16 copy, for the f16 filter and tiles.
     pub(crate) widen_bytes: Kernel<F, WidenBytes>,
+    /// bf16 rows scaled and rounded to an f16 copy, for the f16 filter.
+    pub(crate) round_bf16_rows: Kernel<F, RoundRows>,
 }
 
 macro_rules! kernel_table {
@@ -95,6 +98,7 @@ macro_rules! kernel_table {
         const _: () = assert!(declares(<MmaFilter as KernelParams>::KERNELS, TENSOR_NAMES[2]));
         const _: () = assert!(declares(<RoundRows as KernelParams>::KERNELS, TENSOR_NAMES[3]));
         const _: () = assert!(declares(<WidenBytes as KernelParams>::KERNELS, TENSOR_NAMES[4]));
+        const _: () = assert!(declares(<RoundRows as KernelParams>::KERNELS, TENSOR_NAMES[5]));
 
         impl<D: Driver> Kernels<D> {
             /// Kernel names, in the order of the table.
@@ -118,6 +122,7 @@ macro_rules! kernel_table {
                         f32h: Kernel::new(next()?),
                         round_rows: Kernel::new(next()?),
                         widen_bytes: Kernel::new(next()?),
+                        round_bf16_rows: Kernel::new(next()?),
                     })
                 } else {
                     None

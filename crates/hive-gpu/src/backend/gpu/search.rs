@@ -490,7 +490,11 @@ impl<D: Driver> GpuRows<D> {
         path: Approximation,
     ) -> Option<Approximation> {
         self.device.kernels.tensor.as_ref()?;
-        if !self.tuning.fused || (self.own_tiles(metric) && !self.products_on_copy(path)) {
+        // bf16 rows multiply on the tensor cores through their rounded f16 copy only: they
+        // have no f32 for TF32 or for the filter's own conversion.
+        let bf16 = self.precision == StoragePrecision::Bf16;
+        let own = self.own_tiles(metric) && !self.products_on_copy(path) && !bf16;
+        if !self.tuning.fused || metric.is_difference_norm() || own {
             return None;
         }
         // Rows no scale brings into f16's range (a norm that overflowed f32) stay on TF32.
@@ -502,9 +506,12 @@ impl<D: Driver> GpuRows<D> {
             && self.dim.is_multiple_of(8)
             && self.largest_component() * self.row_scale() <= 32768.0
             && self.mma_shared_bytes(rounded_path) <= self.driver().max_shared_bytes()
-            && self.tuning.f16_filter;
+            && self.tuning.f16_filter
+            && (!bf16
+                || self.len.saturating_mul(self.dim).saturating_mul(2) <= self.tuning.rounded_copy_bytes);
         let tensor_path = match path {
             Approximation::GemmF32 | Approximation::GemmTf32 if rounded => rounded_path,
+            _ if bf16 => return None,
             Approximation::GemmF32 | Approximation::GemmTf32 => Approximation::GemmTf32,
             Approximation::GemmF16 { scale } => Approximation::GemmF16 { scale },
             Approximation::Scan | Approximation::CoopF16 { .. } | Approximation::RoundedF16 { .. } => {
@@ -1193,6 +1200,12 @@ impl<D: Driver> GpuRows<D> {
             }
             Approximation::RoundedF16 { row_scale, .. } => match self.rounded_rows(ws, rows, row_scale)? {
                 Some(copy) => (tensor.f16, inputs.half, 2, copy, 2),
+                // bf16 rows have nothing for the filter to convert: without room for their
+                // copy, the own tiles (whose f32 error is inside this path's band).
+                None if self.precision == StoragePrecision::Bf16 => {
+                    let path = Approximation::GemmF32;
+                    return self.tile_path(ws, inputs, nq, k, metric, path, outputs, profile, 1);
+                }
                 None => (tensor.f32h, inputs.half, 2, rows, 4),
             },
             _ => (tensor.tf32, inputs.approx, 4, rows, 4),
@@ -1274,9 +1287,11 @@ impl<D: Driver> GpuRows<D> {
             Err(e) => return Err(e),
         };
         let quads = values / 4;
+        let kernel =
+            if self.precision == StoragePrecision::Bf16 { tensor.round_bf16_rows } else { tensor.round_rows };
         self.device.launch(
             &ws.stream,
-            tensor.round_rows,
+            kernel,
             Launch::new(
                 (quads.div_ceil(BLOCK as usize).min(driver.multiprocessors() as usize * 16) as u32, 1),
                 BLOCK,

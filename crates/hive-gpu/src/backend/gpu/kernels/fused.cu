@@ -419,6 +419,16 @@ extern "C" __global__ void hg_round_rows_f16(const float4* rows, uint2* out, u64
     }
 }
 
+// bf16 rows scaled by `scale` (a power of two) and rounded to nearest f16, four at a time: the
+// copy a batch over bf16 rows multiplies on the f16 filter (bf16 rows have no f32 for TF32 or
+// the filter's own conversion), under the rounded filter's bound as f32 rows of the same values.
+extern "C" __global__ void hg_round_bf16_rows_f16(const uint2* rows, uint2* out, u64 quads, float scale) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < quads; i += (u64)gridDim.x * blockDim.x) {
+        float4 v = hg_bf16x4(rows[i]);
+        out[i] = make_uint2(hg_f16x2(v.x * scale, v.y * scale), hg_f16x2(v.z * scale, v.w * scale));
+    }
+}
+
 // Byte rows (i8 where `is_signed`, else u8) widened to f16, four at a time: exact, since every
 // integer up to 2048 is an f16. The copy a batch over byte rows multiplies on the f16 tensor
 // cores (filter, sample and tiles) exactly as it would f16 rows (search.rs).
