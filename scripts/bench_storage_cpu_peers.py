@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cpu_peers as cpu  # noqa: E402
+from bench_metrics_cpu_peers import exact_ids  # noqa: E402
 
 import faiss  # noqa: E402
 
@@ -40,11 +41,6 @@ def load_int8():
         cpu.write_vecs(base, xb)
         cpu.write_vecs(query, xq)
     return dict(name=name, base=base, query=query, gt=None, xb=xb, xq=xq, gt_ids=None, one_by_one=200)
-
-
-def exact_ids(xb, q, k):
-    dist = ((xb.astype(np.float64) - q.astype(np.float64)) ** 2).sum(1)
-    return np.lexsort((np.arange(len(dist)), dist))[:k]
 
 
 def main():
@@ -80,7 +76,7 @@ def main():
         flat = faiss.IndexFlatL2(d)
         flat.add(xb)
         peers = {f"faiss SQ {precision} direct": sq, "faiss IndexFlatL2 (f32)": flat}
-        want = [exact_ids(xb, xq[i], k) for i in range(args.check)]
+        want = [exact_ids(xb, xq[i], k, "l2") for i in range(args.check)]
         for mode in ("batch", "one-by-one"):
             qps = {name: [] for name in peers}
             qps["hive"] = []

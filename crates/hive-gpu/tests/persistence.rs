@@ -315,7 +315,7 @@ fn a_mapped_collection_searches_in_place_and_copies_its_rows_only_when_vectors_a
                 .map(|i| {
                     hive_gpu::GpuVector::new(
                         format!("id-{}", [i, count + i][i % 2]),
-                        rng.normals(original.dimension()),
+                        common::storable(precision, &rng.normals(original.dimension())),
                     )
                 })
                 .collect();

@@ -448,21 +448,11 @@ impl<D: Driver> GpuRows<D> {
             return Ok(None);
         };
         let (rows, _, _) = self.arrays_ptrs(ws)?;
-        let values = self.len * self.dim;
-        let driver = self.driver().clone();
-        let copy = match ws.rounded_rows.get(&driver, values * 2) {
-            Ok(copy) => copy,
-            Err(HiveGpuError::VramLimitExceeded { .. }) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let quads = values / 4;
+        let Some((copy, quads, launch)) = self.f16_copy_buffer(ws)? else { return Ok(None) };
         self.device.launch(
             &ws.stream,
             tensor.widen_bytes,
-            Launch::new(
-                (quads.div_ceil(BLOCK as usize).min(driver.multiprocessors() as usize * 16).max(1) as u32, 1),
-                BLOCK,
-            ),
+            launch,
             &WidenBytes {
                 rows,
                 out: copy,
@@ -1275,11 +1265,27 @@ impl<D: Driver> GpuRows<D> {
         let Some(tensor) = self.device.kernels.tensor.as_ref() else {
             return Ok(None);
         };
-        let values = self.len * self.dim;
         // Unlike the other sizes, 0 is a setting here: no copy.
-        if values * 2 > self.tuning.rounded_copy_bytes {
+        if self.len * self.dim * 2 > self.tuning.rounded_copy_bytes {
             return Ok(None);
         }
+        let Some((copy, quads, launch)) = self.f16_copy_buffer(ws)? else { return Ok(None) };
+        let kernel =
+            if self.precision == StoragePrecision::Bf16 { tensor.round_bf16_rows } else { tensor.round_rows };
+        self.device.launch(
+            &ws.stream,
+            kernel,
+            launch,
+            &RoundRows { rows, out: copy, quads: quads as u64, scale: row_scale as f32 },
+        )?;
+        Ok(Some(copy))
+    }
+
+    /// The workspace's buffer for an f16 copy of every row (rounded or widened), the copy's
+    /// count of 4-value quads and the launch of its conversion kernel (a thread per quad, at
+    /// most 16 blocks per multiprocessor, looping); None where the device has no room.
+    fn f16_copy_buffer(&self, ws: &mut Workspace<D>) -> Result<Option<(DevicePtr, usize, Launch)>> {
+        let values = self.len * self.dim;
         let driver = self.driver().clone();
         let copy = match ws.rounded_rows.get(&driver, values * 2) {
             Ok(copy) => copy,
@@ -1287,18 +1293,8 @@ impl<D: Driver> GpuRows<D> {
             Err(e) => return Err(e),
         };
         let quads = values / 4;
-        let kernel =
-            if self.precision == StoragePrecision::Bf16 { tensor.round_bf16_rows } else { tensor.round_rows };
-        self.device.launch(
-            &ws.stream,
-            kernel,
-            Launch::new(
-                (quads.div_ceil(BLOCK as usize).min(driver.multiprocessors() as usize * 16) as u32, 1),
-                BLOCK,
-            ),
-            &RoundRows { rows, out: copy, quads: quads as u64, scale: row_scale as f32 },
-        )?;
-        Ok(Some(copy))
+        let blocks = quads.div_ceil(BLOCK as usize).min(driver.multiprocessors() as usize * 16).max(1);
+        Ok(Some((copy, quads, Launch::new((blocks as u32, 1), BLOCK))))
     }
 
     /// Each query's fused-filter threshold, in approximate-distance units: the exact distance
