@@ -175,49 +175,70 @@ fn check_filters(
 fn filtered_searches_equal_a_brute_force_over_the_passing_vectors_on_every_backend_and_path() {
     let metrics = common::METRICS;
     for (c, context) in contexts_with_forced_paths().into_iter().enumerate() {
-        let software = context.device_info().software;
         for (m, metric) in metrics.into_iter().enumerate() {
             // Each metric with another storage type: f32, f16, bf16, i8, u8.
             let precision = StoragePrecision::ALL[m];
             let dim = [3, 32, 100, 31, 64][m];
-            let n = if software { 1500 } else { 6000 };
-            let what = format!("{} {metric:?} {precision:?} d{dim}", describe(&context));
-            let mut rng = Rng::new(1000 + (c * 8 + m) as u64);
-            let storage = context
-                .create_storage_with(StorageConfig::new(dim, metric).with_precision(precision))
-                .expect("storage");
-            let storable = |mut v: GpuVector| {
-                v.data = common::storable(precision, &v.data);
-                v
-            };
-            let mut vectors: Vec<GpuVector> =
-                (0..n).map(|i| storable(random_vector(&mut rng, format!("v{i}"), dim))).collect();
-            storage.add_vectors(&vectors).expect("add");
-            check_filters(&what, &mut rng, &storage, &vectors, n, metric, precision, 12);
-
-            // Remove a tenth and replace a tenth (new values and fields): removed and replaced
-            // rows must never pass, replacements must.
-            let removed: Vec<String> = (0..n).filter(|i| i % 10 == 3).map(|i| format!("v{i}")).collect();
-            storage.remove_vectors(&removed).expect("remove");
-            let replacements: Vec<GpuVector> = (0..n)
-                .filter(|i| i % 10 == 7)
-                .map(|i| storable(random_vector(&mut rng, format!("v{i}"), dim)))
-                .collect();
-            storage.add_vectors(&replacements).expect("replace");
-            vectors.retain(|v| !removed.contains(&v.id) && !replacements.iter().any(|r| r.id == v.id));
-            vectors.extend(replacements);
-            check_filters(
-                &format!("{what} after writes"),
-                &mut rng,
-                &storage,
-                &vectors,
-                n,
-                metric,
-                precision,
-                9,
-            );
+            run_filtered_case(&context, metric, precision, dim, 1000 + (c * 8 + m) as u64);
         }
     }
+}
+
+/// bf16 and byte rows under the metrics with products, at dimensions the tensor-core paths
+/// take (a multiple of 8): their f16 copies (rounded for bf16, exact for bytes) behind a skip
+/// mask and over gathered rows, as the forced contexts run every batch through the fused filter.
+#[test]
+fn filtered_searches_over_bf16_and_byte_rows_on_their_tensor_core_copies_equal_a_brute_force() {
+    let cases = [
+        (StoragePrecision::Bf16, GpuDistanceMetric::Euclidean, 64),
+        (StoragePrecision::Bf16, GpuDistanceMetric::DotProduct, 32),
+        (StoragePrecision::I8, GpuDistanceMetric::DotProduct, 32),
+        (StoragePrecision::I8, GpuDistanceMetric::Cosine, 40),
+        (StoragePrecision::U8, GpuDistanceMetric::Euclidean, 128),
+    ];
+    for (c, context) in contexts_with_forced_paths().into_iter().enumerate() {
+        for (i, (precision, metric, dim)) in cases.into_iter().enumerate() {
+            run_filtered_case(&context, metric, precision, dim, 3000 + (c * 8 + i) as u64);
+        }
+    }
+}
+
+/// Filtered searches of a fresh collection of `precision` against the brute force, then again
+/// after a tenth of its vectors are removed and a tenth replaced.
+fn run_filtered_case(
+    context: &GpuContext,
+    metric: GpuDistanceMetric,
+    precision: StoragePrecision,
+    dim: usize,
+    seed: u64,
+) {
+    let n = if context.device_info().software { 1500 } else { 6000 };
+    let what = format!("{} {metric:?} {precision:?} d{dim}", describe(context));
+    let mut rng = Rng::new(seed);
+    let storage = context
+        .create_storage_with(StorageConfig::new(dim, metric).with_precision(precision))
+        .expect("storage");
+    let storable = |mut v: GpuVector| {
+        v.data = common::storable(precision, &v.data);
+        v
+    };
+    let mut vectors: Vec<GpuVector> =
+        (0..n).map(|i| storable(random_vector(&mut rng, format!("v{i}"), dim))).collect();
+    storage.add_vectors(&vectors).expect("add");
+    check_filters(&what, &mut rng, &storage, &vectors, n, metric, precision, 12);
+
+    // Remove a tenth and replace a tenth (new values and fields): removed and replaced rows
+    // must never pass, replacements must.
+    let removed: Vec<String> = (0..n).filter(|i| i % 10 == 3).map(|i| format!("v{i}")).collect();
+    storage.remove_vectors(&removed).expect("remove");
+    let replacements: Vec<GpuVector> = (0..n)
+        .filter(|i| i % 10 == 7)
+        .map(|i| storable(random_vector(&mut rng, format!("v{i}"), dim)))
+        .collect();
+    storage.add_vectors(&replacements).expect("replace");
+    vectors.retain(|v| !removed.contains(&v.id) && !replacements.iter().any(|r| r.id == v.id));
+    vectors.extend(replacements);
+    check_filters(&format!("{what} after writes"), &mut rng, &storage, &vectors, n, metric, precision, 9);
 }
 
 #[test]

@@ -22,6 +22,8 @@ use common::METRICS;
 fn store(context: &GpuContext, precision: StoragePrecision, rng: &mut Rng) -> Box<dyn RowStore> {
     let mut values = rng.normals(ROWS * DIM);
     values.copy_within(0..10 * DIM, 10 * DIM);
+    // Integer types take integers (the same draw scaled and rounded; the twins stay twins).
+    let values = common::storable(precision, &values);
     let mut rows = context
         .backend()
         .new_rows(DIM, precision, SearchPrecision::Exact, context.tuning())
@@ -88,7 +90,7 @@ fn live(slot: usize) -> bool {
 #[test]
 fn refine_equals_an_f64_brute_force_over_each_querys_live_candidates() {
     for context in contexts_with_forced_paths() {
-        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+        for precision in StoragePrecision::ALL {
             let mut rng = Rng::new(0x7e_f1e);
             let rows = store(&context, precision, &mut rng);
             let values = stored(&*rows);
@@ -125,7 +127,7 @@ fn refine_equals_an_f64_brute_force_over_each_querys_live_candidates() {
 #[test]
 fn scan_lists_equals_an_f64_brute_force_over_each_querys_live_allowed_list_members() {
     for context in contexts_with_forced_paths() {
-        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+        for precision in StoragePrecision::ALL {
             let mut rng = Rng::new(0x5ca7);
             let rows = store(&context, precision, &mut rng);
             let values = stored(&*rows);
@@ -217,13 +219,13 @@ fn scan_lists_over_long_lists_split_between_blocks_and_many_queries_per_list_sta
     const DIM: usize = 64;
     const ROWS: usize = 6000;
     for context in contexts_with_forced_paths() {
-        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+        for precision in StoragePrecision::ALL {
             let mut rng = Rng::new(0x5917);
             let mut rows = context
                 .backend()
                 .new_rows(DIM, precision, SearchPrecision::Exact, context.tuning())
                 .expect("a row store opens");
-            rows.append(&rng.normals(ROWS * DIM)).expect("rows append");
+            rows.append(&common::storable(precision, &rng.normals(ROWS * DIM))).expect("rows append");
             let removed: Vec<usize> = (0..ROWS).step_by(7).collect();
             rows.tombstone(&removed);
             let values = stored(&*rows);
@@ -365,7 +367,7 @@ fn select_k_returns_the_smallest_scores_ties_by_column() {
 #[test]
 fn gather_returns_the_stored_rows_in_the_order_asked() {
     for context in contexts_with_forced_paths() {
-        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+        for precision in StoragePrecision::ALL {
             let mut rng = Rng::new(21);
             let rows = store(&context, precision, &mut rng);
             let values = stored(&*rows);
@@ -391,7 +393,7 @@ fn gather_returns_the_stored_rows_in_the_order_asked() {
 #[test]
 fn knn_restricted_to_a_slot_set_equals_a_brute_force_over_its_live_members() {
     for context in contexts_with_forced_paths() {
-        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+        for precision in StoragePrecision::ALL {
             let mut rng = Rng::new(31);
             let rows = store(&context, precision, &mut rng);
             let values = stored(&*rows);
@@ -426,7 +428,7 @@ fn knn_whose_first_tile_holds_removed_nearest_rows_and_ties_at_the_kth_stays_exa
     // tie at every rank, and every row fits one tile.
     const N: usize = 4096;
     for context in contexts_with_forced_paths() {
-        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+        for precision in StoragePrecision::ALL {
             let mut rng = Rng::new(47);
             let nq = 33;
             let queries = rng.normals(nq * DIM);
@@ -436,6 +438,7 @@ fn knn_whose_first_tile_holds_removed_nearest_rows_and_ties_at_the_kth_stays_exa
             for r in 3000..3064 {
                 values.copy_within(7 * DIM..8 * DIM, r * DIM);
             }
+            let values = common::storable(precision, &values);
             let mut rows = context
                 .backend()
                 .new_rows(DIM, precision, SearchPrecision::Exact, context.tuning())
@@ -906,6 +909,26 @@ fn scan_pq_ranks_by_the_documented_lookup_table_distance_for_4_and_8_bit_codes()
             scan.codes = &short;
             let e = rows.scan_pq(&scan, 3).unwrap_err().to_string();
             assert!(e.contains("scan_pq") && e.contains("list 2"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_row_store_of_an_integer_type_refuses_values_it_cannot_hold_and_stays_as_it_was() {
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::I8, StoragePrecision::U8] {
+            let what = format!("{} {precision:?}", describe(&context));
+            let mut rows = context
+                .backend()
+                .new_rows(3, precision, SearchPrecision::Exact, context.tuning())
+                .expect("a row store opens");
+            rows.append(&[1.0, 2.0, 3.0]).unwrap_or_else(|e| panic!("{what}: {e}"));
+            for bad in [[1.0, 2.5, 3.0], [1.0, 2.0, 300.0], [f32::NAN, 0.0, 0.0], [-129.0, 0.0, 0.0]] {
+                let e = rows.append(&bad).expect_err(&what).to_string();
+                assert!(e.contains("is not an integer"), "{what}: {e}");
+            }
+            assert_eq!(rows.len(), 1, "{what}: a refused append added rows");
+            assert_eq!(rows.read_row(0).unwrap(), vec![1.0, 2.0, 3.0], "{what}");
         }
     }
 }

@@ -42,6 +42,21 @@ pub(crate) fn unrepresentable(x: f32, precision: StoragePrecision) -> Option<&'s
     }
 }
 
+/// Refuses `values` (rows about to be stored, row-major) when one cannot be stored as
+/// `precision`: what every row store's `append` checks, so that a store reached directly
+/// (`RowStore` is public) never rounds a value an integer type cannot hold.
+pub(crate) fn check_storable(values: &[f32], precision: StoragePrecision) -> crate::error::Result<()> {
+    if precision == StoragePrecision::F32 {
+        return Ok(());
+    }
+    match values.iter().enumerate().find_map(|(i, &x)| unrepresentable(x, precision).map(|why| (i, x, why))) {
+        Some((i, x, why)) => {
+            Err(crate::error::HiveGpuError::InvalidArgument(format!("value {i} of the rows, {x}, {why}")))
+        }
+        None => Ok(()),
+    }
+}
+
 /// `x` as the value `precision` stores (rounded for the float types; an integer type's values
 /// are checked integers already, see [`unrepresentable`]).
 pub(crate) fn stored_value(x: f32, precision: StoragePrecision) -> f32 {

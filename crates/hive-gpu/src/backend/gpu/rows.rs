@@ -473,6 +473,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
     }
 
     fn append(&mut self, rows: &[f32]) -> Result<()> {
+        crate::exact::elements::check_storable(rows, self.precision)?;
         if !rows.len().is_multiple_of(self.dim) {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "append needs whole {}-dimensional rows ({} values)",

@@ -859,6 +859,7 @@ impl RowStore for WgpuRows {
     }
 
     fn append(&mut self, rows: &[f32]) -> Result<()> {
+        crate::exact::elements::check_storable(rows, self.precision)?;
         self.resync()?;
         let from = self.host.len();
         self.grow_device(from + rows.len() / self.dim)?;

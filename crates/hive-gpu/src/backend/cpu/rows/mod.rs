@@ -574,6 +574,7 @@ impl RowStore for CpuRows {
     }
 
     fn append(&mut self, rows: &[f32]) -> Result<()> {
+        crate::exact::elements::check_storable(rows, self.precision())?;
         if self.len_slots().saturating_add(rows.len() / self.dim) > u32::MAX as usize {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "a CPU collection holds at most {} vectors",
