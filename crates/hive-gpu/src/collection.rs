@@ -206,18 +206,22 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
         });
     }
     // The common case (valid input) allocates nothing: ids and texts are built on error only.
-    let (id, what) = if values.iter().all(|x| x.is_finite())
-        && !matches!(config.metric, GpuDistanceMetric::Cosine)
-        && config.precision == StoragePrecision::F32
+    // A vector must also be storable in the collection's type; a query need not.
+    let stored_type = match subject {
+        Subject::Vector(_) => config.precision,
+        Subject::Query(_) => StoragePrecision::F32,
+    };
+    if !matches!(config.metric, GpuDistanceMetric::Cosine)
+        && values
+            .iter()
+            .all(|&x| x.is_finite() && crate::exact::elements::unrepresentable(x, stored_type).is_none())
     {
         let squared_norm: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
         if squared_norm <= MAX_SQUARED_NORM {
             return Ok(());
         }
-        (subject_id(), subject_text(subject))
-    } else {
-        (subject_id(), subject_text(subject))
-    };
+    }
+    let (id, what) = (subject_id(), subject_text(subject));
     if let Some((i, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
         return Err(HiveGpuError::InvalidVector { id, reason: format!("{what}{x} at component {i}") });
     }
