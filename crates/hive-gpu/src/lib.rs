@@ -740,6 +740,14 @@ impl GpuVectorStorage {
         collection.rows().memory_bytes() + collection.index().map_or(0, |i| i.memory_bytes())
     }
 
+    /// Whether the vectors live in page-locked host memory and stream through the device for
+    /// each search: a CUDA or ROCm collection that outgrew the device's memory does (searches
+    /// stay exact; their speed is the host-to-device link's, docs/PERFORMANCE.md). Where the
+    /// vectors are is otherwise the backend's: device memory on a GPU, host memory on the CPU.
+    pub fn rows_streamed(&self) -> bool {
+        self.read().rows().streamed()
+    }
+
     /// The backend the collection lives on.
     pub fn backend_type(&self) -> GpuBackendType {
         self.backend.backend_type()

@@ -157,6 +157,27 @@ impl SlotSet {
         })
     }
 
+    /// The members of `start..start + len`, renumbered from 0: the set a search of those slots
+    /// alone reads (a window of a streamed collection).
+    pub(crate) fn window(&self, start: usize, len: usize) -> SlotSet {
+        let (first, shift) = (start / 32, start % 32);
+        let word = |i: usize| self.words.get(i).copied().unwrap_or(0);
+        let mut words: Vec<u32> = (0..Self::words_for(len))
+            .map(|i| {
+                let low = word(first + i) >> shift;
+                // A shift by 32 is no shift in Rust's checked arithmetic: the high part is
+                // only taken when the window is not word-aligned.
+                if shift == 0 { low } else { low | (word(first + i + 1) << (32 - shift)) }
+            })
+            .collect();
+        if let Some(last) = words.last_mut()
+            && !len.is_multiple_of(32)
+        {
+            *last &= (1u32 << (len % 32)) - 1;
+        }
+        Self::from_words(words)
+    }
+
     /// Members of both.
     pub fn and(&self, other: &SlotSet) -> SlotSet {
         let words: Vec<u32> = self.words.iter().zip(&other.words).map(|(a, b)| a & b).collect();
@@ -265,6 +286,22 @@ impl SearchMask<'_> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_window_holds_exactly_the_members_of_its_range_renumbered_at_any_alignment() {
+        let members = [0, 3, 31, 32, 33, 63, 64, 95, 100, 127, 128, 130];
+        let set = SlotSet::from_slots(140, members);
+        for start in [0, 1, 5, 31, 32, 33, 64, 100, 139, 140] {
+            for len in [0, 1, 7, 31, 32, 33, 40, 64, 140 - start] {
+                let window = set.window(start, len);
+                let expected: Vec<usize> =
+                    members.iter().filter(|&&s| s >= start && s < start + len).map(|s| s - start).collect();
+                assert_eq!(window.iter().collect::<Vec<_>>(), expected, "start {start} len {len}");
+                assert_eq!(window.count(), expected.len());
+                assert_eq!(window.words().len(), len.div_ceil(32));
+            }
+        }
+    }
+
     #[test]
     fn words_read_from_a_file_may_not_name_a_slot_past_the_end() {
         let set = SlotSet::checked_from_words(vec![0b101, 1 << 3], 36).expect("slots 0, 2 and 35");

@@ -94,6 +94,16 @@ pub struct Tuning {
     /// host, where one query's few lists cost less than the device merge's copies and waits).
     /// `HIVE_GPU_DEVICE_MERGE_MIN_QUERIES`.
     pub device_merge_min_queries: usize,
+    /// The most bytes of rows one CUDA/ROCm collection keeps in device memory, where set (else
+    /// as much as the device has). A collection that outgrows it, or the device, moves its
+    /// rows to page-locked host memory and streams them through the device for each search
+    /// (`backend/gpu/streamed.rs`); tests set it low to take that path on any GPU.
+    /// `HIVE_GPU_DEVICE_ROWS_BYTES`.
+    pub device_rows_bytes: Option<usize>,
+    /// Bytes of rows per window of a streamed collection (at least 1): the piece uploaded while
+    /// the previous one is searched. Two windows live on the device.
+    /// `HIVE_GPU_STREAM_WINDOW_BYTES`.
+    pub stream_window_bytes: usize,
 }
 
 impl Default for Tuning {
@@ -139,6 +149,10 @@ impl Default for Tuning {
             // the device, 100 within the noise, 10 about 7% slower; single queries 40-70 us
             // slower.
             device_merge_min_queries: 128,
+            device_rows_bytes: None,
+            // 1 GiB uploads in about 40 ms at 25 GB/s, so a window's fixed search costs (well
+            // under a millisecond) stay small beside its copy (docs/PERFORMANCE.md, streaming).
+            stream_window_bytes: 1 << 30,
         }
     }
 }
@@ -192,7 +206,7 @@ impl Tuning {
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 15] = [
+        let sizes: [(&str, usize, &mut usize); 16] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -208,6 +222,7 @@ impl Tuning {
             ("HIVE_GPU_PIECE_WORKERS", 1, &mut t.piece_workers),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", 0, &mut t.refine_batch_candidates),
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", 1, &mut t.device_merge_min_queries),
+            ("HIVE_GPU_STREAM_WINDOW_BYTES", 1, &mut t.stream_window_bytes),
         ];
         for (name, min, field) in sizes {
             if let Some(value) = size(name, min)? {
@@ -215,6 +230,7 @@ impl Tuning {
             }
         }
         t.tile_rows = size("HIVE_GPU_TILE_ROWS", 1)?;
+        t.device_rows_bytes = size("HIVE_GPU_DEVICE_ROWS_BYTES", 0)?;
         Ok(t)
     }
 }
@@ -251,6 +267,8 @@ mod tests {
             ("HIVE_GPU_PIECE_WORKERS", "8"),
             ("HIVE_GPU_DEVICE_MERGE", "0"),
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", "3"),
+            ("HIVE_GPU_DEVICE_ROWS_BYTES", "4096"),
+            ("HIVE_GPU_STREAM_WINDOW_BYTES", "1024"),
         ])
         .expect("valid");
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
@@ -259,6 +277,7 @@ mod tests {
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.fused_min_work, 77);
+        assert_eq!((t.device_rows_bytes, t.stream_window_bytes), (Some(4096), 1024));
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);
     }
 

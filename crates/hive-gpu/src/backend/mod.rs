@@ -199,6 +199,11 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     fn read_row(&self, slot: usize) -> Result<Vec<f32>>;
     /// Bytes of memory the rows occupy on the device.
     fn memory_bytes(&self) -> usize;
+    /// Whether the rows live in host memory and stream through a device for each search (a
+    /// GPU collection larger than its device); false where they live where they are searched.
+    fn streamed(&self) -> bool {
+        false
+    }
     /// Exact k nearest rows for each query of a row-major batch, best first, ties by slot,
     /// among the live rows, or with `allowed` among the live rows that are members of it (a
     /// filter's [`SlotSet`]: slots it does not cover are not allowed). `k` must be at least 1

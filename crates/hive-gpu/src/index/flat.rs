@@ -72,7 +72,11 @@ pub(crate) fn search_results_across(
     let with_payload = options.with_metadata;
     let queries = batch.queries;
     let mut plan = Plan::of(first, batch, k, options, tuning)?;
-    plan.pieces = Pieces::across(plan.nq, tuning, members.len());
+    plan.pieces = if first.rows().streamed() {
+        Pieces::whole(plan.nq, members.len())
+    } else {
+        Pieces::across(plan.nq, tuning, members.len())
+    };
     if plan.pieces.count > 1 {
         plan.others_allowed = members[1..]
             .iter()
@@ -237,7 +241,7 @@ impl<'f> Plan<'f> {
             }),
             None => None,
         };
-        let pieces = Pieces::of(nq, tuning);
+        let pieces = if collection.rows().streamed() { Pieces::whole(nq, 1) } else { Pieces::of(nq, tuning) };
         Ok(Self { nq, k: k.min(searched), probe, allowed, others_allowed: Vec::new(), pieces, into: None })
     }
 
@@ -394,6 +398,15 @@ impl Pieces {
             return Self { count: 1, workers: 1 };
         }
         Self { count: nq.div_ceil(size), workers }
+    }
+
+    /// One piece per member (at most one per query): a batch over a collection whose rows stream
+    /// from host memory (`RowStore::streamed`). Each piece streams every row through the
+    /// device, so pieces of one member would read them once each, one after another (on an H100, a
+    /// 10,000-query batch over 8 GiB streamed in 5 pieces took 1,050 ms, where uploading the rows
+    /// once takes 150: docs/PERFORMANCE.md, streaming).
+    fn whole(nq: usize, members: usize) -> Self {
+        Self { count: members.min(nq).max(1), workers: 1 }
     }
 
     /// Pieces for `members` collections searched at once: at most two workers per member (one
@@ -608,6 +621,12 @@ mod tests {
                 }
                 let pieces = Pieces::of(nq, &tuning(size, workers));
                 assert_covered(&pieces, nq, &format!("nq {nq} size {size} workers {workers}"));
+            }
+            for members in 1..=3 {
+                // A streamed collection's batch: one piece per member, never two on one member.
+                let pieces = Pieces::whole(nq, members);
+                assert_eq!((pieces.count, pieces.workers), (members.min(nq).max(1), 1), "nq {nq}");
+                assert_covered(&pieces, nq, &format!("nq {nq} whole over {members}"));
             }
         }
     }

@@ -94,7 +94,8 @@ pub fn contexts() -> Vec<GpuContext> {
 /// [`Tuning`] can force, so the suites prove every path in one process (no process-global
 /// variables): on CUDA/ROCm the engine's own GEMM kernel, the fused filter on every batch
 /// (f16 rows rounded into a copy, TF32, rounded inside the filter), the radix path's linear
-/// selection on every list and the gather of a filter's passing rows on every filtered search; on a hardware Vulkan adapter the cooperative-matrix filter on every
+/// selection on every list, the gather of a filter's passing rows on every filtered search, and
+/// rows streamed from host memory past a lowered device room; on a hardware Vulkan adapter the cooperative-matrix filter on every
 /// batch. The software adapter and the CPU have no such paths, so CI runs each suite once there.
 pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
     let mut out = Vec::new();
@@ -123,6 +124,12 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                 tuned(|t| {
                     t.gather_fraction = 1;
                     t.batch_gather_fraction = 1;
+                }),
+                // Room for 256 KiB of rows: a larger collection streams them from host memory
+                // through 64 KiB windows (`backend/gpu/streamed.rs`), a smaller one stays.
+                tuned(|t| {
+                    t.device_rows_bytes = Some(256 << 10);
+                    t.stream_window_bytes = 64 << 10;
                 }),
             ],
             GpuBackendType::Vulkan if !context.device_info().software => {

@@ -297,6 +297,8 @@ pub struct CudaPinned {
 }
 // SAFETY: plain host memory owned by this value.
 unsafe impl Send for CudaPinned {}
+// SAFETY: a shared borrow only reads the bytes (`Deref`); writing needs `&mut` (`DerefMut`).
+unsafe impl Sync for CudaPinned {}
 
 impl std::ops::Deref for CudaPinned {
     type Target = [u8];
@@ -457,11 +459,21 @@ impl Driver for CudaDriver {
         Ok(created)
     }
 
-    fn upload(&self, stream: &CudaStream, dst: DevicePtr, host: &CudaPinned, bytes: usize) -> Result<()> {
+    fn upload_at(
+        &self,
+        stream: &CudaStream,
+        dst: DevicePtr,
+        host: &CudaPinned,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
         self.bind()?;
+        let host = offset.checked_add(bytes).and_then(|end| host.get(offset..end)).ok_or_else(|| {
+            HiveGpuError::Internal(format!("an upload of {bytes} bytes at {offset} is past its buffer"))
+        })?;
         // SAFETY: `host` is pinned and outlives the copy (callers synchronize before reuse);
         // `dst` holds at least `bytes` (engine invariant).
-        unsafe { cu::memcpy_htod_async(dst, &host[..bytes], stream.stream) }
+        unsafe { cu::memcpy_htod_async(dst, host, stream.stream) }
             .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
     }
 

@@ -83,8 +83,9 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
     type Stream: Send + std::fmt::Debug;
     /// A loaded kernel.
     type Function: Send + Sync + Copy + std::fmt::Debug;
-    /// Page-locked host memory for asynchronous copies.
-    type Pinned: Send + std::fmt::Debug + std::ops::DerefMut<Target = [u8]>;
+    /// Page-locked host memory for asynchronous copies (shared by the searches of a collection
+    /// streamed from it, which only read it).
+    type Pinned: Send + Sync + std::fmt::Debug + std::ops::DerefMut<Target = [u8]>;
     /// A marker in a stream that another stream can wait for.
     type Event: Send + std::fmt::Debug;
 
@@ -123,7 +124,19 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Sized + 'static {
 
     /// Queues a copy of `host[..bytes]` to `dst`. The host buffer must stay untouched until
     /// the stream is synchronized.
-    fn upload(&self, stream: &Self::Stream, dst: DevicePtr, host: &Self::Pinned, bytes: usize) -> Result<()>;
+    fn upload(&self, stream: &Self::Stream, dst: DevicePtr, host: &Self::Pinned, bytes: usize) -> Result<()> {
+        self.upload_at(stream, dst, host, 0, bytes)
+    }
+    /// Queues a copy of `host[offset..offset + bytes]` to `dst` (a range past the buffer is an
+    /// error). The host buffer must stay untouched until the stream is synchronized.
+    fn upload_at(
+        &self,
+        stream: &Self::Stream,
+        dst: DevicePtr,
+        host: &Self::Pinned,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<()>;
     /// Queues a copy of `bytes` from `src` into `host`; valid after the stream is synchronized.
     fn download(
         &self,

@@ -457,6 +457,8 @@ pub struct HipPinned {
 }
 // SAFETY: plain host memory owned by this value.
 unsafe impl Send for HipPinned {}
+// SAFETY: a shared borrow only reads the bytes (`Deref`); writing needs `&mut` (`DerefMut`).
+unsafe impl Sync for HipPinned {}
 
 impl std::ops::Deref for HipPinned {
     type Target = [u8];
@@ -628,9 +630,18 @@ impl Driver for HipDriver {
         Ok(created)
     }
 
-    fn upload(&self, stream: &HipStream, dst: DevicePtr, host: &HipPinned, bytes: usize) -> Result<()> {
+    fn upload_at(
+        &self,
+        stream: &HipStream,
+        dst: DevicePtr,
+        host: &HipPinned,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
         self.bind()?;
-        let host = &host[..bytes];
+        let host = offset.checked_add(bytes).and_then(|end| host.get(offset..end)).ok_or_else(|| {
+            HiveGpuError::Internal(format!("an upload of {bytes} bytes at {offset} is past its buffer"))
+        })?;
         // SAFETY: `host` is pinned and outlives the copy (callers synchronize before reuse);
         // `dst` holds at least `bytes` (engine invariant).
         self.runtime.check("hipMemcpyHtoDAsync", unsafe {

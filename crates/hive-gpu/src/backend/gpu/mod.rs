@@ -15,8 +15,10 @@ mod memory;
 mod merge;
 mod prepare;
 mod primitives;
+mod residence;
 mod rows;
 pub(crate) mod search;
+mod streamed;
 
 use std::sync::Arc;
 
@@ -146,7 +148,8 @@ impl<D: Driver> GpuBackend for GpuEngine<D> {
         tuning: &crate::tuning::Tuning,
     ) -> Result<Box<dyn RowStore>> {
         crate::backend::check_new_rows(dim)?;
-        Ok(Box::new(rows::GpuRows::new(self.device.clone(), dim, precision, search, tuning.clone())?))
+        let rows = rows::GpuRows::new(self.device.clone(), dim, precision, search, tuning.clone())?;
+        Ok(Box::new(residence::EngineRows::Device(rows)))
     }
 }
 

@@ -182,6 +182,16 @@ impl<D: Driver> GpuRows<D> {
             }
             other => other,
         };
+        // The test knob that makes a small collection take the streamed path on any GPU.
+        if let Some(limit) = self.tuning.device_rows_bytes
+            && requested > limit as u64
+        {
+            return Err(HiveGpuError::VramLimitExceeded {
+                backend: self.device.backend,
+                requested,
+                available: limit as u64,
+            });
+        }
         let rows = DeviceBuffer::new(&driver, capacity * row_bytes).map_err(whole)?;
         let norms = DeviceBuffer::new(&driver, capacity * 4).map_err(whole)?;
         let dead = DeviceBuffer::new(&driver, words * 4).map_err(whole)?;
@@ -406,6 +416,91 @@ impl<D: Driver> GpuRows<D> {
         rows.dead.reset(keep.len());
         rows.max_sq_norm = self.max_sq_norm;
         Ok(rows)
+    }
+
+    /// Empty rows with device room for exactly `capacity`: a window of a streamed collection
+    /// (`streamed.rs`).
+    pub(super) fn window(
+        device: Arc<Device<D>>,
+        dim: usize,
+        precision: StoragePrecision,
+        search: SearchPrecision,
+        tuning: Tuning,
+        capacity: usize,
+    ) -> Result<Self> {
+        let mut rows = Self::new(device, dim, precision, search, tuning)?;
+        rows.grow_to(capacity)?;
+        Ok(rows)
+    }
+
+    /// Makes `page`'s first `count` rows (stored elements, whole rows) this window's rows,
+    /// with `dead` as their removed slots and `max_sq_norm` bounding their norms, and computes
+    /// their norms; returns once they are on the device. It runs on the window's own upload
+    /// stream while another window is searched (`streamed.rs`).
+    ///
+    /// The rows go up in pieces of `UPLOAD_CHUNK_BYTES`, at most two queued at a time: a copy
+    /// engine takes the copies queued on it in order, whatever their streams, so a search's own
+    /// upload (its queries) queued behind a whole window would wait for all of it. On the H100
+    /// a 1,000-query search's query upload waited 8-9 ms behind a 512 MiB window, which undid
+    /// the overlap (docs/PERFORMANCE.md, streaming); behind two pieces it waits about a
+    /// millisecond.
+    pub(super) fn fill_window(
+        &mut self,
+        page: &D::Pinned,
+        count: usize,
+        dead: SlotSet,
+        max_sq_norm: f32,
+    ) -> Result<()> {
+        let row_bytes = self.row_bytes();
+        let Some(arrays) =
+            self.arrays.as_ref().filter(|a| a.capacity >= count && page.len() >= count * row_bytes)
+        else {
+            return Err(HiveGpuError::Internal(format!("a window got {count} rows it has no room for")));
+        };
+        let (rows_ptr, norms_ptr, dead_ptr) = (arrays.rows.ptr(), arrays.norms.ptr(), arrays.dead.ptr());
+        let driver = self.driver().clone();
+        let words = Self::dead_words(count);
+        // A fill that fails part way leaves an empty window, never a torn one.
+        self.len = 0;
+        {
+            let mut guard = self.maintenance()?;
+            let Maintenance { upload_stream, staging, .. } = &mut *guard;
+            let buffer = staging[1].get(&driver, words * 4)?;
+            for (i, dst) in buffer[..words * 4].chunks_exact_mut(4).enumerate() {
+                dst.copy_from_slice(&dead.words().get(i).copied().unwrap_or(0).to_ne_bytes());
+            }
+            driver.upload(upload_stream, dead_ptr, buffer, words * 4)?;
+            let piece = (UPLOAD_CHUNK_BYTES / row_bytes).max(1) * row_bytes;
+            for (i, start) in (0..count * row_bytes).step_by(piece).enumerate() {
+                // Two pieces queued at most: wait for those before queuing the next pair.
+                if i > 0 && i % 2 == 0 {
+                    driver.synchronize(upload_stream)?;
+                }
+                let bytes = piece.min(count * row_bytes - start);
+                driver.upload_at(upload_stream, rows_ptr + start as u64, page, start, bytes)?;
+            }
+            if count > 0 {
+                let warps_per_block = (BLOCK / driver.warp_size()) as usize;
+                self.device.launch(
+                    upload_stream,
+                    self.device.kernels.norms().get(self.precision),
+                    Launch::new((count.div_ceil(warps_per_block).min(65535) as u32, 1), BLOCK),
+                    &Norms {
+                        rows: rows_ptr,
+                        dim: self.dim as u32,
+                        first: 0,
+                        count: count as u32,
+                        norms: norms_ptr,
+                    },
+                )?;
+            }
+            driver.synchronize(upload_stream)?;
+        }
+        self.len = count;
+        self.dead = dead;
+        self.dead.cover(self.capacity());
+        self.max_sq_norm = max_sq_norm;
+        Ok(())
     }
 
     /// Room for rows in this store's device arrays.
