@@ -321,6 +321,18 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     fn release_scratch(&self) {}
 }
 
+/// The check every [`RowStore::read_stored`] starts with: rows `start..start + count` lie
+/// within the `len` stored.
+pub(crate) fn check_row_range(start: usize, count: usize, len: usize) -> Result<()> {
+    if start.checked_add(count).is_none_or(|end| end > len) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "rows {start}..{} of {len}",
+            start.saturating_add(count)
+        )));
+    }
+    Ok(())
+}
+
 /// The argument check every [`GpuBackend::new_rows`] starts with.
 pub(crate) fn check_new_rows(dim: usize) -> Result<()> {
     if dim == 0 {

@@ -691,13 +691,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         precision: StoragePrecision,
         out: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        if start.checked_add(count).is_none_or(|end| end > self.len) {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "rows {start}..{} of {}",
-                start.saturating_add(count),
-                self.len
-            )));
-        }
+        crate::backend::check_row_range(start, count, self.len)?;
         let Some(arrays) = self.arrays.as_ref().filter(|_| count > 0) else { return Ok(()) };
         if precision != self.precision || cfg!(target_endian = "big") {
             let slots: Vec<usize> = (start..start + count).collect();

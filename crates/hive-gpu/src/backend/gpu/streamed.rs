@@ -446,13 +446,7 @@ impl<D: Driver> RowStore for HostRows<D> {
         precision: StoragePrecision,
         out: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        if start.checked_add(count).is_none_or(|end| end > self.len) {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "rows {start}..{} of {}",
-                start.saturating_add(count),
-                self.len
-            )));
-        }
+        crate::backend::check_row_range(start, count, self.len)?;
         if precision != self.precision || cfg!(target_endian = "big") {
             let slots: Vec<usize> = (start..start + count).collect();
             return out(&crate::exact::elements::narrow(&self.gather(&slots)?, precision));

@@ -647,13 +647,7 @@ impl RowStore for CpuRows {
         precision: StoragePrecision,
         out: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        if start.checked_add(count).is_none_or(|end| end > self.len_slots()) {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "rows {start}..{} of {}",
-                start.saturating_add(count),
-                self.len_slots()
-            )));
-        }
+        crate::backend::check_row_range(start, count, self.len_slots())?;
         let range = start * self.dim..(start + count) * self.dim;
         // The stored elements are the file's: their own memory goes out as it is.
         if precision == self.precision() && cfg!(target_endian = "little") {
