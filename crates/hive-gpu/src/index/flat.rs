@@ -72,7 +72,7 @@ pub(crate) fn search_results_across(
     let with_payload = options.with_metadata;
     let queries = batch.queries;
     let mut plan = Plan::of(first, batch, k, options, tuning)?;
-    plan.pieces = if first.rows().streamed() {
+    plan.pieces = if members.iter().any(|m| m.rows().streamed()) {
         Pieces::whole(plan.nq, members.len())
     } else {
         Pieces::across(plan.nq, tuning, members.len())

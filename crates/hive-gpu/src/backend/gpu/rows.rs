@@ -462,39 +462,46 @@ impl<D: Driver> GpuRows<D> {
         let words = Self::dead_words(count);
         // A fill that fails part way leaves an empty window, never a torn one.
         self.len = 0;
+        self.dead = SlotSet::default();
         {
             let mut guard = self.maintenance()?;
             let Maintenance { upload_stream, staging, .. } = &mut *guard;
-            let buffer = staging[1].get(&driver, words * 4)?;
-            for (i, dst) in buffer[..words * 4].chunks_exact_mut(4).enumerate() {
-                dst.copy_from_slice(&dead.words().get(i).copied().unwrap_or(0).to_ne_bytes());
-            }
-            driver.upload(upload_stream, dead_ptr, buffer, words * 4)?;
-            let piece = (UPLOAD_CHUNK_BYTES / row_bytes).max(1) * row_bytes;
-            for (i, start) in (0..count * row_bytes).step_by(piece).enumerate() {
-                // Two pieces queued at most: wait for those before queuing the next pair.
-                if i > 0 && i % 2 == 0 {
-                    driver.synchronize(upload_stream)?;
+            let queued = (|| -> Result<()> {
+                let buffer = staging[1].get(&driver, words * 4)?;
+                for (i, dst) in buffer[..words * 4].chunks_exact_mut(4).enumerate() {
+                    dst.copy_from_slice(&dead.words().get(i).copied().unwrap_or(0).to_ne_bytes());
                 }
-                let bytes = piece.min(count * row_bytes - start);
-                driver.upload_at(upload_stream, rows_ptr + start as u64, page, start, bytes)?;
-            }
-            if count > 0 {
-                let warps_per_block = (BLOCK / driver.warp_size()) as usize;
-                self.device.launch(
-                    upload_stream,
-                    self.device.kernels.norms().get(self.precision),
-                    Launch::new((count.div_ceil(warps_per_block).min(65535) as u32, 1), BLOCK),
-                    &Norms {
-                        rows: rows_ptr,
-                        dim: self.dim as u32,
-                        first: 0,
-                        count: count as u32,
-                        norms: norms_ptr,
-                    },
-                )?;
-            }
-            driver.synchronize(upload_stream)?;
+                driver.upload(upload_stream, dead_ptr, buffer, words * 4)?;
+                let piece = (UPLOAD_CHUNK_BYTES / row_bytes).max(1) * row_bytes;
+                for (i, start) in (0..count * row_bytes).step_by(piece).enumerate() {
+                    // Two pieces queued at most: wait for those before queuing the next pair.
+                    if i > 0 && i % 2 == 0 {
+                        driver.synchronize(upload_stream)?;
+                    }
+                    let bytes = piece.min(count * row_bytes - start);
+                    driver.upload_at(upload_stream, rows_ptr + start as u64, page, start, bytes)?;
+                }
+                if count > 0 {
+                    let warps_per_block = (BLOCK / driver.warp_size()) as usize;
+                    self.device.launch(
+                        upload_stream,
+                        self.device.kernels.norms().get(self.precision),
+                        Launch::new((count.div_ceil(warps_per_block).min(65535) as u32, 1), BLOCK),
+                        &Norms {
+                            rows: rows_ptr,
+                            dim: self.dim as u32,
+                            first: 0,
+                            count: count as u32,
+                            norms: norms_ptr,
+                        },
+                    )?;
+                }
+                Ok(())
+            })();
+            // Queued in full or not, nothing queued may outlive this call: the page and the
+            // staging buffer are the caller's again once it returns.
+            let finished = driver.synchronize(upload_stream);
+            queued.and(finished)?;
         }
         self.len = count;
         self.dead = dead;

@@ -58,14 +58,14 @@ pub(crate) struct HostRows<D: Driver> {
     tuning: Tuning,
     /// Rows per page and per window: a multiple of 32.
     page_rows: usize,
+    /// Declared before the pages, so dropped first: no stream of a window outlives the pages
+    /// it may read.
+    windows: Mutex<Option<Windows<D>>>,
     pages: Vec<D::Pinned>,
     len: usize,
     dead: SlotSet,
     /// At least the largest squared norm any device computes for a stored row.
     max_sq_norm: f32,
-    /// Held for the whole of a search: searches of one streamed collection run one at a time
-    /// (each would need windows of its own, and they share one host-to-device link anyway).
-    windows: Mutex<Option<Windows<D>>>,
 }
 
 impl<D: Driver> HostRows<D> {
@@ -95,11 +95,11 @@ impl<D: Driver> HostRows<D> {
             search,
             tuning,
             page_rows,
+            windows: Mutex::new(None),
             pages: Vec::new(),
             len: 0,
             dead: SlotSet::default(),
             max_sq_norm: 0.0,
-            windows: Mutex::new(None),
         }
     }
 
@@ -132,21 +132,32 @@ impl<D: Driver> HostRows<D> {
         GpuRows::new(self.device.clone(), self.dim, self.precision, self.search, self.tuning.clone())
     }
 
+    /// The windows' lock, held for the whole of a search: searches of one streamed collection
+    /// run one at a time (each would need windows of its own, and they share one host-to-device
+    /// link anyway). A search that panicked leaves no windows behind: the next makes them anew.
     fn windows(&self) -> Result<MutexGuard<'_, Option<Windows<D>>>> {
-        self.windows.lock().map_err(|_| HiveGpuError::Internal("streamed windows lock poisoned".into()))
+        Ok(self.windows.lock().unwrap_or_else(|poisoned| {
+            let mut windows = poisoned.into_inner();
+            *windows = None;
+            windows
+        }))
     }
 
     /// The windows, made on first use: two with room for a page each, or one where the device
     /// has room for only one.
     fn ready_windows<'a>(&self, guard: &'a mut Option<Windows<D>>) -> Result<&'a mut Windows<D>> {
         if guard.is_none() {
+            // The pages are sized to fit `device_rows_bytes` already (but for their 32-row
+            // floor): the windows do not ask the knob again.
+            let mut tuning = self.tuning.clone();
+            tuning.device_rows_bytes = None;
             let window = || {
                 GpuRows::window(
                     self.device.clone(),
                     self.dim,
                     self.precision,
                     self.search,
-                    self.tuning.clone(),
+                    tuning.clone(),
                     self.page_rows,
                 )
             };
@@ -183,26 +194,31 @@ impl<D: Driver> HostRows<D> {
             let (page, at) = (slot / self.page_rows, slot % self.page_rows);
             let rows = (self.page_rows - at).min(count - written);
             let dst = &mut self.pages[page][at * row_bytes..(at + rows) * row_bytes];
-            let tasks = dst.par_chunks_mut(ROWS_PER_TASK * row_bytes).enumerate();
-            max = max.max(crate::exec::run_small(rows <= ROWS_PER_TASK, || {
-                tasks
-                    .map(|(task, dst)| {
-                        let first = written + task * ROWS_PER_TASK;
-                        let n = dst.len() / row_bytes;
-                        match incoming {
-                            Incoming::Values(values) => crate::exact::elements::narrow_into(
-                                &values[first * dim..(first + n) * dim],
-                                precision,
-                                dst,
-                            ),
-                            Incoming::Stored(bytes) => {
-                                dst.copy_from_slice(&bytes[first * row_bytes..(first + n) * row_bytes])
-                            }
-                        }
-                        largest_squared_norm(dst, precision, dim)
-                    })
-                    .reduce(|| 0.0, f64::max)
-            })?);
+            let task = |(task, dst): (usize, &mut [u8])| {
+                let first = written + task * ROWS_PER_TASK;
+                let n = dst.len() / row_bytes;
+                match incoming {
+                    Incoming::Values(values) => crate::exact::elements::narrow_into(
+                        &values[first * dim..(first + n) * dim],
+                        precision,
+                        dst,
+                    ),
+                    Incoming::Stored(bytes) => {
+                        dst.copy_from_slice(&bytes[first * row_bytes..(first + n) * row_bytes])
+                    }
+                }
+                largest_squared_norm(dst, precision, dim)
+            };
+            let chunk = ROWS_PER_TASK * row_bytes;
+            // One task's worth on this thread; more on the library's pool, never on a pool of
+            // the caller's (a parallel iterator outside `exec::run` would run on rayon's global
+            // pool while the collection's lock is held).
+            let largest = if rows <= ROWS_PER_TASK {
+                dst.chunks_mut(chunk).enumerate().map(task).fold(0.0, f64::max)
+            } else {
+                crate::exec::run(|| dst.par_chunks_mut(chunk).enumerate().map(task).reduce(|| 0.0, f64::max))?
+            };
+            max = max.max(largest);
             written += rows;
         }
         self.len += count;
@@ -360,15 +376,20 @@ fn merge_window(
     offset: usize,
     k: usize,
 ) -> Result<()> {
-    let small = best.len() * k < crate::backend::PARALLEL_RESULTS;
-    crate::exec::run_small(small, || {
-        best.par_iter_mut().zip(found.into_par_iter()).for_each(|(best, mut found)| {
-            for n in &mut found {
-                n.slot += offset;
-            }
-            merge_lists(best, &found, k);
-        });
-    })
+    let merge = |(best, mut found): (&mut Vec<Neighbor>, Vec<Neighbor>)| {
+        for n in &mut found {
+            n.slot += offset;
+        }
+        merge_lists(best, &found, k);
+    };
+    // Small batches on this thread; large ones on the library's pool, never on rayon's global
+    // pool (this runs under the windows' lock).
+    if best.len() * k < crate::backend::PARALLEL_RESULTS {
+        best.iter_mut().zip(found).for_each(merge);
+        Ok(())
+    } else {
+        crate::exec::run(|| best.par_iter_mut().zip(found.into_par_iter()).for_each(merge))
+    }
 }
 
 impl<D: Driver> RowStore for HostRows<D> {
@@ -686,7 +707,7 @@ impl<D: Driver> RowStore for HostRows<D> {
 
     fn release_scratch(&self) {
         // The windows are device memory kept between searches: the next search makes them again.
-        if let Ok(mut windows) = self.windows.lock() {
+        if let Ok(mut windows) = self.windows() {
             *windows = None;
         }
     }
