@@ -118,6 +118,9 @@ fn a_collection_past_the_device_cap_streams_and_every_search_stays_exact_for_eve
                     let batch = storage.search_batch(&flat, k).expect("batch");
                     check(&format!("{what} batch k={k}"), metric, &model, &queries, &batch, k);
                 }
+                // k past one window's rows: every window gives all its rows and the merge cuts.
+                let wide = storage.search_batch(&flat[..2 * DIM], 1000).expect("batch");
+                check(&format!("{what} batch k=1000"), metric, &model, &queries[..2], &wide, 1000);
                 let singles: Vec<Vec<GpuSearchResult>> =
                     queries[..4].iter().map(|q| storage.search(q, 10).expect("search")).collect();
                 check(&format!("{what} single"), metric, &model, &queries[..4], &singles, 10);
@@ -132,6 +135,14 @@ fn a_collection_past_the_device_cap_streams_and_every_search_stays_exact_for_eve
                 check(&format!("{what} filtered batch"), metric, &allowed, &queries[..20], &filtered, 10);
                 let one = storage.search_filtered(&queries[0], 10, &filter).expect("filtered single");
                 check(&format!("{what} filtered single"), metric, &allowed, &queries[..1], &[one], 10);
+                // A filter that only the last rows pass: every earlier window has nothing to
+                // search and is skipped.
+                let last: Vec<String> = (ROWS - 100..ROWS).map(|i| format!("v{i}")).collect();
+                let in_last: Vec<(String, Vec<f32>)> =
+                    model.iter().filter(|(id, _)| last.contains(id)).cloned().collect();
+                let options = SearchOptions::default().with_filter(Filter::ids(&last));
+                let got = storage.search_batch_with(&flat[..5 * DIM], 10, &options).expect("last rows");
+                check(&format!("{what} last rows only"), metric, &in_last, &queries[..5], &got, 10);
             }
         }
     }

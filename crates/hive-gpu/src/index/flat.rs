@@ -4,6 +4,7 @@
 use crate::backend::{MergeBuffer, Neighbor, PARALLEL_RESULTS, profiling};
 use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
+use crate::exec::Pieces;
 use crate::payload::Payload;
 use crate::results::{RowsMut, SearchResults};
 use crate::slots::SlotSet;
@@ -375,67 +376,6 @@ fn search_pieces<T: Send + Sync>(
         results.push(found);
     }
     Ok(results)
-}
-
-/// How a batch is cut for [`search_pieces`]: `count` pieces of sizes that differ by one query at
-/// most (none empty while there are queries), searched by `workers` threads (per member).
-struct Pieces {
-    count: usize,
-    workers: usize,
-}
-
-impl Pieces {
-    /// Pieces of about `tuning.piece_queries` for `tuning.piece_workers` threads (one piece
-    /// below two pieces' worth, or with one worker).
-    ///
-    /// IVF batches too: on the H100 (docs/PERFORMANCE.md, IVF pieces) 10,000 queries at nprobe 4
-    /// ran within the noise of one another as 5 pieces on 4 workers, 8 on 4, 4 on 4, 3 on 3
-    /// and 5 on 5, and slower whole or in 2 pieces on 2 workers.
-    fn of(nq: usize, tuning: &Tuning) -> Self {
-        let size = tuning.piece_queries.max(1);
-        let workers = tuning.piece_workers.max(1);
-        if nq < size.saturating_mul(2) || workers == 1 {
-            return Self { count: 1, workers: 1 };
-        }
-        Self { count: nq.div_ceil(size), workers }
-    }
-
-    /// One piece per member (at most one per query): a batch over a collection whose rows stream
-    /// from host memory (`RowStore::streamed`). Each piece streams every row through the
-    /// device, so pieces of one member would read them once each, one after another (on an H100, a
-    /// 10,000-query batch over 8 GiB streamed in 5 pieces took 1,050 ms, where uploading the rows
-    /// once takes 150: docs/PERFORMANCE.md, streaming).
-    fn whole(nq: usize, members: usize) -> Self {
-        Self { count: members.min(nq).max(1), workers: 1 }
-    }
-
-    /// Pieces for `members` collections searched at once: at most two workers per member (one
-    /// piece on its device while the next is prepared), and pieces in whole rounds of one per
-    /// worker (at least what [`Pieces::of`] gives, at most one per query). The workers of one
-    /// device finish their pieces together; had a round fewer pieces than workers, the first
-    /// device to finish would take them all and the other would wait: with 10 pieces for 2 x 4
-    /// workers, 3 of 7 passes of a 10,000-query batch on two H200s took 96 ms instead of 80,
-    /// what one device searching 6 of the 10 pieces takes (`scripts/gpu-replicated-sweep.sh`,
-    /// docs/PERFORMANCE.md, multi-GPU section).
-    fn across(nq: usize, tuning: &Tuning, members: usize) -> Self {
-        let one = Self::of(nq, tuning);
-        if members <= 1 || nq <= 1 {
-            return one;
-        }
-        if one.count == 1 {
-            // Under two pieces' worth: one part per member, as many as there are queries.
-            return Self { count: members.min(nq), workers: 1 };
-        }
-        let workers = tuning.piece_workers.clamp(1, 2);
-        let round = members * workers;
-        let count = one.count.max(round).next_multiple_of(round).min(nq);
-        Self { count, workers: workers.min((count / members).max(1)) }
-    }
-
-    /// Piece `i` of a batch of `nq` queries.
-    fn range(&self, i: usize, nq: usize) -> std::ops::Range<usize> {
-        nq * i / self.count..nq * (i + 1) / self.count
-    }
 }
 
 /// The public results of one piece's neighbours.

@@ -261,12 +261,12 @@ impl<D: Driver> HostRows<D> {
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let (dim, nq) = (self.dim, queries.len() / self.dim);
-        let (size, workers) = (self.tuning.piece_queries.max(1), self.tuning.piece_workers.max(1));
-        if nq < size.saturating_mul(2) || workers == 1 {
+        let pieces = crate::exec::Pieces::of(nq, &self.tuning);
+        if pieces.count == 1 {
             return window.knn(queries, k, metric, allowed);
         }
-        let count = nq.div_ceil(size);
-        let range = |i: usize| nq * i / count..nq * (i + 1) / count;
+        let (count, workers) = (pieces.count, pieces.workers);
+        let range = |i: usize| pieces.range(i, nq);
         let next = std::sync::atomic::AtomicUsize::new(0);
         let done: Vec<std::sync::OnceLock<Result<Vec<Vec<Neighbor>>>>> =
             (0..count).map(|_| std::sync::OnceLock::new()).collect();
