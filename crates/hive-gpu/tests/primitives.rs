@@ -9,7 +9,9 @@
 mod common;
 
 use common::{Rng, contexts_with_forced_paths, describe, distance};
-use hive_gpu::backend::{BitScan, Candidates, CodeScan, ListCodes, ListProbes, PqScan, bits, pq};
+use hive_gpu::backend::{
+    BitScan, Candidates, CodeScan, ListCodes, ListProbes, PqScan, QuantizedScan, bits, pq,
+};
 use hive_gpu::slots::SlotSet;
 use hive_gpu::{GpuContext, GpuDistanceMetric, Neighbor, RowStore, SearchPrecision, StoragePrecision};
 
@@ -929,6 +931,170 @@ fn a_row_store_of_an_integer_type_refuses_values_it_cannot_hold_and_stays_as_it_
             }
             assert_eq!(rows.len(), 1, "{what}: a refused append added rows");
             assert_eq!(rows.read_row(0).unwrap(), vec![1.0, 2.0, 3.0], "{what}");
+        }
+    }
+}
+
+/// Lists of slots and, per list, SQ8 codes, PQ codes (one sub-quantizer of 8 bits) and binary
+/// codes of their rows.
+struct CodedLists {
+    slots: Vec<Vec<u32>>,
+    sq8: Vec<ListCodes>,
+    pq1: Vec<ListCodes>,
+    bits: Vec<Vec<u64>>,
+}
+
+/// SQ8, PQ and binary codes over `lists` lists of the slots `0..ROWS`, each filed once, or,
+/// with `repeat`, slot 42 filed in two lists: random codes (what the scan nominates is checked
+/// against the documented distances above; here only what the refine makes of it).
+fn coded_lists(rng: &mut Rng, lists: usize, repeat: bool) -> CodedLists {
+    let mut slots: Vec<Vec<u32>> = vec![Vec::new(); lists];
+    for s in 0..ROWS as u32 {
+        slots[(s as usize * 5 + 2) % lists].push(s);
+    }
+    if repeat {
+        let other = (42 * 5 + 3) % lists;
+        slots[other].push(42);
+    }
+    let mut sq8 = Vec::new();
+    let mut pq1 = Vec::new();
+    let mut bits = Vec::new();
+    let centroid = vec![0.0f32; DIM];
+    for list in &slots {
+        let (mut s, mut p, mut b) = (ListCodes::default(), ListCodes::default(), Vec::new());
+        for _ in list {
+            s.codes.extend((0..DIM).map(|_| rng.below(256) as u8));
+            s.norms.push(rng.normals(1)[0].abs() * 10.0);
+            p.codes.push(rng.below(256) as u8);
+            p.norms.push(rng.normals(1)[0]);
+            bits::pack(&rng.normals(DIM), &centroid, &mut b);
+        }
+        sq8.push(s);
+        pq1.push(p);
+        bits.push(b);
+    }
+    CodedLists { slots, sq8, pq1, bits }
+}
+
+#[test]
+fn scan_and_refine_is_the_exact_best_of_the_scans_nominees_never_a_repeated_or_removed_row() {
+    let (lists, nprobe, nq) = (5, 2, 11);
+    let mut rng = Rng::new(97);
+    let centroids = rng.normals(lists * DIM);
+    let base: Vec<f32> = rng.normals(DIM).iter().map(|x| x - 1.0).collect();
+    let step: Vec<f32> = (0..DIM).map(|d| 0.01 + 0.001 * d as f32).collect();
+    let codebooks = rng.normals(256 * DIM);
+    let removed = SlotSet::from_slots(ROWS, REMOVED);
+    let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 3 != 1));
+    let probes: Vec<u32> = (0..nq).flat_map(|q| [(q % lists) as u32, ((q + 1) % lists) as u32]).collect();
+    for repeat in [false, true] {
+        let CodedLists { slots, sq8, pq1, bits: bit_codes } = coded_lists(&mut rng, lists, repeat);
+        for context in contexts_with_forced_paths() {
+            for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+                let rows = store(&context, precision, &mut rng);
+                let values = stored(&*rows);
+                for metric in METRICS {
+                    let exact = rng.normals(nq * DIM);
+                    // The scan gets unit queries under cosine (as IVF hands them), the refine
+                    // the exact ones; under the other metrics both get the same slice.
+                    let unit: Vec<f32> = exact
+                        .chunks_exact(DIM)
+                        .flat_map(|q| {
+                            let n = q.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+                            q.iter().map(move |x| (f64::from(*x) / n) as f32)
+                        })
+                        .collect();
+                    let scanned = if metric == GpuDistanceMetric::Cosine { &unit } else { &exact };
+                    for filter in [None, Some(&allowed)] {
+                        for (wanted, k) in [(1, 1), (8, 3), (40, 10), (ROWS, 10)] {
+                            let sq8_scan = CodeScan {
+                                dim: DIM,
+                                metric,
+                                queries: scanned,
+                                centroids: &centroids,
+                                base: &base,
+                                step: &step,
+                                slots: &slots,
+                                codes: &sq8,
+                                probes: &probes,
+                                nprobe,
+                                removed: &removed,
+                                allowed: filter,
+                                generation: 0,
+                            };
+                            let pq_scan = PqScan {
+                                dim: DIM,
+                                metric,
+                                queries: scanned,
+                                centroids: &centroids,
+                                m: 1,
+                                bits: 8,
+                                codebooks: &codebooks,
+                                slots: &slots,
+                                codes: &pq1,
+                                probes: &probes,
+                                nprobe,
+                                removed: &removed,
+                                allowed: filter,
+                                generation: 0,
+                            };
+                            let bit_scan = BitScan {
+                                dim: DIM,
+                                queries: scanned,
+                                centroids: &centroids,
+                                slots: &slots,
+                                codes: &bit_codes,
+                                probes: &probes,
+                                nprobe,
+                                removed: &removed,
+                                allowed: filter,
+                                generation: 0,
+                            };
+                            let mut scans = vec![("bits", QuantizedScan::Bits(bit_scan))];
+                            // No quantizer decomposes L1 or L-infinity (their scans refuse them).
+                            if !metric.is_difference_norm() {
+                                scans.push(("sq8", QuantizedScan::Sq8(sq8_scan)));
+                                scans.push(("pq", QuantizedScan::Pq(pq_scan)));
+                            }
+                            for (kind, scan) in scans {
+                                let what = format!(
+                                    "{} {precision:?} {metric:?} {kind} repeat {repeat} filtered {} wanted {wanted} k {k}",
+                                    describe(&context),
+                                    filter.is_some()
+                                );
+                                let nominated = match &scan {
+                                    QuantizedScan::Sq8(s) => rows.scan_codes(s, wanted),
+                                    QuantizedScan::Pq(s) => rows.scan_pq(s, wanted),
+                                    QuantizedScan::Bits(s) => rows.scan_bits(s, wanted),
+                                }
+                                .unwrap_or_else(|e| panic!("{what}: scan: {e}"));
+                                let got = rows
+                                    .scan_and_refine(scan, wanted, &exact, k, metric)
+                                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                                assert_eq!(got.len(), nq, "{what}");
+                                for q in 0..nq {
+                                    let query = &exact[q * DIM..(q + 1) * DIM];
+                                    let alive: Vec<usize> =
+                                        nominated[q].iter().map(|n| n.slot).filter(|&s| live(s)).collect();
+                                    let want = best(metric, &values, query, &alive, k);
+                                    assert_same(
+                                        &format!("{what} query {q}"),
+                                        metric,
+                                        &values,
+                                        query,
+                                        &got[q],
+                                        &want,
+                                    );
+                                    let mut seen: Vec<usize> = got[q].iter().map(|n| n.slot).collect();
+                                    seen.sort_unstable();
+                                    seen.dedup();
+                                    assert_eq!(seen.len(), got[q].len(), "{what} query {q}: a row twice");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

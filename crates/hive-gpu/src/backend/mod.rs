@@ -52,6 +52,18 @@ pub use codes::{CodeScan, ListCodes};
 pub use merge::{MergeBuffer, Merged, SourceList};
 pub use pq::PqScan;
 
+/// One of the coded scans a quantized index runs, for [`RowStore::scan_and_refine`]. Each
+/// scan's lists hold every slot at most once (an index files a row in one list).
+#[derive(Debug, Clone, Copy)]
+pub enum QuantizedScan<'a> {
+    /// Scalar-quantized lists ([`RowStore::scan_codes`]).
+    Sq8(CodeScan<'a>),
+    /// Product-quantized lists ([`RowStore::scan_pq`]).
+    Pq(PqScan<'a>),
+    /// Binary codes ([`RowStore::scan_bits`]).
+    Bits(BitScan<'a>),
+}
+
 use crate::error::{HiveGpuError, Result};
 use crate::persist::MappedRows;
 use crate::slots::SlotSet;
@@ -273,6 +285,34 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// backend's path until a device kernel lands).
     fn scan_pq(&self, scan: &PqScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         crate::exec::run(|| pq::scan_on_host(scan, k))?
+    }
+    /// The exact `k` best of the rows a coded scan nominates: `scan` run for its `wanted`
+    /// best of each query ([`RowStore::scan_codes`], [`RowStore::scan_pq`] or
+    /// [`RowStore::scan_bits`]), then [`RowStore::refine`] of those against `queries` (the
+    /// exact queries; the scan's own may be their unit vectors). What every quantized index
+    /// runs after probing. This default runs the two in turn; a backend overrides it to keep
+    /// the nominees where it scanned them (the CUDA/ROCm engine: on the device).
+    fn scan_and_refine(
+        &self,
+        scan: QuantizedScan<'_>,
+        wanted: usize,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let nominated = match scan {
+            QuantizedScan::Sq8(scan) => self.scan_codes(&scan, wanted)?,
+            QuantizedScan::Pq(scan) => self.scan_pq(&scan, wanted)?,
+            QuantizedScan::Bits(scan) => self.scan_bits(&scan, wanted)?,
+        };
+        let mut candidates = Candidates::new();
+        let mut slots = Vec::new();
+        for found in &nominated {
+            slots.clear();
+            slots.extend(found.iter().map(|n| n.slot));
+            candidates.push(&slots);
+        }
+        self.refine(queries, &candidates, k, metric)
     }
     /// The `k` smallest of each row of `scores` (row-major, `width` per row; lower is better),
     /// ascending, ties by column: a [`Neighbor`] per pick with the column as `slot` and the

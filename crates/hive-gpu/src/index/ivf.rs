@@ -25,7 +25,9 @@
 //! [`RowStore::scan_bits`].
 
 use crate::backend::bits::{self, BitScan};
-use crate::backend::{Candidates, CodeScan, GpuBackend, ListCodes, ListProbes, Neighbor, PqScan, RowStore};
+use crate::backend::{
+    CodeScan, GpuBackend, ListCodes, ListProbes, Neighbor, PqScan, QuantizedScan, RowStore,
+};
 use crate::collection::{Collection, Subject};
 use crate::error::{HiveGpuError, Result};
 use crate::index::kmeans::{self, KMeansParams, SplitMix};
@@ -713,69 +715,55 @@ impl Ivf {
                 };
                 let wanted =
                     k.saturating_mul(probe.refine_factor.unwrap_or(self.spec.default_refine_factor()).max(1));
-                let nominated = match coded {
-                    Coded::Sq8 { quantizer, codes } => rows.scan_codes(
-                        &CodeScan {
-                            dim,
-                            metric: self.metric,
-                            queries: scanned_queries,
-                            centroids: &self.centroids,
-                            base: &quantizer.base,
-                            step: &quantizer.step,
-                            slots: &self.lists,
-                            codes,
-                            probes: &probes,
-                            nprobe,
-                            removed,
-                            allowed,
-                            generation: self.generation,
-                        },
-                        wanted,
-                    )?,
-                    Coded::Pq { quantizer, codes } => rows.scan_pq(
-                        &PqScan {
-                            dim,
-                            metric: self.metric,
-                            queries: scanned_queries,
-                            centroids: &self.centroids,
-                            m: quantizer.m(),
-                            bits: quantizer.bits(),
-                            codebooks: quantizer.codebooks(),
-                            slots: &self.lists,
-                            codes,
-                            probes: &probes,
-                            nprobe,
-                            removed,
-                            allowed,
-                            generation: self.generation,
-                        },
-                        wanted,
-                    )?,
-                    Coded::Bits { codes } => rows.scan_bits(
-                        &BitScan {
-                            dim,
-                            queries: scanned_queries,
-                            centroids: &self.centroids,
-                            slots: &self.lists,
-                            codes,
-                            probes: &probes,
-                            nprobe,
-                            removed,
-                            allowed,
-                            generation: self.generation,
-                        },
-                        wanted,
-                    )?,
+                let scan = match coded {
+                    Coded::Sq8 { quantizer, codes } => QuantizedScan::Sq8(CodeScan {
+                        dim,
+                        metric: self.metric,
+                        queries: scanned_queries,
+                        centroids: &self.centroids,
+                        base: &quantizer.base,
+                        step: &quantizer.step,
+                        slots: &self.lists,
+                        codes,
+                        probes: &probes,
+                        nprobe,
+                        removed,
+                        allowed,
+                        generation: self.generation,
+                    }),
+                    Coded::Pq { quantizer, codes } => QuantizedScan::Pq(PqScan {
+                        dim,
+                        metric: self.metric,
+                        queries: scanned_queries,
+                        centroids: &self.centroids,
+                        m: quantizer.m(),
+                        bits: quantizer.bits(),
+                        codebooks: quantizer.codebooks(),
+                        slots: &self.lists,
+                        codes,
+                        probes: &probes,
+                        nprobe,
+                        removed,
+                        allowed,
+                        generation: self.generation,
+                    }),
+                    Coded::Bits { codes } => QuantizedScan::Bits(BitScan {
+                        dim,
+                        queries: scanned_queries,
+                        centroids: &self.centroids,
+                        slots: &self.lists,
+                        codes,
+                        probes: &probes,
+                        nprobe,
+                        removed,
+                        allowed,
+                        generation: self.generation,
+                    }),
                 };
+                // The scan and its exact re-rank are one step (one device round trip on CUDA):
+                // the profile's last column holds both.
                 scanned = began.elapsed();
-                let mut candidates = Candidates::new();
-                let mut slots = Vec::new();
-                for found in &nominated {
-                    slots.clear();
-                    slots.extend(found.iter().map(|n| n.slot));
-                    candidates.push(&slots);
-                }
-                rows.refine(queries, &candidates, k, self.metric)
+                rows.scan_and_refine(scan, wanted, queries, k, self.metric)
             }
         };
         if crate::backend::profiling() {

@@ -246,7 +246,7 @@ kernel_params! {
         "hg_refine_lists_f32", "hg_refine_lists_f16", "hg_refine_lists_bf16", "hg_refine_lists_i8", "hg_refine_lists_u8",
     ] {
         cand: Ptr, offsets: Ptr, rows: Ptr, dim: U32, queries: Ptr, q_norms: Ptr, metric: I32,
-        k: U32, room: U32, out_slots: Ptr, out_dist: Ptr, stage_bytes: U32,
+        k: U32, room: U32, out_slots: Ptr, out_dist: Ptr, stage_bytes: U32, entries: Ptr, stride: U32,
     }
 
     /// Each query's best rows of its SQ8-coded lists (`hg_sq8_scan`).

@@ -24,13 +24,16 @@ use super::abi::{BitsListScan, Kernel, KernelParams, Launch, PqListScan, Sq8List
 use super::driver::{DevicePtr, Driver};
 use super::kernels::BLOCK;
 use super::memory::DeviceBuffer;
+use super::primitives::{RefineFrom, RefineQueries};
 use super::rows::GpuRows;
-use super::search::{MAX_LIST, Profiler, align, list_size};
+use super::search::{MAX_LIST, Outputs, Profiler, align, list_size};
+use crate::backend::Candidates;
 use crate::backend::pq::{PqScan, code_bytes};
 use crate::backend::{BitScan, CodeScan, Neighbor, bits, codes, pq};
 use crate::error::{HiveGpuError, Result};
-use crate::exact::metric_code;
+use crate::exact::{metric_code, squared_norm_f64};
 use crate::slots::{SearchMask, SlotSet};
+use crate::types::GpuDistanceMetric;
 
 /// Shared memory of the tile a coded scan stages its rows in: a row per thread, 128 bytes of
 /// each per pass at a pitch of 132 (`HG_CODE_CHUNK`, `HG_CODE_PITCH` in `kernels/codes.cu`).
@@ -62,6 +65,8 @@ pub(super) struct DeviceCodes<D: Driver> {
     dim: usize,
     /// One past the largest slot in the lists: the skip bitmap's length.
     slot_bound: usize,
+    /// Whether every slot is in the lists at most once (checked at upload).
+    distinct: bool,
     buffer: DeviceBuffer<D>,
     /// Byte offset of each part in `buffer`.
     starts: Vec<usize>,
@@ -92,6 +97,15 @@ struct HostCodes<'a> {
     quantizer: Vec<&'a [f32]>,
 }
 
+/// What a coded scan's nominees are refined to before they come back (see
+/// [`crate::backend::RowStore::scan_and_refine`]): the exact queries, `k` and the metric.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RefineAfter<'a> {
+    pub(super) queries: &'a [f32],
+    pub(super) k: usize,
+    pub(super) metric: GpuDistanceMetric,
+}
+
 /// Where a launch finds a scan's inputs: the device copy of its lists, the queries, the
 /// probes and the skip bitmap (0: none).
 struct ScanInputs<'a, D: Driver> {
@@ -105,11 +119,17 @@ struct ScanInputs<'a, D: Driver> {
 
 impl<D: Driver> GpuRows<D> {
     /// [`crate::backend::RowStore::scan_codes`] on the device (see the module docs).
-    pub(super) fn scan_codes_on_device(&self, scan: &CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+    pub(super) fn scan_codes_on_device(
+        &self,
+        scan: &CodeScan<'_>,
+        k: usize,
+        refine: Option<RefineAfter<'_>>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         let nq = scan.check(k)?;
         let shared = TILE_BYTES + 2 * scan.dim * 4;
         if !self.code_scan_fits(scan.slots, nq, k, shared) {
-            return crate::exec::run(|| codes::scan_on_host(scan, k))?;
+            let found = crate::exec::run(|| codes::scan_on_host(scan, k))??;
+            return self.then_refine(found, refine);
         }
         let host = HostCodes {
             generation: scan.generation,
@@ -121,39 +141,55 @@ impl<D: Driver> GpuRows<D> {
             quantizer: vec![scan.centroids, scan.base, scan.step],
         };
         let kernel = self.device.kernels.sq8_scan;
-        self.coded_scan(&host, scan.queries, scan.probes, scan.removed, scan.allowed, k, shared, |inputs| {
-            let c = inputs.codes;
-            (
-                kernel,
-                Sq8ListScan {
-                    codes: c.part(CODES),
-                    terms: c.part(TERMS),
-                    offsets: c.part(OFFSETS),
-                    slots: c.part(SLOTS),
-                    centroids: c.part(QUANTIZER),
-                    base: c.part(QUANTIZER + 1),
-                    step: c.part(QUANTIZER + 2),
-                    probes: inputs.probes,
-                    nprobe: scan.nprobe as u32,
-                    queries: inputs.queries,
-                    dim: scan.dim as u32,
-                    skip: inputs.skip,
-                    metric: metric_code(scan.metric),
-                    k: k as u32,
-                    kcap: inputs.kcap,
-                    sortn: inputs.sortn,
-                    out: 0,
-                },
-            )
-        })
+        self.coded_scan(
+            &host,
+            scan.queries,
+            scan.probes,
+            scan.removed,
+            scan.allowed,
+            k,
+            shared,
+            refine,
+            |inputs| {
+                let c = inputs.codes;
+                (
+                    kernel,
+                    Sq8ListScan {
+                        codes: c.part(CODES),
+                        terms: c.part(TERMS),
+                        offsets: c.part(OFFSETS),
+                        slots: c.part(SLOTS),
+                        centroids: c.part(QUANTIZER),
+                        base: c.part(QUANTIZER + 1),
+                        step: c.part(QUANTIZER + 2),
+                        probes: inputs.probes,
+                        nprobe: scan.nprobe as u32,
+                        queries: inputs.queries,
+                        dim: scan.dim as u32,
+                        skip: inputs.skip,
+                        metric: metric_code(scan.metric),
+                        k: k as u32,
+                        kcap: inputs.kcap,
+                        sortn: inputs.sortn,
+                        out: 0,
+                    },
+                )
+            },
+        )
     }
 
     /// [`crate::backend::RowStore::scan_pq`] on the device (see the module docs).
-    pub(super) fn scan_pq_on_device(&self, scan: &PqScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+    pub(super) fn scan_pq_on_device(
+        &self,
+        scan: &PqScan<'_>,
+        k: usize,
+        refine: Option<RefineAfter<'_>>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         let nq = scan.check(k)?;
         let shared = TILE_BYTES + (scan.m << scan.bits) * 4 + scan.dim * 4;
         if !self.code_scan_fits(scan.slots, nq, k, shared) {
-            return crate::exec::run(|| pq::scan_on_host(scan, k))?;
+            let found = crate::exec::run(|| pq::scan_on_host(scan, k))??;
+            return self.then_refine(found, refine);
         }
         let host = HostCodes {
             generation: scan.generation,
@@ -165,42 +201,58 @@ impl<D: Driver> GpuRows<D> {
             quantizer: vec![scan.centroids, scan.codebooks],
         };
         let kernel = self.device.kernels.pq_scan;
-        self.coded_scan(&host, scan.queries, scan.probes, scan.removed, scan.allowed, k, shared, |inputs| {
-            let c = inputs.codes;
-            (
-                kernel,
-                PqListScan {
-                    codes: c.part(CODES),
-                    row_bytes: code_bytes(scan.m, scan.bits) as u32,
-                    terms: c.part(TERMS),
-                    offsets: c.part(OFFSETS),
-                    slots: c.part(SLOTS),
-                    centroids: c.part(QUANTIZER),
-                    codebooks: c.part(QUANTIZER + 1),
-                    m: scan.m as u32,
-                    bits: scan.bits as u32,
-                    probes: inputs.probes,
-                    nprobe: scan.nprobe as u32,
-                    queries: inputs.queries,
-                    dim: scan.dim as u32,
-                    skip: inputs.skip,
-                    metric: metric_code(scan.metric),
-                    k: k as u32,
-                    kcap: inputs.kcap,
-                    sortn: inputs.sortn,
-                    out: 0,
-                },
-            )
-        })
+        self.coded_scan(
+            &host,
+            scan.queries,
+            scan.probes,
+            scan.removed,
+            scan.allowed,
+            k,
+            shared,
+            refine,
+            |inputs| {
+                let c = inputs.codes;
+                (
+                    kernel,
+                    PqListScan {
+                        codes: c.part(CODES),
+                        row_bytes: code_bytes(scan.m, scan.bits) as u32,
+                        terms: c.part(TERMS),
+                        offsets: c.part(OFFSETS),
+                        slots: c.part(SLOTS),
+                        centroids: c.part(QUANTIZER),
+                        codebooks: c.part(QUANTIZER + 1),
+                        m: scan.m as u32,
+                        bits: scan.bits as u32,
+                        probes: inputs.probes,
+                        nprobe: scan.nprobe as u32,
+                        queries: inputs.queries,
+                        dim: scan.dim as u32,
+                        skip: inputs.skip,
+                        metric: metric_code(scan.metric),
+                        k: k as u32,
+                        kcap: inputs.kcap,
+                        sortn: inputs.sortn,
+                        out: 0,
+                    },
+                )
+            },
+        )
     }
 
     /// [`crate::backend::RowStore::scan_bits`] on the device (see the module docs).
-    pub(super) fn scan_bits_on_device(&self, scan: &BitScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+    pub(super) fn scan_bits_on_device(
+        &self,
+        scan: &BitScan<'_>,
+        k: usize,
+        refine: Option<RefineAfter<'_>>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
         let nq = scan.check(k)?;
         let words = bits::words(scan.dim);
         let shared = TILE_BYTES + words * 8 + scan.dim * 4;
         if !self.code_scan_fits(scan.slots, nq, k, shared) {
-            return crate::exec::run(|| bits::scan_on_host(scan, k))?;
+            let found = crate::exec::run(|| bits::scan_on_host(scan, k))??;
+            return self.then_refine(found, refine);
         }
         let host = HostCodes {
             generation: scan.generation,
@@ -212,27 +264,37 @@ impl<D: Driver> GpuRows<D> {
             quantizer: vec![scan.centroids],
         };
         let kernel = self.device.kernels.bits_scan;
-        self.coded_scan(&host, scan.queries, scan.probes, scan.removed, scan.allowed, k, shared, |inputs| {
-            let c = inputs.codes;
-            (
-                kernel,
-                BitsListScan {
-                    codes: c.part(CODES),
-                    offsets: c.part(OFFSETS),
-                    slots: c.part(SLOTS),
-                    centroids: c.part(QUANTIZER),
-                    probes: inputs.probes,
-                    nprobe: scan.nprobe as u32,
-                    queries: inputs.queries,
-                    dim: scan.dim as u32,
-                    skip: inputs.skip,
-                    k: k as u32,
-                    kcap: inputs.kcap,
-                    sortn: inputs.sortn,
-                    out: 0,
-                },
-            )
-        })
+        self.coded_scan(
+            &host,
+            scan.queries,
+            scan.probes,
+            scan.removed,
+            scan.allowed,
+            k,
+            shared,
+            refine,
+            |inputs| {
+                let c = inputs.codes;
+                (
+                    kernel,
+                    BitsListScan {
+                        codes: c.part(CODES),
+                        offsets: c.part(OFFSETS),
+                        slots: c.part(SLOTS),
+                        centroids: c.part(QUANTIZER),
+                        probes: inputs.probes,
+                        nprobe: scan.nprobe as u32,
+                        queries: inputs.queries,
+                        dim: scan.dim as u32,
+                        skip: inputs.skip,
+                        k: k as u32,
+                        kcap: inputs.kcap,
+                        sortn: inputs.sortn,
+                        out: 0,
+                    },
+                )
+            },
+        )
     }
 
     /// Whether the device scan applies: the switch is on, k within on-chip lists, the block's
@@ -249,7 +311,10 @@ impl<D: Driver> GpuRows<D> {
 
     /// The launch every coded scan shares: the device copy of `host`'s lists (cached per
     /// generation), one upload of queries, probes and skip bitmap, one launch of the kernel
-    /// `params` names (`out` filled in here), one read back of `k` entries per query.
+    /// `params` names (`out` filled in here), and one read back: of `k` entries per query, or,
+    /// with `refine`, of the exact top-k of those entries, refined on the device by
+    /// `hg_refine_lists` straight from the scan's output where [`Self::refines_in_place`]
+    /// allows (else read back and refined through [`Self::then_refine`]).
     #[allow(clippy::too_many_arguments)]
     fn coded_scan<P: KernelParams + HasOutput>(
         &self,
@@ -260,13 +325,24 @@ impl<D: Driver> GpuRows<D> {
         allowed: Option<&SlotSet>,
         k: usize,
         shared: usize,
+        refine: Option<RefineAfter<'_>>,
         params: impl FnOnce(&ScanInputs<'_, D>) -> (Kernel<D::Function, P>, P),
     ) -> Result<Vec<Vec<Neighbor>>> {
         let nq = queries.len() / host.dim;
         if nq == 0 {
-            return Ok(Vec::new());
+            return self.then_refine(Vec::new(), refine);
         }
         let codes = self.device_codes(host)?;
+        let in_place = refine.filter(|r| self.refines_in_place(&codes, r, nq, k));
+        // A refine on the device scores no removed row: the store's own removed slots are
+        // skipped with the scan's (the index's removed set is the same in every collection).
+        let removed_here;
+        let removed = if in_place.is_some() && self.dead.count() > 0 {
+            removed_here = removed.or(&self.dead);
+            &removed_here
+        } else {
+            removed
+        };
         let mask = SearchMask::new(removed, codes.slot_bound, allowed);
         let skip: Vec<u32> = if mask.skip.count() == 0 {
             Vec::new()
@@ -278,19 +354,44 @@ impl<D: Driver> GpuRows<D> {
         let (kcap, sortn) = (list_size(k), Self::scan_sort_size(k));
         let driver = self.driver().clone();
         let mut ws = self.checkout()?;
-        let sizes = [align(queries.len() * 4), align(probes.len() * 4), skip.len() * 4];
+        // The exact queries and their f64 norms go up with the scan's inputs when the refine
+        // follows on the device (the scan's queries are reused where they are the same).
+        let exact: &[f32] = match &in_place {
+            Some(r) if !std::ptr::eq(r.queries, queries) => r.queries,
+            _ => &[],
+        };
+        let q_norms: Vec<f64> = match &in_place {
+            Some(r) => r.queries.chunks_exact(self.dim).map(|q| squared_norm_f64(q).sqrt()).collect(),
+            None => Vec::new(),
+        };
+        let sizes = [
+            align(queries.len() * 4),
+            align(probes.len() * 4),
+            align(skip.len() * 4),
+            align(exact.len() * 4),
+            q_norms.len() * 8,
+        ];
         let input_bytes: usize = sizes.iter().sum();
         let out_bytes = nq * k * 8;
         let result = (|| -> Result<Vec<Vec<Neighbor>>> {
             let mut profile = Profiler::new();
             let base = ws.inputs.get(&driver, input_bytes)?;
             let out = ws.lists.get(&driver, out_bytes)?;
+            let outputs = match &in_place {
+                Some(r) => Some(Outputs::at(ws.outputs.get(&driver, Outputs::bytes_for(nq, r.k))?, nq, r.k)),
+                None => None,
+            };
             driver.synchronize(&ws.stream)?;
             let staging = ws.staging.get(&*driver, input_bytes.max(out_bytes))?;
-            let parts: [&[u8]; 3] =
-                [bytemuck::cast_slice(queries), bytemuck::cast_slice(probes), bytemuck::cast_slice(&skip)];
+            let parts: [&[u8]; 5] = [
+                bytemuck::cast_slice(queries),
+                bytemuck::cast_slice(probes),
+                bytemuck::cast_slice(&skip),
+                bytemuck::cast_slice(exact),
+                bytemuck::cast_slice(&q_norms),
+            ];
             let mut at = 0;
-            let mut starts = [0u64; 3];
+            let mut starts = [0u64; 5];
             for ((bytes, size), start) in parts.into_iter().zip(sizes).zip(&mut starts) {
                 staging[at..at + bytes.len()].copy_from_slice(bytes);
                 *start = base + at as u64;
@@ -315,6 +416,24 @@ impl<D: Driver> GpuRows<D> {
                 &params,
             )?;
             profile.mark(&*driver, &ws.stream, "scan")?;
+            if let (Some(r), Some(outputs)) = (&in_place, &outputs) {
+                let from = RefineFrom::Entries { entries: out, stride: k };
+                let exact_at = if exact.is_empty() { starts[0] } else { starts[3] };
+                let on = RefineQueries { nq, longest: k, queries: exact_at, q_norms: starts[4] };
+                self.launch_refine(&ws, from, on, r.k, r.metric, outputs)?;
+                profile.mark(&*driver, &ws.stream, "refine")?;
+                let found = self.read_top_k(
+                    &mut ws,
+                    outputs,
+                    nq,
+                    r.k,
+                    |_, slots| slots.iter().take_while(|&&s| s != u32::MAX).count(),
+                    codes.slot_bound,
+                );
+                profile.mark(&*driver, &ws.stream, "download")?;
+                profile.report(&format!("coded scan and refine nq {nq} wanted {k} k {}", r.k));
+                return found;
+            }
             let staging = ws.staging.get(&*driver, out_bytes)?;
             driver.download(&ws.stream, staging, out, out_bytes)?;
             driver.synchronize(&ws.stream)?;
@@ -326,7 +445,46 @@ impl<D: Driver> GpuRows<D> {
         if result.is_ok() {
             self.checkin(ws);
         }
-        result
+        match (result, in_place, refine) {
+            (Ok(found), None, Some(_)) => self.then_refine(found, refine),
+            (result, ..) => result,
+        }
+    }
+
+    /// Whether a scan's `k` entries per query can be refined where they lie: the lists hold
+    /// each slot once (so are the entries: `hg_refine_lists` reads them as distinct rows),
+    /// every slot in them is a row of this store, `k` fits one block's refine, and the exact
+    /// queries are whole rows of this store's dimension for each of the `nq`.
+    fn refines_in_place(
+        &self,
+        codes: &DeviceCodes<D>,
+        refine: &RefineAfter<'_>,
+        nq: usize,
+        k: usize,
+    ) -> bool {
+        codes.distinct
+            && codes.slot_bound <= self.len
+            && refine.k >= 1
+            && k.next_power_of_two().max(2) <= self.refine_room_limit()
+            && refine.queries.len() == nq * self.dim
+    }
+
+    /// `found` (each query's nominees), refined to `refine`'s exact top-k where asked
+    /// ([`crate::backend::RowStore::refine`] on the device), else as it is.
+    fn then_refine(
+        &self,
+        found: Vec<Vec<Neighbor>>,
+        refine: Option<RefineAfter<'_>>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let Some(r) = refine else { return Ok(found) };
+        let mut candidates = Candidates::new();
+        let mut slots = Vec::new();
+        for nominees in &found {
+            slots.clear();
+            slots.extend(nominees.iter().map(|n| n.slot));
+            candidates.push(&slots);
+        }
+        self.refine_lists(r.queries, &candidates, r.k, r.metric)
     }
 
     /// The device copy of `host`'s lists: the cached one while its generation and shape hold,
@@ -373,6 +531,10 @@ impl<D: Driver> GpuRows<D> {
         for (i, values) in host.quantizer.iter().enumerate() {
             put(QUANTIZER + i, 0, bytemuck::cast_slice(values));
         }
+        // Once per generation: whether a slot is filed twice (an index files each row once; a
+        // refine on the device relies on it, `refines_in_place`).
+        let mut seen = SlotSet::empty(slot_bound);
+        let distinct = host.slots.iter().flatten().all(|&slot| seen.set(slot as usize, true));
         let driver = self.driver().clone();
         let buffer = DeviceBuffer::new(&driver, total.max(4))?;
         let mut ws = self.checkout()?;
@@ -392,6 +554,7 @@ impl<D: Driver> GpuRows<D> {
             lists,
             dim: host.dim,
             slot_bound,
+            distinct,
             buffer,
             starts,
         });

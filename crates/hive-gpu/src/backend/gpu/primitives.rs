@@ -46,6 +46,26 @@ pub(super) struct Pairs {
     pub(super) padded: usize,
 }
 
+/// Where `hg_refine_lists` reads each query's candidates on the device.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum RefineFrom {
+    /// Query q's slots are `cand[offsets[q]..offsets[q + 1]]` (u32 each).
+    Lists { cand: DevicePtr, offsets: DevicePtr },
+    /// Query q's slots are the leading entries of `entries[q * stride..(q + 1) * stride]`
+    /// (a coded scan's output, u64 `hg_entry`s, all ones past the rows it found).
+    Entries { entries: DevicePtr, stride: usize },
+}
+
+/// The queries of a refine launch on the device: `nq` exact rows of the store's dimension at
+/// `queries` (f32), their f64 norms at `q_norms`, at most `longest` candidates each.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RefineQueries {
+    pub(super) nq: usize,
+    pub(super) longest: usize,
+    pub(super) queries: DevicePtr,
+    pub(super) q_norms: DevicePtr,
+}
+
 /// Where one query's results go: `k` slots, `k` f64 distances and its flag.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ResultSlot {
@@ -279,7 +299,7 @@ impl<D: Driver> GpuRows<D> {
     /// The most candidates one query of [`Self::refine_batch`] may have: the largest power of
     /// two whose keys and slots (12 bytes each) fit the block's shared memory, at most
     /// [`crate::Tuning::refine_batch_candidates`].
-    fn refine_room_limit(&self) -> usize {
+    pub(super) fn refine_room_limit(&self) -> usize {
         let pairs = (self.shared_limit() / 12).max(2);
         (1 << pairs.ilog2()).min(self.tuning.refine_batch_candidates)
     }
@@ -298,7 +318,6 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let (dim, nq) = (self.dim, lists.len());
         let longest = lists.iter().map(|l| l.len()).max().unwrap_or(0);
-        let room = longest.next_power_of_two().max(2);
         let mut offsets = Vec::with_capacity(nq + 1);
         let mut flat: Vec<u32> = Vec::with_capacity(lists.iter().map(|l| l.len()).sum());
         offsets.push(0u32);
@@ -335,6 +354,46 @@ impl<D: Driver> GpuRows<D> {
             at += size;
         }
         driver.upload(&ws.stream, base, host, input_bytes)?;
+        let ptr = |offset: usize| base + offset as u64;
+        self.launch_refine(
+            ws,
+            RefineFrom::Lists {
+                cand: ptr(query_bytes + norm_bytes + offset_bytes),
+                offsets: ptr(query_bytes + norm_bytes),
+            },
+            RefineQueries { nq, longest, queries: ptr(0), q_norms: ptr(query_bytes) },
+            k,
+            metric,
+            &outputs,
+        )?;
+        profile.mark(&*driver, &ws.stream, "upload+refine")?;
+        let found = self.read_top_k(ws, &outputs, nq, k, |q, _| k.min(lists[q].len()), self.len);
+        profile.mark(&*driver, &ws.stream, "download")?;
+        profile.report(&format!("refine nq {nq} candidates {}", flat.len()));
+        found
+    }
+
+    /// One launch of `hg_refine_lists` over `queries` (on the device already), reading each
+    /// query's candidates from `from` (at most `queries.longest` each, within
+    /// [`Self::refine_room_limit`]) and writing its top-k into `outputs`.
+    pub(super) fn launch_refine(
+        &self,
+        ws: &Workspace<D>,
+        from: RefineFrom,
+        queries: RefineQueries,
+        k: usize,
+        metric: GpuDistanceMetric,
+        outputs: &Outputs,
+    ) -> Result<()> {
+        let RefineQueries { nq, longest, queries, q_norms } = queries;
+        let dim = self.dim;
+        let room = longest.next_power_of_two().max(2);
+        if room > self.refine_room_limit() {
+            return Err(HiveGpuError::Internal(format!(
+                "a refine of {longest} candidates per query is past one block's {}",
+                self.refine_room_limit()
+            )));
+        }
         // Stage rows for the f64 re-rank (see hg_rerank) within 48 KiB of shared memory in all,
         // which leaves several blocks resident on each multiprocessor.
         let keys_bytes = room * 12;
@@ -343,37 +402,36 @@ impl<D: Driver> GpuRows<D> {
             (STAGED_SHARED_BYTES.saturating_sub(keys_bytes) / line).min(longest.min(BLOCK as usize) + 1);
         let stage_bytes = if lines >= 2 { lines * line } else { 0 };
         let (rows, _, _) = self.arrays_ptrs(ws)?;
-        let kernels = &self.device.kernels;
         let grid = u32::try_from(nq).map_err(|_| {
             HiveGpuError::InvalidArgument(format!(
                 "refine: {nq} queries in one call are more than the device's grid"
             ))
         })?;
-        let ptr = |offset: usize| base + offset as u64;
+        let (cand, offsets, entries, stride) = match from {
+            RefineFrom::Lists { cand, offsets } => (cand, offsets, 0, 0),
+            RefineFrom::Entries { entries, stride } => (0, 0, entries, stride as u32),
+        };
         self.device.launch(
             &ws.stream,
-            kernels.refine_lists().get(self.precision),
+            self.device.kernels.refine_lists().get(self.precision),
             Launch::new((grid, 1), BLOCK).shared((keys_bytes + stage_bytes) as u32),
             &RefineLists {
-                cand: ptr(query_bytes + norm_bytes + offset_bytes),
-                offsets: ptr(query_bytes + norm_bytes),
+                cand,
+                offsets,
                 rows,
                 dim: dim as u32,
-                queries: ptr(0),
-                q_norms: ptr(query_bytes),
+                queries,
+                q_norms,
                 metric: metric_code(metric),
                 k: k as u32,
                 room: room as u32,
                 out_slots: outputs.slots,
                 out_dist: outputs.dist,
                 stage_bytes: stage_bytes as u32,
+                entries,
+                stride,
             },
-        )?;
-        profile.mark(&*driver, &ws.stream, "upload+refine")?;
-        let found = self.read_top_k(ws, &outputs, nq, k, |q| k.min(lists[q].len()), self.len);
-        profile.mark(&*driver, &ws.stream, "download")?;
-        profile.report(&format!("refine nq {nq} candidates {}", flat.len()));
-        found
+        )
     }
 
     /// Each query in turn: its exact keys ([`Self::rerank_keys`]) and their top-k
@@ -418,7 +476,7 @@ impl<D: Driver> GpuRows<D> {
             self.write_top_k(ws, pairs, k, radix, ResultSlot::of(&outputs, q, k))?;
             first += count;
         }
-        self.read_top_k(ws, &outputs, nq, k, |q| k.min(lists[q].len()), self.len)
+        self.read_top_k(ws, &outputs, nq, k, |q, _| k.min(lists[q].len()), self.len)
     }
 
     /// [`crate::backend::RowStore::select_k`] on the device: each row's scores become exact
@@ -479,18 +537,18 @@ impl<D: Driver> GpuRows<D> {
             };
             self.write_top_k(ws, pairs, kept, radix, ResultSlot::of(&outputs, r, kept))?;
         }
-        self.read_top_k(ws, &outputs, rows, kept, |_| kept, width)
+        self.read_top_k(ws, &outputs, rows, kept, |_, _| kept, width)
     }
 
-    /// Reads back `outputs` (`nq` lists laid out for `k` each): list `q` holds `written(q)`
-    /// entries, every slot below `bound`.
-    fn read_top_k(
+    /// Reads back `outputs` (`nq` lists laid out for `k` each): list `q` holds
+    /// `written(q, its k slots as read)` entries (at most `k`), every slot below `bound`.
+    pub(super) fn read_top_k(
         &self,
         ws: &mut Workspace<D>,
         outputs: &Outputs,
         nq: usize,
         k: usize,
-        written: impl Fn(usize) -> usize,
+        written: impl Fn(usize, &[u32]) -> usize,
         bound: usize,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let driver = self.driver().clone();
@@ -500,7 +558,7 @@ impl<D: Driver> GpuRows<D> {
         let view = outputs.view(host, nq, k)?;
         (0..nq)
             .map(|q| {
-                (q * k..q * k + written(q))
+                (q * k..q * k + written(q, &view.slots[q * k..(q + 1) * k]).min(k))
                     .map(|i| {
                         let slot = view.slots[i] as usize;
                         if slot >= bound {

@@ -176,6 +176,17 @@ impl<D: Driver> RowStore for EngineRows<D> {
         on_rows!(self, rows => rows.scan_pq(scan, k))
     }
 
+    fn scan_and_refine(
+        &self,
+        scan: crate::backend::QuantizedScan<'_>,
+        wanted: usize,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        on_rows!(self, rows => rows.scan_and_refine(scan, wanted, queries, k, metric))
+    }
+
     fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>> {
         on_rows!(self, rows => rows.select_k(scores, width, k))
     }

@@ -759,15 +759,31 @@ impl<D: Driver> RowStore for GpuRows<D> {
     }
 
     fn scan_codes(&self, scan: &crate::backend::CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
-        self.scan_codes_on_device(scan, k)
+        self.scan_codes_on_device(scan, k, None)
     }
 
     fn scan_pq(&self, scan: &crate::backend::PqScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
-        self.scan_pq_on_device(scan, k)
+        self.scan_pq_on_device(scan, k, None)
     }
 
     fn scan_bits(&self, scan: &crate::backend::BitScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
-        self.scan_bits_on_device(scan, k)
+        self.scan_bits_on_device(scan, k, None)
+    }
+
+    fn scan_and_refine(
+        &self,
+        scan: crate::backend::QuantizedScan<'_>,
+        wanted: usize,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let refine = Some(super::codes::RefineAfter { queries, k, metric });
+        match scan {
+            crate::backend::QuantizedScan::Sq8(scan) => self.scan_codes_on_device(&scan, wanted, refine),
+            crate::backend::QuantizedScan::Pq(scan) => self.scan_pq_on_device(&scan, wanted, refine),
+            crate::backend::QuantizedScan::Bits(scan) => self.scan_bits_on_device(&scan, wanted, refine),
+        }
     }
 
     fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {

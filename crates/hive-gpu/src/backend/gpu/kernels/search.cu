@@ -980,8 +980,11 @@ extern "C" __global__ void hg_rerank_list_u8(const u32* cand, u32 count, u32 pad
 }
 
 // ---- Refine of a whole batch in one launch: each query's candidate slots to its exact top-k.
-// Launch contract: grid (queries), block HG_BLOCK. Query q's candidates are
-// cand[offsets[q] .. offsets[q + 1]], distinct stored rows, at most `room` of them (a power of
+// Launch contract: grid (queries), block HG_BLOCK. Query q's candidates are either
+// cand[offsets[q] .. offsets[q + 1]] (`entries` null), or, where a coded scan left them on the
+// device, the leading entries of entries[q * stride .. (q + 1) * stride] that are not HG_NONE
+// (hg_entry: the slot in the low 32 bits; a scan writes its found entries first, HG_NONE
+// after them). Either way they are distinct stored rows, at most `room` of them (a power of
 // two of at least 2, so the u32 slots after the u64 keys end on an 8-byte boundary for the
 // stage). Its k output entries get the first min(k, count) of the candidates in (distance,
 // slot) order and all-ones slots after them. Dynamic shared memory: `room` u64 keys, `room`
@@ -989,18 +992,32 @@ extern "C" __global__ void hg_rerank_list_u8(const u32* cand, u32 count, u32 pad
 template <typename T>
 __device__ void hg_refine_lists(const u32* cand, const u32* offsets, const T* rows, u32 dim, const float* queries,
                                 const double* q_norms, int metric, u32 k, u32 room, u32* out_slots, double* out_dist,
-                                u32 stage_bytes) {
+                                u32 stage_bytes, const u64* entries, u32 stride) {
     extern __shared__ __align__(16) u64 hg_smem[];
     u64* keys = hg_smem;
     u32* slots = (u32*)(hg_smem + room);
     u32 q = blockIdx.x;
-    u32 first = offsets[q];
-    u32 count = min(offsets[q + 1] - first, room);
+    u64 first;
+    u32 count;
+    if (entries) {
+        first = (u64)q * stride;
+        // Every thread takes part in every round: __syncthreads_count is a barrier.
+        count = 0;
+        for (u32 base = 0; base < stride; base += blockDim.x) {
+            u32 i = base + threadIdx.x;
+            count += __syncthreads_count(i < stride && entries[first + i] != HG_NONE);
+        }
+        count = min(count, room);
+    } else {
+        first = offsets[q];
+        count = min(offsets[q + 1] - (u32)first, room);
+    }
     u32 cp = 1;
     while (cp < count) cp <<= 1;
     // Padding sorts last: all-ones keys, then all-ones slots.
     for (u32 i = threadIdx.x; i < cp; i += blockDim.x) {
-        slots[i] = i < count ? cand[first + i] : 0xffffffffu;
+        if (i < count) slots[i] = entries ? (u32)(entries[first + i] & 0xffffffffu) : cand[first + i];
+        else slots[i] = 0xffffffffu;
         keys[i] = HG_NONE;
     }
     __syncthreads();
@@ -1015,33 +1032,33 @@ __device__ void hg_refine_lists(const u32* cand, const u32* offsets, const T* ro
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_f32(const u32* cand, const u32* offsets,
         const float* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
-        u32* out_slots, double* out_dist, u32 stage_bytes) {
+        u32* out_slots, double* out_dist, u32 stage_bytes, const u64* entries, u32 stride) {
     hg_refine_lists<float>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
-                           stage_bytes);
+                           stage_bytes, entries, stride);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_f16(const u32* cand, const u32* offsets,
         const u16* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
-        u32* out_slots, double* out_dist, u32 stage_bytes) {
+        u32* out_slots, double* out_dist, u32 stage_bytes, const u64* entries, u32 stride) {
     hg_refine_lists<u16>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
-                         stage_bytes);
+                           stage_bytes, entries, stride);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_bf16(const u32* cand, const u32* offsets,
         const hg_bf16* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
-        u32* out_slots, double* out_dist, u32 stage_bytes) {
+        u32* out_slots, double* out_dist, u32 stage_bytes, const u64* entries, u32 stride) {
     hg_refine_lists<hg_bf16>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
-                         stage_bytes);
+                           stage_bytes, entries, stride);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_i8(const u32* cand, const u32* offsets,
         const i8* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
-        u32* out_slots, double* out_dist, u32 stage_bytes) {
+        u32* out_slots, double* out_dist, u32 stage_bytes, const u64* entries, u32 stride) {
     hg_refine_lists<i8>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
-                         stage_bytes);
+                           stage_bytes, entries, stride);
 }
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_refine_lists_u8(const u32* cand, const u32* offsets,
         const u8* rows, u32 dim, const float* queries, const double* q_norms, int metric, u32 k, u32 room,
-        u32* out_slots, double* out_dist, u32 stage_bytes) {
+        u32* out_slots, double* out_dist, u32 stage_bytes, const u64* entries, u32 stride) {
     hg_refine_lists<u8>(cand, offsets, rows, dim, queries, q_norms, metric, k, room, out_slots, out_dist,
-                         stage_bytes);
+                           stage_bytes, entries, stride);
 }
 
 // ---- The k smallest (key, slot) pairs of a long re-ranked list, in time linear in its length.
