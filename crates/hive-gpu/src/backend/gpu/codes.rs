@@ -465,7 +465,7 @@ impl<D: Driver> GpuRows<D> {
         codes.distinct
             && codes.slot_bound <= self.len
             && refine.k >= 1
-            && k.next_power_of_two().max(2) <= self.refine_room_limit()
+            && k <= self.refine_room_limit()
             && refine.queries.len() == nq * self.dim
     }
 

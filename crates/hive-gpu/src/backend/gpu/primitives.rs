@@ -387,13 +387,15 @@ impl<D: Driver> GpuRows<D> {
     ) -> Result<()> {
         let RefineQueries { nq, longest, queries, q_norms } = queries;
         let dim = self.dim;
-        let room = longest.next_power_of_two().max(2);
-        if room > self.refine_room_limit() {
+        // Within the limit, the list's padded room stays within the shared memory's power of
+        // two that caps the limit (a limit of 0 lets only empty lists through, as refine_in).
+        if longest > self.refine_room_limit() {
             return Err(HiveGpuError::Internal(format!(
                 "a refine of {longest} candidates per query is past one block's {}",
                 self.refine_room_limit()
             )));
         }
+        let room = longest.next_power_of_two().max(2);
         // Stage rows for the f64 re-rank (see hg_rerank) within 48 KiB of shared memory in all,
         // which leaves several blocks resident on each multiprocessor.
         let keys_bytes = room * 12;
