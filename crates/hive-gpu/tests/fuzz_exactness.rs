@@ -114,6 +114,27 @@ fn step_f16(x: f32, n: i64) -> f32 {
     f16::from_bits(bits).to_f32()
 }
 
+/// `x` moved by `n` bf16 ulps, as f32 (x rounded to bf16 first).
+fn step_bf16(x: f32, n: i64) -> f32 {
+    let b = half::bf16::from_f32(x).to_bits();
+    let key = if b >> 15 == 1 { -((b & 0x7FFF) as i64) } else { b as i64 };
+    let k = (key + n).clamp(-0x7F7F, 0x7F7F);
+    let bits = if k < 0 { (-k) as u16 | 0x8000 } else { k as u16 };
+    half::bf16::from_bits(bits).to_f32()
+}
+
+/// `x` moved by `n` steps of what `precision` stores: one ulp of its float type, or one unit
+/// of an integer type (sanitize() clamps into the type's range). A step finer than the stored
+/// type would make an exact duplicate, not a near one.
+fn step_stored(precision: Precision, x: f32, n: i64) -> f32 {
+    match precision {
+        Precision::F16 => step_f16(x, n),
+        Precision::Bf16 => step_bf16(x, n),
+        Precision::I8 | Precision::U8 => x.round() + n as f32,
+        _ => step_f32(x, n),
+    }
+}
+
 fn sign(rng: &mut Rng) -> f32 {
     if rng.below(2) == 0 { 1.0 } else { -1.0 }
 }
@@ -247,6 +268,13 @@ fn sanitize(v: &mut [f32], metric: Metric, precision: Precision, stored: bool, r
             }
         }
     }
+    if stored && matches!(precision, Precision::I8 | Precision::U8) {
+        // Integer types hold integers in their range and refuse anything else.
+        let (lo, hi) = if precision == Precision::I8 { (-128.0, 127.0) } else { (0.0, 255.0) };
+        for x in v.iter_mut() {
+            *x = x.round().clamp(lo, hi);
+        }
+    }
     if metric == Metric::Cosine {
         let zero = if stored && precision == Precision::F16 {
             v.iter().all(|&x| f16::from_f32(x).to_f32() == 0.0)
@@ -264,6 +292,8 @@ fn stored_values(precision: Precision, v: &[f32]) -> Vec<f32> {
     match precision {
         Precision::F16 => v.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
         Precision::Bf16 => v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect(),
+        // An integer type has one zero: a -0.0 component is stored (and read back) as +0.0.
+        Precision::I8 | Precision::U8 => v.iter().map(|&x| x + 0.0).collect(),
         _ => v.to_vec(),
     }
 }
@@ -591,7 +621,7 @@ fn gen_row(rng: &mut Rng, inst: &Instance, bases: &[Vec<f32>]) -> Vec<f32> {
             for _ in 0..changes {
                 let i = rng.below(dim);
                 let n = rng.below(5) as i64 - 2;
-                v[i] = if inst.precision == Precision::F16 { step_f16(v[i], n) } else { step_f32(v[i], n) };
+                v[i] = step_stored(inst.precision, v[i], n);
             }
             v
         }
@@ -600,7 +630,7 @@ fn gen_row(rng: &mut Rng, inst: &Instance, bases: &[Vec<f32>]) -> Vec<f32> {
             let mut v = base.clone();
             if rng.below(6) == 0 {
                 let i = rng.below(dim);
-                v[i] = if inst.precision == Precision::F16 { step_f16(v[i], 1) } else { step_f32(v[i], 1) };
+                v[i] = step_stored(inst.precision, v[i], 1);
             }
             v
         }
@@ -613,10 +643,11 @@ fn gen_bases(rng: &mut Rng, inst: &Instance) -> Vec<Vec<f32>> {
     match inst.cat {
         Category::NearDupFar => (0..1 + rng.below(3))
             .map(|_| {
-                let e = if inst.precision == Precision::F16 {
-                    8 + rng.below(7) as i32
-                } else {
-                    10 + rng.below(40) as i32
+                let e = match inst.precision {
+                    Precision::F16 => 8 + rng.below(7) as i32,
+                    // Centres inside the integer types' range, so rows differ by steps.
+                    Precision::I8 | Precision::U8 => 3 + rng.below(4) as i32,
+                    _ => 10 + rng.below(40) as i32,
                 };
                 let center = rng.normal() * pow2(e);
                 (0..dim).map(|_| center + rng.normal() * pow2(e - 6 - rng.below(10) as i32)).collect()
@@ -845,12 +876,16 @@ fn run_instance(ctx: &GpuContext, seed: u64, skip: &[String], totals: &mut Total
         return;
     }
     let metric = METRICS[rng.below(METRICS.len())];
-    // f16 a third of the time (always for its limits), bf16 a sixth, f32 the rest: bf16 rows
-    // widen exactly to f32, so the f32 kernels' traps hold for them with their own rounding.
-    let precision = match rng.below(6) {
+    // f16 a quarter of the time (always for its limits), bf16 an eighth, i8 or u8 an eighth,
+    // f32 the rest: bf16 and integer rows widen exactly to f32, so the f32 kernels' traps hold
+    // for them with their own rounding (integer rows are every category's values rounded and
+    // clamped into the type: ties, saturated components and zero rows under cosine).
+    let precision = match rng.below(8) {
         _ if cat == Category::F16Limits => Precision::F16,
         0 | 1 => Precision::F16,
         2 => Precision::Bf16,
+        3 if rng.below(2) == 0 => Precision::I8,
+        3 => Precision::U8,
         _ => Precision::F32,
     };
     let dim = choose_dim(&mut rng);
@@ -1002,7 +1037,7 @@ fn run_instance(ctx: &GpuContext, seed: u64, skip: &[String], totals: &mut Total
                 1 => {
                     let mut v = model.vectors[&id].clone();
                     let i = rng.below(dim);
-                    v[i] = step_f32(v[i], if rng.below(2) == 0 { 1 } else { -1 });
+                    v[i] = step_stored(precision, v[i], if rng.below(2) == 0 { 1 } else { -1 });
                     v
                 }
                 _ => model.vectors[&model.order[rng.below(model.order.len())]].clone(),
