@@ -980,3 +980,34 @@ fn a_damaged_pq_codebook_or_shape_or_a_flat_pq_index_of_many_lists_is_refused_by
     assert_eq!(opened.index_spec(), IndexSpec::IvfPq { nlist, m, bits: 4 });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn every_rows_own_codes_nominate_it_so_codes_are_filed_with_their_rows_across_encode_pieces() {
+    // 5,000 rows: an encode works in pieces (1,024 rows each on the library's threads), so a
+    // piece joined out of order would file codes against other rows. A stored row searched
+    // with a refine factor of 1 gets back the one row its codes nominate: itself, when its
+    // codes are its own (SQ8's error is a fraction of a step per component; random rows are
+    // far apart), under every metric's residual (cosine encodes unit vectors).
+    let (rows, dim, nlist) = (5_000, 24, 8);
+    let mut rng = Rng::new(0x5eed_c0de);
+    let vectors: Vec<(String, Vec<f32>)> = (0..rows).map(|i| (format!("v{i}"), rng.normals(dim))).collect();
+    for context in contexts() {
+        for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine] {
+            for spec in [IndexSpec::IvfSq8 { nlist }, IndexSpec::Sq8] {
+                let what = format!("{} {metric:?} {spec}", describe(&context));
+                let storage = context.create_storage(dim, metric).expect("storage");
+                add_all(&storage, &vectors);
+                storage.build_index(spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+                // Rows added after training are encoded by the same pieces.
+                let later: Vec<(String, Vec<f32>)> =
+                    (0..1_500).map(|i| (format!("w{i}"), rng.normals(dim))).collect();
+                add_all(&storage, &later);
+                let options = SearchOptions::default().with_nprobe(nlist).with_refine_factor(1);
+                for (id, v) in vectors.iter().step_by(37).chain(later.iter().step_by(29)) {
+                    let found = storage.search_with(v, 1, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(found.first().map(|r| r.id.to_string()), Some(id.clone()), "{what}: {id}");
+                }
+            }
+        }
+    }
+}

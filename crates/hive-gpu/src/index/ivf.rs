@@ -24,6 +24,8 @@
 //! backend scans them through [`RowStore::scan_codes`], [`RowStore::scan_pq`] and
 //! [`RowStore::scan_bits`].
 
+use rayon::prelude::*;
+
 use crate::backend::bits::{self, BitScan};
 use crate::backend::{
     CodeScan, GpuBackend, ListCodes, ListProbes, Neighbor, PqScan, QuantizedScan, RowStore,
@@ -49,6 +51,10 @@ const TRAINING_ITERATIONS: usize = 10;
 const SEED: u64 = 1234;
 /// Vectors assigned to lists per k-NN call, bounding the copy each call reads.
 const ASSIGN_PIECE: usize = 1 << 16;
+
+/// Rows one task of an encode takes: enough to outweigh a task's cost, few enough that a
+/// piece of [`ASSIGN_PIECE`] rows spreads over the library's threads.
+const ENCODE_PIECE: usize = 1 << 10;
 
 /// A trained IVF index over one collection's slots.
 #[derive(Debug)]
@@ -263,11 +269,22 @@ impl Ivf {
         }
         drop(training);
         let trained_in = began.elapsed();
+        // Where the assignment's time goes, for the profile: gather, nearest lists, encode.
+        let mut spent = [std::time::Duration::ZERO; 3];
         for piece in live.chunks(ASSIGN_PIECE) {
+            let mut lap = std::time::Instant::now();
+            let mut mark = |phase: usize| {
+                spent[phase] += lap.elapsed();
+                lap = std::time::Instant::now();
+            };
             let values = collection.rows().gather(piece)?;
+            mark(0);
             // Gathered rows are stored values already: no rounding to do.
-            let assigned = index.assign_stored(&values)?;
+            let lists = index.nearest_lists(&values)?;
+            mark(1);
+            let assigned = index.encode(&values, lists)?;
             index.file(piece.iter().map(|&s| s as u32), &assigned);
+            mark(2);
         }
         // Filed by pushes, the lists hold up to twice their room: give it back once.
         index.lists.iter_mut().for_each(Vec::shrink_to_fit);
@@ -285,10 +302,13 @@ impl Ivf {
         }
         if crate::backend::profiling() {
             eprintln!(
-                "hive-gpu profile (ivf build, ms): sample {:.3}, k-means {:.3}, assign {:.3}",
+                "hive-gpu profile (ivf build, ms): sample {:.3}, k-means {:.3}, assign {:.3} (gather {:.3}, nearest {:.3}, encode and file {:.3})",
                 sampled_in.as_secs_f64() * 1e3,
                 (trained_in - sampled_in).as_secs_f64() * 1e3,
-                (began.elapsed() - trained_in).as_secs_f64() * 1e3
+                (began.elapsed() - trained_in).as_secs_f64() * 1e3,
+                spent[0].as_secs_f64() * 1e3,
+                spent[1].as_secs_f64() * 1e3,
+                spent[2].as_secs_f64() * 1e3,
             );
         }
         Ok(index)
@@ -433,60 +453,107 @@ impl Ivf {
         v.iter_mut().zip(&self.centroids[l * dim..(l + 1) * dim]).for_each(|(x, &c)| *x -= c);
     }
 
-    /// `lists` (each vector's) with the codes of the stored vectors `values` in them.
+    /// `lists` (each vector's) with the codes of the stored vectors `values` in them. Rows are
+    /// encoded independently, in pieces on the library's threads (a build encodes every row:
+    /// one thread took most of an IVF-SQ8 build's assignment, docs/PERFORMANCE.md); the pieces
+    /// join in row order.
     fn encode(&self, values: &[f32], lists: Vec<u32>) -> Result<Assigned> {
         let dim = self.dim();
         let mut assigned = Assigned { lists, ..Assigned::default() };
         let Some(coded) = &self.coded else { return Ok(assigned) };
-        let mut residual = Vec::with_capacity(dim);
+        let (metric, centroids) = (self.metric, &self.centroids[..]);
+        // A stored vector made the residual its codes encode: v - centroid l, of v as a unit
+        // vector under cosine (the rows are searched as directions).
+        let residual_of = move |v: &[f32], l: u32, out: &mut Vec<f32>| {
+            out.clear();
+            out.extend_from_slice(v);
+            if metric == GpuDistanceMetric::Cosine {
+                to_unit(out);
+            }
+            let l = l as usize;
+            out.iter_mut().zip(&centroids[l * dim..(l + 1) * dim]).for_each(|(x, &c)| *x -= c);
+        };
+        let pieces = |rows: usize| values.par_chunks(rows * dim).zip(assigned.lists.par_chunks(rows));
         match coded {
             Coded::Pq { quantizer, .. } => {
                 // Product codes are found a batch at a time (a 1-NN per sub-quantizer).
-                let mut residuals = values.to_vec();
-                for (v, &l) in residuals.chunks_exact_mut(dim).zip(&assigned.lists) {
-                    self.residual_in_place(v, l as usize);
-                }
+                let residuals: Vec<f32> = crate::exec::run(|| {
+                    pieces(ENCODE_PIECE)
+                        .flat_map_iter(|(rows, lists)| {
+                            let mut residual = Vec::with_capacity(dim);
+                            let mut out = Vec::with_capacity(rows.len());
+                            for (v, &l) in rows.chunks_exact(dim).zip(lists) {
+                                residual_of(v, l, &mut residual);
+                                out.extend_from_slice(&residual);
+                            }
+                            out
+                        })
+                        .collect()
+                })?;
                 assigned.codes.codes = quantizer.encode(&residuals)?;
-                residual.resize(dim, 0.0);
-                let rows = assigned.codes.codes.chunks_exact(quantizer.code_bytes());
-                assigned.codes.norms = rows
-                    .zip(&assigned.lists)
-                    .map(|(row, &l)| {
-                        let l = l as usize;
-                        quantizer.row_term(row, &self.centroids[l * dim..(l + 1) * dim], &mut residual)
-                    })
-                    .collect();
+                let code_rows = &assigned.codes.codes;
+                let bytes = quantizer.code_bytes();
+                assigned.codes.norms = crate::exec::run(|| {
+                    code_rows
+                        .par_chunks(bytes * ENCODE_PIECE)
+                        .zip(assigned.lists.par_chunks(ENCODE_PIECE))
+                        .flat_map_iter(|(rows, lists)| {
+                            let mut residual = vec![0.0; dim];
+                            rows.chunks_exact(bytes)
+                                .zip(lists)
+                                .map(|(row, &l)| {
+                                    let l = l as usize;
+                                    quantizer.row_term(row, &centroids[l * dim..(l + 1) * dim], &mut residual)
+                                })
+                                .collect::<Vec<f32>>()
+                        })
+                        .collect()
+                })?;
             }
             Coded::Sq8 { quantizer, .. } => {
-                for (v, &l) in values.chunks_exact(dim).zip(&assigned.lists) {
-                    residual.clear();
-                    residual.extend_from_slice(v);
-                    self.residual_in_place(&mut residual, l as usize);
-                    quantizer.encode_into(&residual, &mut assigned.codes);
+                let parts: Vec<ListCodes> = crate::exec::run(|| {
+                    pieces(ENCODE_PIECE)
+                        .map(|(rows, lists)| {
+                            let mut codes = ListCodes::default();
+                            codes.codes.reserve(rows.len());
+                            codes.norms.reserve(lists.len());
+                            let mut residual = Vec::with_capacity(dim);
+                            for (v, &l) in rows.chunks_exact(dim).zip(lists) {
+                                residual_of(v, l, &mut residual);
+                                quantizer.encode_into(&residual, &mut codes);
+                            }
+                            codes
+                        })
+                        .collect()
+                })?;
+                for part in parts {
+                    assigned.codes.codes.extend_from_slice(&part.codes);
+                    assigned.codes.norms.extend_from_slice(&part.norms);
                 }
             }
             Coded::Bits { .. } => {
-                for (v, &l) in values.chunks_exact(dim).zip(&assigned.lists) {
-                    let l = l as usize;
-                    residual.clear();
-                    residual.extend_from_slice(v);
-                    if self.metric == GpuDistanceMetric::Cosine {
-                        to_unit(&mut residual);
-                    }
-                    bits::pack(&residual, &self.centroids[l * dim..(l + 1) * dim], &mut assigned.bits);
-                }
+                let parts: Vec<Vec<u64>> = crate::exec::run(|| {
+                    pieces(ENCODE_PIECE)
+                        .map(|(rows, lists)| {
+                            let mut words = Vec::with_capacity(lists.len() * bits::words(dim));
+                            let mut unit = Vec::with_capacity(dim);
+                            for (v, &l) in rows.chunks_exact(dim).zip(lists) {
+                                let l = l as usize;
+                                unit.clear();
+                                unit.extend_from_slice(v);
+                                if metric == GpuDistanceMetric::Cosine {
+                                    to_unit(&mut unit);
+                                }
+                                bits::pack(&unit, &centroids[l * dim..(l + 1) * dim], &mut words);
+                            }
+                            words
+                        })
+                        .collect()
+                })?;
+                assigned.bits = parts.concat();
             }
         }
         Ok(assigned)
-    }
-
-    /// A stored vector `v` of list `l` made the residual its codes encode: `v - centroid_l`,
-    /// of `v` as a unit vector under cosine (the rows are searched as directions).
-    fn residual_in_place(&self, v: &mut [f32], l: usize) {
-        if self.metric == GpuDistanceMetric::Cosine {
-            to_unit(v);
-        }
-        self.subtract_centroid(v, l);
     }
 
     /// The list of each vector of `values` (row-major, the collection's dimension), and for a
