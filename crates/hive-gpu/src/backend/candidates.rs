@@ -40,6 +40,19 @@ impl Candidates {
         candidates
     }
 
+    /// One list per query: the slots of each query's neighbours (what a coded scan
+    /// nominates for [`super::RowStore::refine`]).
+    pub fn from_nominees(nominees: &[Vec<super::Neighbor>]) -> Self {
+        let mut candidates = Self::new();
+        let mut slots = Vec::new();
+        for found in nominees {
+            slots.clear();
+            slots.extend(found.iter().map(|n| n.slot));
+            candidates.push(&slots);
+        }
+        candidates
+    }
+
     /// Appends the next query's candidates.
     pub fn push(&mut self, slots: &[usize]) {
         self.slots.extend_from_slice(slots);

@@ -305,14 +305,7 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
             QuantizedScan::Pq(scan) => self.scan_pq(&scan, wanted)?,
             QuantizedScan::Bits(scan) => self.scan_bits(&scan, wanted)?,
         };
-        let mut candidates = Candidates::new();
-        let mut slots = Vec::new();
-        for found in &nominated {
-            slots.clear();
-            slots.extend(found.iter().map(|n| n.slot));
-            candidates.push(&slots);
-        }
-        self.refine(queries, &candidates, k, metric)
+        self.refine(queries, &Candidates::from_nominees(&nominated), k, metric)
     }
     /// The `k` smallest of each row of `scores` (row-major, `width` per row; lower is better),
     /// ascending, ties by column: a [`Neighbor`] per pick with the column as `slot` and the

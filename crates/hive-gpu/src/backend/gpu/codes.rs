@@ -477,14 +477,7 @@ impl<D: Driver> GpuRows<D> {
         refine: Option<RefineAfter<'_>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let Some(r) = refine else { return Ok(found) };
-        let mut candidates = Candidates::new();
-        let mut slots = Vec::new();
-        for nominees in &found {
-            slots.clear();
-            slots.extend(nominees.iter().map(|n| n.slot));
-            candidates.push(&slots);
-        }
-        self.refine_lists(r.queries, &candidates, r.k, r.metric)
+        self.refine_lists(r.queries, &Candidates::from_nominees(&found), r.k, r.metric)
     }
 
     /// The device copy of `host`'s lists: the cached one while its generation and shape hold,
