@@ -935,6 +935,11 @@ fn a_row_store_of_an_integer_type_refuses_values_it_cannot_hold_and_stays_as_it_
     }
 }
 
+/// The list [`coded_lists`] files `slot` in.
+fn home(slot: usize, lists: usize) -> usize {
+    (slot * 7 + 2) % lists
+}
+
 /// Lists of slots and, per list, SQ8 codes, PQ codes (one sub-quantizer of 8 bits) and binary
 /// codes of their rows.
 struct CodedLists {
@@ -950,11 +955,10 @@ struct CodedLists {
 fn coded_lists(rng: &mut Rng, lists: usize, repeat: bool) -> CodedLists {
     let mut slots: Vec<Vec<u32>> = vec![Vec::new(); lists];
     for s in 0..ROWS as u32 {
-        slots[(s as usize * 5 + 2) % lists].push(s);
+        slots[home(s as usize, lists)].push(s);
     }
     if repeat {
-        let other = (42 * 5 + 3) % lists;
-        slots[other].push(42);
+        slots[(home(42, lists) + 1) % lists].push(42);
     }
     let mut sq8 = Vec::new();
     let mut pq1 = Vec::new();
@@ -986,7 +990,15 @@ fn scan_and_refine_is_the_exact_best_of_the_scans_nominees_never_a_repeated_or_r
     let codebooks = rng.normals(256 * DIM);
     let removed = SlotSet::from_slots(ROWS, REMOVED);
     let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 3 != 1));
-    let probes: Vec<u32> = (0..nq).flat_map(|q| [(q % lists) as u32, ((q + 1) % lists) as u32]).collect();
+    // Query q probes lists q and q + 1, except the last, which probes row 1's list twice: its
+    // rows are nominated twice (the scans accept it).
+    let twice = home(1, lists) as u32;
+    let probes: Vec<u32> =
+        (0..nq)
+            .flat_map(|q| {
+                if q == nq - 1 { [twice, twice] } else { [(q % lists) as u32, ((q + 1) % lists) as u32] }
+            })
+            .collect();
     for repeat in [false, true] {
         let CodedLists { slots, sq8, pq1, bits: bit_codes } = coded_lists(&mut rng, lists, repeat);
         for context in contexts_with_forced_paths() {
@@ -994,7 +1006,13 @@ fn scan_and_refine_is_the_exact_best_of_the_scans_nominees_never_a_repeated_or_r
                 let rows = store(&context, precision, &mut rng);
                 let values = stored(&*rows);
                 for metric in METRICS {
-                    let exact = rng.normals(nq * DIM);
+                    let mut exact = rng.normals(nq * DIM);
+                    // The query probing both lists slot 42 is filed in (with `repeat`) is row
+                    // 42 itself: a repeat of it would rank first twice. The last query is row
+                    // 1, in the list it probes twice.
+                    let q42 = home(42, lists);
+                    exact[q42 * DIM..(q42 + 1) * DIM].copy_from_slice(&values[42]);
+                    exact[(nq - 1) * DIM..nq * DIM].copy_from_slice(&values[1]);
                     // The scan gets unit queries under cosine (as IVF hands them), the refine
                     // the exact ones; under the other metrics both get the same slice.
                     let unit: Vec<f32> = exact
@@ -1068,6 +1086,12 @@ fn scan_and_refine_is_the_exact_best_of_the_scans_nominees_never_a_repeated_or_r
                                     QuantizedScan::Bits(s) => rows.scan_bits(s, wanted),
                                 }
                                 .unwrap_or_else(|e| panic!("{what}: scan: {e}"));
+                                if wanted == ROWS {
+                                    // What makes the trap: every row of the probed lists is
+                                    // nominated, row 42 once per list holding it.
+                                    let times = nominated[q42].iter().filter(|n| n.slot == 42).count();
+                                    assert_eq!(times, 1 + usize::from(repeat), "{what}: row 42 nominated");
+                                }
                                 let got = rows
                                     .scan_and_refine(scan, wanted, &exact, k, metric)
                                     .unwrap_or_else(|e| panic!("{what}: {e}"));

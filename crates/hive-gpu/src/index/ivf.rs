@@ -828,7 +828,7 @@ impl Ivf {
                     }),
                 };
                 // The scan and its exact re-rank are one step (one device round trip on CUDA):
-                // the profile's last column holds both.
+                // the profile reports them together.
                 scanned = began.elapsed();
                 rows.scan_and_refine(scan, wanted, queries, k, self.metric)
             }
@@ -836,12 +836,20 @@ impl Ivf {
         if crate::backend::profiling() {
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
             let total = began.elapsed();
-            eprintln!(
-                "hive-gpu profile (ivf probe, scan, refine; ms): {:.3} {:.3} {:.3}",
-                ms(probed),
-                ms(scanned.max(probed) - probed),
-                ms(total - scanned.max(probed))
-            );
+            if self.coded.is_some() {
+                eprintln!(
+                    "hive-gpu profile (ivf probe, scan and refine; ms): {:.3} {:.3}",
+                    ms(probed),
+                    ms(total - probed)
+                );
+            } else {
+                eprintln!(
+                    "hive-gpu profile (ivf probe, scan, refine; ms): {:.3} {:.3} {:.3}",
+                    ms(probed),
+                    ms(scanned.max(probed) - probed),
+                    ms(total - scanned.max(probed))
+                );
+            }
         }
         found
     }

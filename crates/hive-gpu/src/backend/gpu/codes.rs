@@ -333,7 +333,7 @@ impl<D: Driver> GpuRows<D> {
             return self.then_refine(Vec::new(), refine);
         }
         let codes = self.device_codes(host)?;
-        let in_place = refine.filter(|r| self.refines_in_place(&codes, r, nq, k));
+        let in_place = refine.filter(|r| self.refines_in_place(&codes, r, probes, nq, k));
         // A refine on the device scores no removed row: the store's own removed slots are
         // skipped with the scan's (the index's removed set is the same in every collection).
         let removed_here;
@@ -382,7 +382,10 @@ impl<D: Driver> GpuRows<D> {
                 None => None,
             };
             driver.synchronize(&ws.stream)?;
-            let staging = ws.staging.get(&*driver, input_bytes.max(out_bytes))?;
+            // Room for every transfer of this call, taken before the first is queued: a larger
+            // request later would free the buffer an upload still reads.
+            let read_back = outputs.as_ref().map_or(out_bytes, |o| o.bytes.max(out_bytes));
+            let staging = ws.staging.get(&*driver, input_bytes.max(read_back))?;
             let parts: [&[u8]; 5] = [
                 bytemuck::cast_slice(queries),
                 bytemuck::cast_slice(probes),
@@ -452,21 +455,26 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// Whether a scan's `k` entries per query can be refined where they lie: the lists hold
-    /// each slot once (so are the entries: `hg_refine_lists` reads them as distinct rows),
-    /// every slot in them is a row of this store, `k` fits one block's refine, and the exact
-    /// queries are whole rows of this store's dimension for each of the `nq`.
+    /// each slot once and no query probes a list twice (so each query's entries are distinct
+    /// rows, as `hg_refine_lists` reads them), the store holds rows and every slot in the
+    /// lists is one of them, `k` fits one block's refine, and the exact queries are whole rows
+    /// of this store's dimension for each of the `nq`. Anything else takes
+    /// [`Self::then_refine`], which drops repeats and removed rows as the trait's default does.
     fn refines_in_place(
         &self,
         codes: &DeviceCodes<D>,
         refine: &RefineAfter<'_>,
+        probes: &[u32],
         nq: usize,
         k: usize,
     ) -> bool {
         codes.distinct
+            && self.len > 0
             && codes.slot_bound <= self.len
             && refine.k >= 1
             && k <= self.refine_room_limit()
             && refine.queries.len() == nq * self.dim
+            && probes_distinct(probes, nq)
     }
 
     /// `found` (each query's nominees), refined to `refine`'s exact top-k where asked
@@ -558,6 +566,18 @@ impl<D: Driver> GpuRows<D> {
     }
 }
 
+/// Whether each of the `nq` queries' probes (`probes.len() / nq` each) names a list once.
+fn probes_distinct(probes: &[u32], nq: usize) -> bool {
+    let Some(nprobe) = probes.len().checked_div(nq) else { return true };
+    let mut sorted = Vec::with_capacity(nprobe);
+    probes.chunks(nprobe.max(1)).all(|lists| {
+        sorted.clear();
+        sorted.extend_from_slice(lists);
+        sorted.sort_unstable();
+        sorted.windows(2).all(|pair| pair[0] != pair[1])
+    })
+}
+
 /// The kernel parameters of a coded scan name where its entries go.
 trait HasOutput {
     fn set_output(&mut self, out: DevicePtr);
@@ -599,8 +619,17 @@ fn entry_distance(entry: u64) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{entry_distance, read_entries};
+    use super::{entry_distance, probes_distinct, read_entries};
     use crate::backend::gpu::search::entry_key;
+
+    #[test]
+    fn a_query_probing_a_list_twice_is_not_distinct_and_no_queries_are() {
+        assert!(probes_distinct(&[0, 1, 2, 3, 3, 0], 3));
+        assert!(!probes_distinct(&[0, 1, 2, 3, 1, 3], 2));
+        assert!(!probes_distinct(&[5, 5], 1));
+        assert!(probes_distinct(&[], 0));
+        assert!(probes_distinct(&[], 3));
+    }
 
     #[test]
     fn entry_distances_invert_the_devices_sortable_keys() {
