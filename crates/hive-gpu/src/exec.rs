@@ -24,7 +24,10 @@
 //!   with that pool's jobs) hands the section to a plain scoped thread and blocks on joining it;
 //! - inside the pool, a waiting worker may run another section's jobs; that is safe because no
 //!   job of ours blocks on anything another job holds across a parallel wait (the backends' own
-//!   mutexes guard short device calls, never a parallel section: see `backend/`).
+//!   mutexes guard short device calls, never a parallel section: see `backend/`). The one
+//!   exception is a streamed GPU collection's windows (`backend/gpu/streamed.rs`): their lock
+//!   spans a whole search, parallel sections included, which is safe because no pool job
+//!   searches a collection (searches run on callers' threads and piece threads, off the pool).
 //!
 //! The pool has rayon's default size (`RAYON_NUM_THREADS`, else one thread per core) and is
 //! started on first use.

@@ -1002,7 +1002,7 @@ fn scan_and_refine_is_the_exact_best_of_the_scans_nominees_never_a_repeated_or_r
     for repeat in [false, true] {
         let CodedLists { slots, sq8, pq1, bits: bit_codes } = coded_lists(&mut rng, lists, repeat);
         for context in contexts_with_forced_paths() {
-            for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            for precision in StoragePrecision::ALL {
                 let rows = store(&context, precision, &mut rng);
                 let values = stored(&*rows);
                 for metric in METRICS {

@@ -24,14 +24,14 @@ use super::abi::{BitsListScan, Kernel, KernelParams, Launch, PqListScan, Sq8List
 use super::driver::{DevicePtr, Driver};
 use super::kernels::BLOCK;
 use super::memory::DeviceBuffer;
-use super::primitives::{RefineFrom, RefineQueries};
+use super::primitives::{RefineFrom, RefineQueries, query_norms};
 use super::rows::GpuRows;
 use super::search::{MAX_LIST, Outputs, Profiler, align, list_size};
 use crate::backend::Candidates;
 use crate::backend::pq::{PqScan, code_bytes};
 use crate::backend::{BitScan, CodeScan, Neighbor, bits, codes, pq};
 use crate::error::{HiveGpuError, Result};
-use crate::exact::{metric_code, squared_norm_f64};
+use crate::exact::metric_code;
 use crate::slots::{SearchMask, SlotSet};
 use crate::types::GpuDistanceMetric;
 
@@ -361,7 +361,7 @@ impl<D: Driver> GpuRows<D> {
             _ => &[],
         };
         let q_norms: Vec<f64> = match &in_place {
-            Some(r) => r.queries.chunks_exact(self.dim).map(|q| squared_norm_f64(q).sqrt()).collect(),
+            Some(r) => query_norms(r.queries, self.dim),
             None => Vec::new(),
         };
         let sizes = [

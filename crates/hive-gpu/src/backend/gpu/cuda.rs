@@ -298,6 +298,8 @@ pub struct CudaPinned {
 // SAFETY: plain host memory owned by this value.
 unsafe impl Send for CudaPinned {}
 // SAFETY: a shared borrow only reads the bytes (`Deref`); writing needs `&mut` (`DerefMut`).
+// The buffer is also mapped into the device (`mapped`): a kernel may write it only while its
+// owner holds it exclusively and waits for the kernel before reading (as `Staging` does).
 unsafe impl Sync for CudaPinned {}
 
 impl std::ops::Deref for CudaPinned {

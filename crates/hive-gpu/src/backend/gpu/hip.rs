@@ -458,6 +458,8 @@ pub struct HipPinned {
 // SAFETY: plain host memory owned by this value.
 unsafe impl Send for HipPinned {}
 // SAFETY: a shared borrow only reads the bytes (`Deref`); writing needs `&mut` (`DerefMut`).
+// The buffer is also mapped into the device (`mapped`): a kernel may write it only while its
+// owner holds it exclusively and waits for the kernel before reading (as `Staging` does).
 unsafe impl Sync for HipPinned {}
 
 impl std::ops::Deref for HipPinned {

@@ -46,6 +46,11 @@ pub(super) struct Pairs {
     pub(super) padded: usize,
 }
 
+/// Each query's f64 norm, as `hg_refine_lists` takes them (`q_norms`).
+pub(super) fn query_norms(queries: &[f32], dim: usize) -> Vec<f64> {
+    queries.chunks_exact(dim).map(|q| squared_norm_f64(q).sqrt()).collect()
+}
+
 /// Where `hg_refine_lists` reads each query's candidates on the device.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum RefineFrom {
@@ -330,7 +335,7 @@ impl<D: Driver> GpuRows<D> {
                 ))
             })?);
         }
-        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| squared_norm_f64(q).sqrt()).collect();
+        let q_norms = query_norms(queries, dim);
         // One upload: queries, norms, offsets, candidates, each from an aligned start.
         let (query_bytes, norm_bytes, offset_bytes) =
             (align(nq * dim * 4), align(nq * 8), align((nq + 1) * 4));

@@ -21,6 +21,7 @@
 //! gathers each group of queries' candidates into a window and refines them there, so IVF and
 //! graph searches over a streamed collection still end on the device.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rayon::prelude::*;
@@ -61,6 +62,9 @@ pub(crate) struct HostRows<D: Driver> {
     /// Declared before the pages, so dropped first: no stream of a window outlives the pages
     /// it may read.
     windows: Mutex<Option<Windows<D>>>,
+    /// The windows' device bytes while they exist: what `memory_bytes` reports without
+    /// waiting for the windows' lock (held through a whole search).
+    windows_bytes: AtomicUsize,
     pages: Vec<D::Pinned>,
     len: usize,
     dead: SlotSet,
@@ -87,7 +91,9 @@ impl<D: Driver> HostRows<D> {
         if let Ok((free, _)) = device.driver.mem_info() {
             window_bytes = window_bytes.min(free / 8);
         }
-        let page_rows = ((window_bytes / row_bytes.max(1)) / 32 * 32).max(32);
+        // At most i32::MAX rows a page, whatever the knob and free memory say: a window's
+        // arrays are sized from it (`GpuRows::window`) and its rows numbered in 32 bits.
+        let page_rows = ((window_bytes / row_bytes.max(1)).min(i32::MAX as usize) / 32 * 32).max(32);
         Self {
             device,
             dim,
@@ -96,6 +102,7 @@ impl<D: Driver> HostRows<D> {
             tuning,
             page_rows,
             windows: Mutex::new(None),
+            windows_bytes: AtomicUsize::new(0),
             pages: Vec::new(),
             len: 0,
             dead: SlotSet::default(),
@@ -139,6 +146,7 @@ impl<D: Driver> HostRows<D> {
         Ok(self.windows.lock().unwrap_or_else(|poisoned| {
             let mut windows = poisoned.into_inner();
             *windows = None;
+            self.windows_bytes.store(0, Ordering::Relaxed);
             windows
         }))
     }
@@ -167,6 +175,7 @@ impl<D: Driver> HostRows<D> {
                 Err(HiveGpuError::VramLimitExceeded { .. }) => vec![first],
                 Err(e) => return Err(e),
             };
+            self.windows_bytes.store(rows.iter().map(|r| r.memory_bytes()).sum(), Ordering::Relaxed);
             *guard = Some(Windows { rows, gathered: Staging::new() });
         }
         guard.as_mut().ok_or_else(|| HiveGpuError::Internal("streamed windows missing".into()))
@@ -270,12 +279,18 @@ impl<D: Driver> HostRows<D> {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let done: Vec<std::sync::OnceLock<Result<Vec<Vec<Neighbor>>>>> =
             (0..count).map(|_| std::sync::OnceLock::new()).collect();
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let work = || {
             loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(slot) = done.get(i) else { break };
+                if failed.load(Ordering::Relaxed) {
+                    break;
+                }
                 let r = range(i);
-                let _ = slot.set(window.knn(&queries[r.start * dim..r.end * dim], k, metric, allowed));
+                let found = window.knn(&queries[r.start * dim..r.end * dim], k, metric, allowed);
+                failed.fetch_or(found.is_err(), Ordering::Relaxed);
+                let _ = slot.set(found);
             }
         };
         std::thread::scope(|scope| {
@@ -288,11 +303,20 @@ impl<D: Driver> HostRows<D> {
             work();
         });
         let mut found = Vec::with_capacity(nq);
-        for piece in done {
-            let piece = piece.into_inner().ok_or_else(|| {
-                HiveGpuError::Internal("a piece of a streamed window went unsearched".into())
-            })?;
-            found.extend(piece?);
+        for (i, piece) in done.into_iter().enumerate() {
+            let piece = match piece.into_inner() {
+                Some(Ok(piece)) => piece,
+                // Pieces side by side need more device memory than one alone (as in
+                // `index/flat.rs`): one that ran out of it, and those skipped after it, run
+                // again on their own once the window's idle workspaces are freed.
+                Some(Err(HiveGpuError::VramLimitExceeded { .. })) | None => {
+                    window.release_scratch();
+                    let r = range(i);
+                    window.knn(&queries[r.start * dim..r.end * dim], k, metric, allowed)?
+                }
+                Some(Err(e)) => return Err(e),
+            };
+            found.extend(piece);
         }
         Ok(found)
     }
@@ -541,11 +565,7 @@ impl<D: Driver> RowStore for HostRows<D> {
     }
 
     fn memory_bytes(&self) -> usize {
-        self.windows
-            .lock()
-            .ok()
-            .and_then(|w| w.as_ref().map(|w| w.rows.iter().map(|r| r.memory_bytes()).sum()))
-            .unwrap_or(0)
+        self.windows_bytes.load(Ordering::Relaxed)
     }
 
     fn knn(
@@ -709,6 +729,7 @@ impl<D: Driver> RowStore for HostRows<D> {
         // The windows are device memory kept between searches: the next search makes them again.
         if let Ok(mut windows) = self.windows() {
             *windows = None;
+            self.windows_bytes.store(0, Ordering::Relaxed);
         }
     }
 }
