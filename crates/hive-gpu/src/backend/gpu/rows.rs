@@ -705,29 +705,59 @@ impl<D: Driver> RowStore for GpuRows<D> {
             return out(&crate::exact::elements::narrow(&self.gather(&slots)?, precision));
         }
         // The device holds the stored elements: downloaded as they are, a chunk at a time through
-        // pinned memory into a host buffer. `out` runs with the maintenance lock released: a
-        // save checksums in parallel there, and no backend mutex may be held across parallel
-        // work (a pool worker waiting in it could pick up another save of this collection,
-        // which would wait on the lock its own stack holds: `crate::exec`).
+        // pinned memory into host buffers, by a thread of its own while the caller's `out` writes
+        // the chunk before (a save is bound by the disk: the downloads and copies, about 5 ms a
+        // chunk, hide behind its writes; docs/PERFORMANCE.md, persistence). Two host buffers
+        // circulate between the two threads, so the chunks cost no allocation after the first.
+        // `out` runs with the maintenance lock released: a save checksums in parallel there, and
+        // no backend mutex may be held across parallel work (a pool worker waiting in it could
+        // pick up another save of this collection, which would wait on the lock its own stack
+        // holds: `crate::exec`). The downloading thread is a plain one, never a pool worker, and
+        // takes the lock for one chunk at a time.
         let driver = self.driver().clone();
         let row_bytes = self.row_bytes();
         let rows_per_chunk = (UPLOAD_CHUNK_BYTES / row_bytes).max(1);
-        let mut host = Vec::new();
-        for first in (start..start + count).step_by(rows_per_chunk) {
-            let end = (first + rows_per_chunk).min(start + count);
-            let bytes = (end - first) * row_bytes;
-            {
-                let mut guard = self.maintenance()?;
-                let Maintenance { stream, staging, .. } = &mut *guard;
-                let buffer = staging[0].get(&driver, bytes)?;
-                driver.download(stream, buffer, arrays.rows.ptr() + (first * row_bytes) as u64, bytes)?;
-                driver.synchronize(stream)?;
-                host.clear();
-                host.extend_from_slice(&buffer[..bytes]);
-            }
-            out(&host)?;
+        let (filled_tx, filled_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(1);
+        let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        for _ in 0..2 {
+            let _ = empty_tx.send(Vec::new());
         }
-        Ok(())
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                for first in (start..start + count).step_by(rows_per_chunk) {
+                    // A closed channel means the writer stopped (its `out` failed): so do we.
+                    let Ok(mut host) = empty_rx.recv() else { return };
+                    let end = (first + rows_per_chunk).min(start + count);
+                    let bytes = (end - first) * row_bytes;
+                    let downloaded = self.maintenance().and_then(|mut guard| {
+                        let Maintenance { stream, staging, .. } = &mut *guard;
+                        let buffer = staging[0].get(&driver, bytes)?;
+                        driver.download(
+                            stream,
+                            buffer,
+                            arrays.rows.ptr() + (first * row_bytes) as u64,
+                            bytes,
+                        )?;
+                        driver.synchronize(stream)?;
+                        host.clear();
+                        host.extend_from_slice(&buffer[..bytes]);
+                        Ok(())
+                    });
+                    let failed = downloaded.is_err();
+                    if filled_tx.send(downloaded.map(|()| host)).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            // Every chunk arrives in order; the loop ends when the downloader is done (its
+            // sender dropped) or on the first error, which drops the receivers and stops it.
+            for chunk in filled_rx.iter() {
+                let chunk = chunk?;
+                out(&chunk)?;
+                let _ = empty_tx.send(chunk);
+            }
+            Ok(())
+        })
     }
 
     fn memory_bytes(&self) -> usize {
