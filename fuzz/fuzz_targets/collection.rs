@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(data.starts_with(b"HIVEGPUC"));
     assert_eq!(info.file_bytes, data.len() as u64);
     assert!(info.live <= info.slots);
-    let element = if info.config.precision == hive_gpu::StoragePrecision::F16 { 2 } else { 4 };
+    let element = info.config.precision.element_bytes() as u64;
     assert!((info.slots as u64) * (info.config.dimension as u64) * element <= data.len() as u64);
     for section in &info.sections {
         assert!(section.offset % 64 == 0 && section.offset + section.length <= data.len() as u64);

@@ -389,3 +389,88 @@ fn a_save_killed_at_any_moment_leaves_the_old_or_the_new_file() {
     assert!(inside_a_save >= 10, "only {inside_a_save} of 30 kills landed inside a save");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+const FULL_DISK_ENV: &str = "HIVE_GPU_SAVE_PAST_LIMIT";
+
+/// Rows of the collection that the full-disk child fails to save: 140,000 x 128 f32 (72 MB),
+/// three of a GPU engine's 32 MiB download chunks, so that a failed write leaves chunks still
+/// to come (the case where the downloading thread of a CUDA/ROCm save once waited for ever).
+const PAST_LIMIT_ROWS: usize = 140_000;
+
+/// The child of the full-disk test: on every backend, saves a small collection, then sets its
+/// own file-size limit (RLIMIT_FSIZE, 1 MiB, with SIGXFSZ ignored: every write past the limit
+/// fails as on a full disk) and saves a large one over it. Each such save must fail with an
+/// error while the old file stays whole and the collection searchable. Returns at once in a
+/// normal test run.
+#[test]
+fn save_past_a_file_size_limit_child() {
+    let Ok(dir) = std::env::var(FULL_DISK_ENV) else { return };
+    let dir = PathBuf::from(dir);
+    let contexts = contexts();
+    let dim = 128;
+    let mut rng = Rng::new(91);
+    let values = rng.normals(PAST_LIMIT_ROWS * dim);
+    let ids: Vec<String> = (0..PAST_LIMIT_ROWS).map(|i| format!("v{i}")).collect();
+    let mut saved = Vec::new();
+    for (c, context) in contexts.iter().enumerate() {
+        let small = populated(context, GpuDistanceMetric::Euclidean, StoragePrecision::F32, 3, 300);
+        let path = dir.join(format!("collection-{c}.hgc"));
+        small.save(&path).expect("the small save, before the limit");
+        let large = context
+            .create_storage_with(hive_gpu::StorageConfig::new(dim, GpuDistanceMetric::Euclidean))
+            .expect("a collection");
+        large.add_vectors_flat(&ids, &values).expect("the large collection");
+        saved.push((c, describe(context), small, large, path));
+    }
+    // SAFETY: plain FFI calls with valid arguments (a signal number and SIG_IGN; a pointer to
+    // an initialised rlimit); no other thread of this child is inside a file write meanwhile.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        let limit = libc::rlimit { rlim_cur: 1 << 20, rlim_max: libc::RLIM_INFINITY };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0, "setrlimit");
+    }
+    for (c, what, small, large, path) in &saved {
+        let error = large.save(path).expect_err(&format!("{what}: a 72 MB save past a 1 MiB file limit"));
+        assert!(
+            matches!(&error, HiveGpuError::Io { source, .. } if source.raw_os_error() == Some(libc::EFBIG)),
+            "{what}: the save failed otherwise than by the file-size limit: {error}"
+        );
+        let opened = contexts[*c].open_storage(path).expect("the old file opens");
+        assert_same_collection(&format!("{what}: the file a failed save left"), small, &opened, 300, 3);
+        let hit = large.search(&values[5 * dim..6 * dim], 1).expect("the collection still searches");
+        assert_eq!(hit[0].id, "v5", "{what}");
+        println!("{what}: the save failed with: {error}");
+    }
+    println!("SAVES FAILED CLEANLY: {}", saved.len());
+}
+
+#[test]
+fn a_save_that_fails_part_way_returns_its_error_and_leaves_the_old_file_on_every_backend() {
+    let dir = scratch_dir("full-disk");
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut child = std::process::Command::new(&exe)
+        .args(["--exact", "save_past_a_file_size_limit_child", "--nocapture", "--test-threads", "1"])
+        .env(FULL_DISK_ENV, &dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the child");
+    // A save that waits for ever (a downloader left behind) must fail the test, not hang it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    while child.try_wait().expect("the child's status").is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().expect("SIGKILL");
+            panic!("a save past the file-size limit did not return within 600 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("the child's output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("SAVES FAILED CLEANLY"),
+        "the child failed: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -749,14 +749,19 @@ impl<D: Driver> RowStore for GpuRows<D> {
                     }
                 }
             });
-            // Every chunk arrives in order; the loop ends when the downloader is done (its
-            // sender dropped) or on the first error, which drops the receivers and stops it.
-            for chunk in filled_rx.iter() {
-                let chunk = chunk?;
-                out(&chunk)?;
-                let _ = empty_tx.send(chunk);
-            }
-            Ok(())
+            // Every chunk arrives in order, until the downloader is done (its sender dropped)
+            // or the first error. The receiving ends move into `write` and are dropped when it
+            // returns, early or not: a downloader waiting for a buffer or a free place then
+            // sees a closed channel and stops, so the scope's join cannot wait for ever.
+            let mut write = move || -> Result<()> {
+                for chunk in filled_rx.iter() {
+                    let chunk = chunk?;
+                    out(&chunk)?;
+                    let _ = empty_tx.send(chunk);
+                }
+                Ok(())
+            };
+            write()
         })
     }
 
