@@ -432,7 +432,7 @@ fn save_past_a_file_size_limit_child() {
     for (c, what, small, large, path) in &saved {
         let error = large.save(path).expect_err(&format!("{what}: a 72 MB save past a 1 MiB file limit"));
         assert!(
-            matches!(&error, HiveGpuError::Io { source, .. } if source.raw_os_error() == Some(libc::EFBIG)),
+            matches!(&error, HiveGpuError::Io { source, .. } if source.kind() == std::io::ErrorKind::FileTooLarge),
             "{what}: the save failed otherwise than by the file-size limit: {error}"
         );
         let opened = contexts[*c].open_storage(path).expect("the old file opens");

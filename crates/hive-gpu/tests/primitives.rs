@@ -1122,3 +1122,89 @@ fn scan_and_refine_is_the_exact_best_of_the_scans_nominees_never_a_repeated_or_r
         }
     }
 }
+
+/// A backend may keep what it derived from a filter (the passing rows gathered, the skip words
+/// on a device) for the next search of the same set, so the same `SlotSet` is searched again
+/// after each kind of change to the rows: a repeat (what was kept must still be right), rows
+/// removed (the two nearest allowed rows of query 0), and the last rows replaced in place by a
+/// truncation and an append of as many new ones (the same length and the same removed set: only
+/// the contents differ, so nothing but a record of the change can tell). Every answer equals an
+/// f64 brute force over the live allowed rows as they are then.
+#[test]
+fn knn_with_one_slot_set_after_each_change_of_the_rows_never_serves_what_an_earlier_search_kept() {
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16, StoragePrecision::Bf16] {
+            for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine] {
+                let what = format!("{} {precision:?} {metric:?}", describe(&context));
+                let mut rng = Rng::new(47);
+                let mut rows = store(&context, precision, &mut rng);
+                let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 4 != 1));
+                let nq = 70;
+                let queries = rng.normals(nq * DIM);
+                let mut removed = REMOVED.to_vec();
+                let check = |rows: &dyn RowStore, removed: &[usize], step: &str| -> Vec<Vec<Neighbor>> {
+                    let values = stored(rows);
+                    let members: Vec<usize> =
+                        allowed.iter().filter(|s| *s < rows.len() && !removed.contains(s)).collect();
+                    let mut answers = Vec::new();
+                    for batch in [1, nq] {
+                        let got = rows
+                            .knn(&queries[..batch * DIM], 5, metric, Some(&allowed))
+                            .unwrap_or_else(|e| panic!("{what} {step}: {e}"));
+                        for (q, found) in got.iter().enumerate() {
+                            let query = &queries[q * DIM..(q + 1) * DIM];
+                            let want = best(metric, &values, query, &members, 5);
+                            assert_same(
+                                &format!("{what} {step} batch {batch} query {q}"),
+                                metric,
+                                &values,
+                                query,
+                                found,
+                                &want,
+                            );
+                        }
+                        answers = got;
+                    }
+                    answers
+                };
+                check(&*rows, &removed, "first search");
+                let again = check(&*rows, &removed, "the same set again");
+                // The two nearest allowed rows of query 0 removed.
+                let nearest: Vec<usize> = again[0].iter().take(2).map(|n| n.slot).collect();
+                rows.tombstone(&nearest);
+                removed.extend(&nearest);
+                let after = check(&*rows, &removed, "after removing the nearest");
+                assert!(
+                    after[0].iter().all(|n| !nearest.contains(&n.slot)),
+                    "{what}: a removed row came back"
+                );
+                // The last 30 rows replaced by copies of the queries: same length, same removed
+                // rows, new nearest neighbours.
+                rows.truncate(ROWS - 30);
+                removed.retain(|&s| s < ROWS - 30);
+                let copies = common::storable(precision, &queries[..30 * DIM]);
+                rows.append(&copies).expect("rows append");
+                assert_eq!(rows.len(), ROWS);
+                let replaced = check(&*rows, &removed, "after replacing the last rows");
+                assert!(
+                    replaced[2].iter().any(|n| n.slot == ROWS - 30 + 2),
+                    "{what}: query 2's own copy (slot {}) is not among its nearest: {:?}",
+                    ROWS - 30 + 2,
+                    replaced[2]
+                );
+                // Once more, now that none of the replaced slots was removed: the removed set
+                // stays exactly as it was too.
+                rows.truncate(ROWS - 30);
+                let copies = common::storable(precision, &queries[30 * DIM..60 * DIM]);
+                rows.append(&copies).expect("rows append");
+                let replaced = check(&*rows, &removed, "after replacing the last rows again");
+                assert!(
+                    replaced[32].iter().any(|n| n.slot == ROWS - 30 + 2),
+                    "{what}: query 32's own copy (slot {}) is not among its nearest: {:?}",
+                    ROWS - 30 + 2,
+                    replaced[32]
+                );
+            }
+        }
+    }
+}

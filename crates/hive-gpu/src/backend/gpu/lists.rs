@@ -30,7 +30,7 @@ use crate::backend::candidates::{ListProbes, check_scan, scan_by_refine};
 use crate::error::{HiveGpuError, Result};
 use crate::exact::gates::Approximation;
 use crate::exact::metric_code;
-use crate::slots::{SearchMask, SlotSet};
+use crate::slots::SlotSet;
 use crate::types::GpuDistanceMetric;
 use crate::types::StoragePrecision;
 
@@ -91,10 +91,10 @@ impl<D: Driver> GpuRows<D> {
             return Ok(vec![Vec::new(); nq]);
         }
         self.refresh_dead()?;
-        let mask = SearchMask::new(&self.dead, self.len, allowed);
         let mut ws = self.checkout()?;
+        let key = allowed.and_then(|allowed| self.filter_key(allowed));
         let outcome = self
-            .upload_mask(&mut ws, &mask)
+            .mask_workspace(&mut ws, allowed, key, None)
             .and_then(|()| self.scan_lists_in(&mut ws, queries, probes, &lists, k, metric));
         ws.filtered = None;
         if outcome.is_ok() {

@@ -131,13 +131,35 @@ pub(super) struct Workspace<D: Driver> {
     pub(super) rounded_rows: Scratch<D>,
     /// A filtered search's skip words (`crate::slots::SearchMask`).
     pub(super) skip: Scratch<D>,
+    /// What `skip` holds: the words of the filter and rows of this key, at this device
+    /// address, and how many rows pass them. A search of the same key uses them as they are.
+    pub(super) skip_for: Option<(FilterKey, DevicePtr, usize)>,
+    /// Page-locked memory the skip words go up from: their own, so that no other upload of a
+    /// search waits for theirs.
+    pub(super) skip_staging: Staging<D>,
     /// Set for the length of a filtered search: what its kernels read instead of the removed
     /// rows.
     pub(super) filtered: Option<Filtered>,
     /// The rows of the last gathered filtered search, reused by the next (only small ones are
-    /// kept) and the device list of their slots.
-    pub(super) gathered: Option<Box<super::rows::GpuRows<D>>>,
+    /// kept), and the device list of their slots.
+    pub(super) gathered: Option<Gathered<D>>,
     pub(super) gather_slots: Scratch<D>,
+}
+
+/// What names a filtered search's inputs: the filter's [`crate::slots::SlotSet::stamp`] and
+/// the rows' `GpuRows::rows_stamp`. Equal keys mean equal passing rows, so what a workspace
+/// derived for one key serves the next search of it.
+pub(super) type FilterKey = (u64, u64);
+
+/// The passing rows of a filtered search, gathered on the device into rows of their own.
+#[derive(Debug)]
+pub(super) struct Gathered<D: Driver> {
+    /// The copy: row i holds the collection's slot `passing[i]`.
+    pub(super) rows: Box<super::rows::GpuRows<D>>,
+    /// The collection's slots of the copy's rows, ascending.
+    pub(super) passing: Vec<usize>,
+    /// The filter and rows they were gathered for; None: not to be reused as they are.
+    pub(super) key: Option<FilterKey>,
 }
 
 /// The rows a filtered search reads.
@@ -177,6 +199,8 @@ impl<D: Driver> Workspace<D> {
             rounded_rows: Scratch::new(),
             fused_counts: Scratch::new(),
             skip: Scratch::new(),
+            skip_for: None,
+            skip_staging: Staging::new(),
             filtered: None,
             gathered: None,
             gather_slots: Scratch::new(),

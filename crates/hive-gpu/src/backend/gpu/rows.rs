@@ -107,6 +107,10 @@ pub(crate) struct GpuRows<D: Driver> {
     dead_stale: Mutex<bool>,
     /// At least the largest squared norm of any slot, removed ones included.
     pub(super) max_sq_norm: f32,
+    /// Names the rows' contents, slots and removed rows: a new stamp at every change
+    /// ([`GpuRows::touch`]). What a search derives from the rows and a filter (its skip words,
+    /// the passing rows gathered) is kept under this and the filter's [`SlotSet::stamp`].
+    pub(super) rows_stamp: u64,
     maintenance: Mutex<Maintenance<D>>,
     pub(super) pool: Mutex<Vec<Workspace<D>>>,
     /// The inverted lists of the last list scan, kept while their generation holds
@@ -138,6 +142,7 @@ impl<D: Driver> GpuRows<D> {
             dead: SlotSet::default(),
             dead_stale: Mutex::new(false),
             max_sq_norm: 0.0,
+            rows_stamp: crate::slots::new_stamp(),
             maintenance: Mutex::new(Maintenance {
                 stream,
                 upload_stream,
@@ -151,6 +156,13 @@ impl<D: Driver> GpuRows<D> {
 
     pub(super) fn element_bytes(&self) -> usize {
         self.precision.element_bytes()
+    }
+
+    /// Records a change of the rows, their slots or their removed set: what was derived from
+    /// them before no longer matches (see `rows_stamp`). Every `&mut self` method that changes
+    /// any of them calls it.
+    fn touch(&mut self) {
+        self.rows_stamp = crate::slots::new_stamp();
     }
 
     fn row_bytes(&self) -> usize {
@@ -234,6 +246,7 @@ impl<D: Driver> GpuRows<D> {
     /// Uploads `rows` (whole rows, already validated) into slots starting at `first`, then
     /// computes their norms on the device and folds them into `max_sq_norm`.
     fn upload_rows(&mut self, first: usize, rows: Source<'_>) -> Result<()> {
+        self.touch();
         let row_bytes = self.row_bytes();
         let count = match rows {
             Source::Values(values) => values.len() / self.dim,
@@ -412,6 +425,7 @@ impl<D: Driver> GpuRows<D> {
         };
         let earlier = rows.arrays.take();
         rows.arrays = Some(self.gather_arrays(keep, keep.len(), earlier, Some(keep_scratch))?);
+        rows.touch();
         rows.len = keep.len();
         rows.dead.reset(keep.len());
         rows.max_sq_norm = self.max_sq_norm;
@@ -461,6 +475,7 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let words = Self::dead_words(count);
         // A fill that fails part way leaves an empty window, never a torn one.
+        self.touch();
         self.len = 0;
         self.dead = SlotSet::default();
         {
@@ -620,6 +635,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         if len >= self.len {
             return;
         }
+        self.touch();
         self.len = len;
         // Slots past `len` were appended by the batch being rolled back and never removed, so
         // their bits are clear on both sides; should one be set, the device copy is refreshed
@@ -632,6 +648,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
     }
 
     fn tombstone(&mut self, slots: &[usize]) {
+        self.touch();
         let (mut lo, mut hi) = (usize::MAX, 0);
         for &slot in slots {
             if slot < self.len && self.dead.set(slot, true) {
@@ -654,6 +671,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
             return Ok(());
         }
         let capacity = keep.len().max(1024);
+        self.touch();
         self.arrays = Some(self.gather_arrays(keep, capacity, None, None)?);
         self.len = keep.len();
         self.drop_lists();
@@ -665,6 +683,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
     }
 
     fn clear(&mut self) {
+        self.touch();
         self.drop_lists();
         self.arrays = None;
         self.len = 0;

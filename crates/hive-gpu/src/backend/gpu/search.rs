@@ -20,7 +20,7 @@ use super::abi::{
 };
 use super::driver::{DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
-use super::memory::{Filtered, Workspace};
+use super::memory::{FilterKey, Filtered, Gathered, Workspace};
 use super::prepare::{Prepared, prepare};
 use super::primitives::{Pairs, ResultSlot};
 use super::rows::GpuRows;
@@ -289,35 +289,13 @@ impl<D: Driver> GpuRows<D> {
         allowed: Option<&SlotSet>,
         sink: Option<&Sink<'_, D>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        let mask = SearchMask::new(&self.dead, self.len, allowed);
-        let live = mask.live;
-        if k == 0 || k > live || !queries.len().is_multiple_of(self.dim) || queries.is_empty() {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {}-dimensional queries ({} values)",
-                self.dim,
-                queries.len()
-            )));
-        }
-        // Few passing rows: gather them and search only those (`Tuning::gather_fraction`, and
-        // `batch_gather_fraction` for batches, where the masked paths cost more).
-        let nq = queries.len() / self.dim;
-        let gather = if nq >= GEMM_MIN_QUERIES {
-            self.tuning.batch_gather_fraction
-        } else {
-            self.tuning.gather_fraction
-        };
-        if mask.filtered && gather > 0 && mask.live.saturating_mul(gather) <= self.len {
-            match self.search_gathered(queries, k, metric, &mask.kept(self.len)) {
-                // No room on the device for a copy of the passing rows: the masked scan needs none.
-                Err(HiveGpuError::VramLimitExceeded { .. }) => {}
-                Ok(found) if sink.is_some() => return self.sink_host_lists(sink, &found),
-                outcome => return outcome,
-            }
-        }
         let mut ws = self.checkout()?;
-        let outcome = self
-            .upload_mask(&mut ws, &mask)
-            .and_then(|()| self.search_in(&mut ws, queries, k, metric, None, sink));
+        let outcome = match allowed {
+            None => self
+                .check_request(queries, k, self.live())
+                .and_then(|()| self.search_in(&mut ws, queries, k, metric, None, sink)),
+            Some(allowed) => self.search_filtered(&mut ws, queries, k, metric, allowed, sink),
+        };
         ws.filtered = None;
         // A workspace whose stream saw an error is dropped, not reused.
         if outcome.is_ok() {
@@ -326,54 +304,137 @@ impl<D: Driver> GpuRows<D> {
         outcome
     }
 
-    /// A filtered search over few passing rows: they are gathered on the device into rows of
-    /// their own (the compaction kernel), searched there with one of this collection's
-    /// workspaces, and their slots mapped back (`passing` is ascending, so ties still go to the
-    /// lower slot).
-    fn search_gathered(
+    /// The error of a search for `k` of `live` rows that cannot run, if it cannot.
+    fn check_request(&self, queries: &[f32], k: usize, live: usize) -> Result<()> {
+        if k == 0 || k > live || !queries.len().is_multiple_of(self.dim) || queries.is_empty() {
+            return Err(HiveGpuError::InvalidArgument(format!(
+                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {}-dimensional queries ({} values)",
+                self.dim,
+                queries.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// A search among the live rows of `allowed`, in `ws`. Few passing rows are gathered and
+    /// searched alone (`Tuning::gather_fraction`, and `batch_gather_fraction` for batches,
+    /// where the masked paths cost more); more are scanned with the others masked. What either
+    /// derives from the filter (the gathered rows, the skip words on the device) stays with
+    /// the workspace under the filter's key, so a filter searched again over unchanged rows
+    /// (a prepared one, `crate::PreparedFilter`) costs no host pass over the slots and no
+    /// upload.
+    fn search_filtered(
         &self,
+        ws: &mut Workspace<D>,
         queries: &[f32],
         k: usize,
         metric: GpuDistanceMetric,
-        passing: &[usize],
+        allowed: &SlotSet,
+        sink: Option<&Sink<'_, D>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        let mut ws = self.checkout()?;
-        let earlier = ws.gathered.take();
-        let gathered = match self.gathered(passing, earlier, &mut ws.gather_slots) {
-            Ok(gathered) => gathered,
-            Err(e) => {
-                self.checkin(ws);
-                return Err(e);
+        let key = self.filter_key(allowed);
+        let kept_gather = ws.gathered.as_ref().filter(|g| key.is_some() && g.key == key);
+        let kept_skip = ws.skip_for.filter(|(of, _, _)| key == Some(*of));
+        let mut mask = None;
+        let live = match (kept_gather, kept_skip) {
+            (Some(gathered), _) => gathered.passing.len(),
+            (None, Some((_, _, live))) => live,
+            (None, None) => {
+                let built = SearchMask::new(&self.dead, self.len, Some(allowed));
+                let live = built.live;
+                mask = Some(built);
+                live
             }
         };
-        let outcome = gathered.search_in(&mut ws, queries, k, metric, None, None);
-        // A small gather's rows stay with the workspace for the next one; a large one's
-        // device memory is given back.
-        if gathered.capacity().saturating_mul(16) <= self.len {
-            ws.gathered = Some(gathered);
+        self.check_request(queries, k, live)?;
+        let nq = queries.len() / self.dim;
+        let gather = if nq >= GEMM_MIN_QUERIES {
+            self.tuning.batch_gather_fraction
+        } else {
+            self.tuning.gather_fraction
+        };
+        if gather > 0 && live.saturating_mul(gather) <= self.len {
+            match self.search_gathered(ws, queries, k, metric, allowed, key, mask.as_ref()) {
+                // No room on the device for a copy of the passing rows: the masked scan needs none.
+                Err(HiveGpuError::VramLimitExceeded { .. }) => {}
+                Ok(found) if sink.is_some() => return self.sink_host_lists(sink, &found),
+                outcome => return outcome,
+            }
         }
-        if outcome.is_ok() {
-            self.checkin(ws);
-        }
-        Ok(crate::backend::ungather(outcome?, passing))
+        self.mask_workspace(ws, Some(allowed), key, mask)?;
+        self.search_in(ws, queries, k, metric, None, sink)
     }
 
-    /// Sends a filtered search's skip words to the device, once per search: every kernel of
-    /// the search reads them in place of the removed-row bitmap.
-    pub(super) fn upload_mask(&self, ws: &mut Workspace<D>, mask: &SearchMask<'_>) -> Result<()> {
-        if !mask.filtered {
+    /// The key of a search among `allowed` over these rows.
+    pub(super) fn filter_key(&self, allowed: &SlotSet) -> Option<FilterKey> {
+        Some((allowed.stamp(), self.rows_stamp))
+    }
+
+    /// A filtered search over few passing rows: they are gathered on the device into rows of
+    /// their own (the compaction kernel), searched there with `ws`, and their slots mapped
+    /// back (the passing slots are ascending, so ties still go to the lower slot). The copy
+    /// of a small gather stays with the workspace, under `key`, for the next search.
+    #[allow(clippy::too_many_arguments)]
+    fn search_gathered(
+        &self,
+        ws: &mut Workspace<D>,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: &SlotSet,
+        key: Option<FilterKey>,
+        mask: Option<&SearchMask<'_>>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let gathered = match ws.gathered.take() {
+            Some(kept) if key.is_some() && kept.key == key => kept,
+            earlier => {
+                let passing = match mask {
+                    Some(mask) => mask.kept(self.len),
+                    None => SearchMask::new(&self.dead, self.len, Some(allowed)).kept(self.len),
+                };
+                let rows = self.gathered(&passing, earlier.map(|e| e.rows), &mut ws.gather_slots)?;
+                Gathered { rows, passing, key }
+            }
+        };
+        let found = gathered.rows.search_in(ws, queries, k, metric, None, None);
+        let found = found.map(|found| crate::backend::ungather(found, &gathered.passing));
+        // A small gather's rows stay with the workspace for the next one; a large one's
+        // device memory is given back.
+        if gathered.rows.capacity().saturating_mul(16) <= self.len {
+            ws.gathered = Some(gathered);
+        }
+        found
+    }
+
+    /// Points `ws`'s kernels at the skip words of a search among `allowed` (none without a
+    /// filter): those already on the device when they were built for `key`, else `mask` (or
+    /// one built now) sent up once.
+    pub(super) fn mask_workspace(
+        &self,
+        ws: &mut Workspace<D>,
+        allowed: Option<&SlotSet>,
+        key: Option<FilterKey>,
+        mask: Option<SearchMask<'_>>,
+    ) -> Result<()> {
+        let Some(allowed) = allowed else { return Ok(()) };
+        let driver = self.driver().clone();
+        let bytes = (SlotSet::words_for(self.len) * 4).max(4);
+        let skip = ws.skip.get(&driver, bytes)?;
+        if let Some((_, at, live)) = ws.skip_for.filter(|(of, at, _)| key == Some(*of) && *at == skip) {
+            ws.filtered = Some(Filtered { skip: at, live });
             return Ok(());
         }
-        let driver = self.driver().clone();
+        ws.skip_for = None;
+        let mask = mask.unwrap_or_else(|| SearchMask::new(&self.dead, self.len, Some(allowed)));
         let words = mask.skip.words();
-        let bytes = (words.len() * 4).max(4);
-        let skip = ws.skip.get(&driver, bytes)?;
-        let staging = ws.staging.get(&*driver, bytes)?;
+        // The staging memory may still feed an upload of an earlier search of this workspace
+        // (one whose results went to a merge buffer ends without waiting): wait for that first.
+        driver.synchronize(&ws.stream)?;
+        let staging = ws.skip_staging.get(&*driver, bytes)?;
         copy_bytes(&mut staging[..words.len() * 4], bytemuck::cast_slice(words))?;
         driver.upload(&ws.stream, skip, staging, words.len() * 4)?;
-        // The staging buffer is reused by the search's own uploads: the copy must be done.
-        driver.synchronize(&ws.stream)?;
         ws.filtered = Some(Filtered { skip, live: mask.live });
+        ws.skip_for = key.map(|key| (key, skip, mask.live));
         Ok(())
     }
 
