@@ -347,13 +347,7 @@ impl<D: Driver> GpuRows<D> {
             }
         };
         self.check_request(queries, k, live)?;
-        let nq = queries.len() / self.dim;
-        let gather = if nq >= GEMM_MIN_QUERIES {
-            self.tuning.batch_gather_fraction
-        } else {
-            self.tuning.gather_fraction
-        };
-        if gather > 0 && live.saturating_mul(gather) <= self.len {
+        if self.gathers(queries.len() / self.dim, live) {
             match self.search_gathered(ws, queries, k, metric, allowed, key, mask.as_ref()) {
                 // No room on the device for a copy of the passing rows: the masked scan needs none.
                 Err(HiveGpuError::VramLimitExceeded { .. }) => {}
@@ -363,6 +357,20 @@ impl<D: Driver> GpuRows<D> {
         }
         self.mask_workspace(ws, Some(allowed), key, mask)?;
         self.search_in(ws, queries, k, metric, None, sink)
+    }
+
+    /// Whether a filtered search of `nq` queries among `live` passing rows gathers them: few
+    /// enough of them (`Tuning::gather_fraction`, `batch_gather_fraction`), or, for a batch, a
+    /// copy cheaper than the masked scan's work on the rows it skips
+    /// (`batch_gather_copy_queries`).
+    fn gathers(&self, nq: usize, live: usize) -> bool {
+        let t = &self.tuning;
+        let fraction = if nq >= GEMM_MIN_QUERIES { t.batch_gather_fraction } else { t.gather_fraction };
+        let few = fraction > 0 && live.saturating_mul(fraction) <= self.len;
+        let copy_pays = nq >= GEMM_MIN_QUERIES
+            && t.batch_gather_copy_queries > 0
+            && live.saturating_mul(t.batch_gather_copy_queries) <= (self.len - live).saturating_mul(nq);
+        few || copy_pays
     }
 
     /// The key of a search among `allowed` over these rows.
