@@ -66,12 +66,6 @@ pub struct Tuning {
     pub gather_fraction: usize,
     /// The same for batches of 8 queries and more. `HIVE_GPU_BATCH_GATHER_FRACTION`.
     pub batch_gather_fraction: usize,
-    /// A filtered CUDA/ROCm batch of `nq` queries also gathers its `passing` rows when
-    /// `passing * batch_gather_copy_queries <= skipped * nq`: copying a row costs about what
-    /// scoring it against this many queries does, so the copy pays where the masked scan's
-    /// work on the skipped rows is larger (0: never by this rule).
-    /// `HIVE_GPU_BATCH_GATHER_COPY_QUERIES`.
-    pub batch_gather_copy_queries: usize,
     /// CUDA/ROCm IVF searches scan their lists with the device's list kernel (false: each
     /// query's list members go through `refine`, for comparison). `HIVE_GPU_LIST_SCAN=0`
     /// turns it off.
@@ -138,11 +132,11 @@ impl Default for Tuning {
             // in 1.24 ms against 0.43 ms; a 10,000-query batch gathered 100,050 in 18 ms
             // against 98 ms masked (a masked batch under half the rows has no sample for the
             // fused filter). A gather of at most 1/16 of the rows stays with the workspace for
-            // the filter's next search (a prepared filter's 1,024 rows: 0.033 ms a query
-            // against 0.21 unfiltered), hence 1 in 64 for single queries, not 1 in 256.
+            // the filter's next search (a prepared filter's 10,253 rows: 0.034-0.037 ms a query
+            // against 0.20 unfiltered, 0.20 masked), hence 1 in 64 for single queries, not 1 in
+            // 256.
             gather_fraction: 64,
             batch_gather_fraction: 2,
-            batch_gather_copy_queries: 1000,
             list_scan: true,
             refine_batch_candidates: usize::MAX,
             code_scan: true,
@@ -215,7 +209,7 @@ impl Tuning {
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 17] = [
+        let sizes: [(&str, usize, &mut usize); 16] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -227,7 +221,6 @@ impl Tuning {
             ("HIVE_GPU_SCAN_SUBROUNDS", 1, &mut t.scan_subrounds),
             ("HIVE_GPU_GATHER_FRACTION", 0, &mut t.gather_fraction),
             ("HIVE_GPU_BATCH_GATHER_FRACTION", 0, &mut t.batch_gather_fraction),
-            ("HIVE_GPU_BATCH_GATHER_COPY_QUERIES", 0, &mut t.batch_gather_copy_queries),
             ("HIVE_GPU_PIECE_QUERIES", 1, &mut t.piece_queries),
             ("HIVE_GPU_PIECE_WORKERS", 1, &mut t.piece_workers),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", 0, &mut t.refine_batch_candidates),
@@ -279,10 +272,8 @@ mod tests {
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", "3"),
             ("HIVE_GPU_DEVICE_ROWS_BYTES", "4096"),
             ("HIVE_GPU_STREAM_WINDOW_BYTES", "1024"),
-            ("HIVE_GPU_BATCH_GATHER_COPY_QUERIES", "0"),
         ])
         .expect("valid");
-        assert_eq!(t.batch_gather_copy_queries, 0);
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
         assert_eq!((t.device_merge, t.device_merge_min_queries), (false, 3));
         assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.code_scan);

@@ -359,18 +359,15 @@ impl<D: Driver> GpuRows<D> {
         self.search_in(ws, queries, k, metric, None, sink)
     }
 
-    /// Whether a filtered search of `nq` queries among `live` passing rows gathers them: few
-    /// enough of them (`Tuning::gather_fraction`, `batch_gather_fraction`), or, for a batch, a
-    /// copy cheaper than the masked scan's work on the rows it skips
-    /// (`batch_gather_copy_queries`).
+    /// Whether a filtered search of `nq` queries among `live` passing rows gathers them: at
+    /// most 1 in `Tuning::gather_fraction` (`batch_gather_fraction` for a batch) of the rows.
+    /// A batch's pieces gather each for itself, so a larger share does not pay: on the H100
+    /// gathering half of 1M rows for each 2,000-query piece ran 1.04x the masked scan, 90% of
+    /// them 0.70x (docs/PERFORMANCE.md, filtered search).
     fn gathers(&self, nq: usize, live: usize) -> bool {
         let t = &self.tuning;
         let fraction = if nq >= GEMM_MIN_QUERIES { t.batch_gather_fraction } else { t.gather_fraction };
-        let few = fraction > 0 && live.saturating_mul(fraction) <= self.len;
-        let copy_pays = nq >= GEMM_MIN_QUERIES
-            && t.batch_gather_copy_queries > 0
-            && live.saturating_mul(t.batch_gather_copy_queries) <= (self.len - live).saturating_mul(nq);
-        few || copy_pays
+        fraction > 0 && live.saturating_mul(fraction) <= self.len
     }
 
     /// The key of a search among `allowed` over these rows.
