@@ -390,18 +390,21 @@ fn a_save_killed_at_any_moment_leaves_the_old_or_the_new_file() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[cfg(target_os = "linux")]
 const FULL_DISK_ENV: &str = "HIVE_GPU_SAVE_PAST_LIMIT";
 
 /// Rows of the collection that the full-disk child fails to save: 140,000 x 128 f32 (72 MB),
 /// three of a GPU engine's 32 MiB download chunks, so that a failed write leaves chunks still
 /// to come (the case where the downloading thread of a CUDA/ROCm save once waited for ever).
+#[cfg(target_os = "linux")]
 const PAST_LIMIT_ROWS: usize = 140_000;
 
 /// The child of the full-disk test: on every backend, saves a small collection, then sets its
 /// own file-size limit (RLIMIT_FSIZE, 1 MiB, with SIGXFSZ ignored: every write past the limit
 /// fails as on a full disk) and saves a large one over it. Each such save must fail with an
 /// error while the old file stays whole and the collection searchable. Returns at once in a
-/// normal test run.
+/// normal test run. (Linux: `libc` is a Linux dependency of the crate.)
+#[cfg(target_os = "linux")]
 #[test]
 fn save_past_a_file_size_limit_child() {
     let Ok(dir) = std::env::var(FULL_DISK_ENV) else { return };
@@ -422,11 +425,14 @@ fn save_past_a_file_size_limit_child() {
         large.add_vectors_flat(&ids, &values).expect("the large collection");
         saved.push((c, describe(context), small, large, path));
     }
-    // SAFETY: plain FFI calls with valid arguments (a signal number and SIG_IGN; a pointer to
-    // an initialised rlimit); no other thread of this child is inside a file write meanwhile.
+    // SAFETY: plain FFI calls with valid arguments (a signal number and SIG_IGN; pointers to
+    // an rlimit this frame owns); no other thread of this child is inside a file write meanwhile.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-        let limit = libc::rlimit { rlim_cur: 1 << 20, rlim_max: libc::RLIM_INFINITY };
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit), 0, "getrlimit");
+        // The soft limit only: a hard limit stays as the container set it.
+        limit.rlim_cur = limit.rlim_max.min(1 << 20);
         assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0, "setrlimit");
     }
     for (c, what, small, large, path) in &saved {
@@ -444,15 +450,19 @@ fn save_past_a_file_size_limit_child() {
     println!("SAVES FAILED CLEANLY: {}", saved.len());
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn a_save_that_fails_part_way_returns_its_error_and_leaves_the_old_file_on_every_backend() {
     let dir = scratch_dir("full-disk");
     let exe = std::env::current_exe().expect("the test binary");
+    // The child's output goes to files (written before its limit is set, appended after): a
+    // pipe nobody reads while waiting could fill and stall it.
+    let (out_path, err_path) = (dir.join("child.out"), dir.join("child.err"));
     let mut child = std::process::Command::new(&exe)
         .args(["--exact", "save_past_a_file_size_limit_child", "--nocapture", "--test-threads", "1"])
         .env(FULL_DISK_ENV, &dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).expect("the child's stdout"))
+        .stderr(std::fs::File::create(&err_path).expect("the child's stderr"))
         .spawn()
         .expect("the child");
     // A save that waits for ever (a downloader left behind) must fail the test, not hang it.
@@ -464,13 +474,12 @@ fn a_save_that_fails_part_way_returns_its_error_and_leaves_the_old_file_on_every
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let output = child.wait_with_output().expect("the child's output");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let status = child.wait().expect("the child's status");
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     assert!(
-        output.status.success() && stdout.contains("SAVES FAILED CLEANLY"),
-        "the child failed: {}\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+        status.success() && stdout.contains("SAVES FAILED CLEANLY"),
+        "the child failed: {status}\n{stdout}\n{}",
+        std::fs::read_to_string(&err_path).unwrap_or_default()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

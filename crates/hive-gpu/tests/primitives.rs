@@ -1124,12 +1124,14 @@ fn scan_and_refine_is_the_exact_best_of_the_scans_nominees_never_a_repeated_or_r
 }
 
 /// A backend may keep what it derived from a filter (the passing rows gathered, the skip words
-/// on a device) for the next search of the same set, so the same `SlotSet` is searched again
+/// on a device) for the next search of the same set, so the same `SlotSet`s are searched again
 /// after each kind of change to the rows: a repeat (what was kept must still be right), rows
-/// removed (the two nearest allowed rows of query 0), and the last rows replaced in place by a
-/// truncation and an append of as many new ones (the same length and the same removed set: only
-/// the contents differ, so nothing but a record of the change can tell). Every answer equals an
-/// f64 brute force over the live allowed rows as they are then.
+/// removed (the two nearest allowed rows of query 0), a truncation, an append that restores the
+/// length with new contents (the removed set too is then as before: only a record of the change
+/// can tell), and an append past the sets' slots (whose rows neither set allows). Two sets: most
+/// rows (a masked scan), and 18 of 300 (a gather small enough to be kept, where the forced
+/// gather path takes it). Every answer equals an f64 brute force over the live allowed rows as
+/// they are then.
 #[test]
 fn knn_with_one_slot_set_after_each_change_of_the_rows_never_serves_what_an_earlier_search_kept() {
     for context in contexts_with_forced_paths() {
@@ -1138,72 +1140,77 @@ fn knn_with_one_slot_set_after_each_change_of_the_rows_never_serves_what_an_earl
                 let what = format!("{} {precision:?} {metric:?}", describe(&context));
                 let mut rng = Rng::new(47);
                 let mut rows = store(&context, precision, &mut rng);
-                let allowed = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 4 != 1));
+                let wide = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 4 != 1));
+                let narrow = SlotSet::from_slots(ROWS, (0..ROWS).filter(|s| s % 17 == 0));
+                assert_eq!(narrow.count(), 18);
                 let nq = 70;
                 let queries = rng.normals(nq * DIM);
                 let mut removed = REMOVED.to_vec();
-                let check = |rows: &dyn RowStore, removed: &[usize], step: &str| -> Vec<Vec<Neighbor>> {
+                // The answers of the whole batch under each set, wide first.
+                let check = |rows: &dyn RowStore, removed: &[usize], step: &str| -> [Vec<Vec<Neighbor>>; 2] {
                     let values = stored(rows);
-                    let members: Vec<usize> =
-                        allowed.iter().filter(|s| *s < rows.len() && !removed.contains(s)).collect();
-                    let mut answers = Vec::new();
-                    for batch in [1, nq] {
-                        let got = rows
-                            .knn(&queries[..batch * DIM], 5, metric, Some(&allowed))
-                            .unwrap_or_else(|e| panic!("{what} {step}: {e}"));
-                        for (q, found) in got.iter().enumerate() {
-                            let query = &queries[q * DIM..(q + 1) * DIM];
-                            let want = best(metric, &values, query, &members, 5);
-                            assert_same(
-                                &format!("{what} {step} batch {batch} query {q}"),
-                                metric,
-                                &values,
-                                query,
-                                found,
-                                &want,
-                            );
+                    [&wide, &narrow].map(|allowed| {
+                        let members: Vec<usize> =
+                            allowed.iter().filter(|s| *s < rows.len() && !removed.contains(s)).collect();
+                        let mut answers = Vec::new();
+                        for batch in [1, nq] {
+                            let got = rows
+                                .knn(&queries[..batch * DIM], 5, metric, Some(allowed))
+                                .unwrap_or_else(|e| panic!("{what} {step}: {e}"));
+                            for (q, found) in got.iter().enumerate() {
+                                let query = &queries[q * DIM..(q + 1) * DIM];
+                                let want = best(metric, &values, query, &members, 5);
+                                let case = format!(
+                                    "{what} {step} set of {} batch {batch} query {q}",
+                                    allowed.count()
+                                );
+                                assert_same(&case, metric, &values, query, found, &want);
+                            }
+                            answers = got;
                         }
-                        answers = got;
-                    }
-                    answers
+                        answers
+                    })
                 };
                 check(&*rows, &removed, "first search");
-                let again = check(&*rows, &removed, "the same set again");
+                let [again, _] = check(&*rows, &removed, "the same sets again");
                 // The two nearest allowed rows of query 0 removed.
                 let nearest: Vec<usize> = again[0].iter().take(2).map(|n| n.slot).collect();
                 rows.tombstone(&nearest);
                 removed.extend(&nearest);
-                let after = check(&*rows, &removed, "after removing the nearest");
+                let [after, _] = check(&*rows, &removed, "after removing the nearest");
                 assert!(
                     after[0].iter().all(|n| !nearest.contains(&n.slot)),
                     "{what}: a removed row came back"
                 );
-                // The last 30 rows replaced by copies of the queries: same length, same removed
-                // rows, new nearest neighbours.
-                rows.truncate(ROWS - 30);
-                removed.retain(|&s| s < ROWS - 30);
-                let copies = common::storable(precision, &queries[..30 * DIM]);
+                // The last 30 rows replaced by copies of queries, twice: searched after the
+                // truncation and after the append, the second time with no replaced slot removed
+                // before or after.
+                for (round, first_query) in [(1, 0), (2, 30)] {
+                    rows.truncate(ROWS - 30);
+                    removed.retain(|&s| s < ROWS - 30);
+                    check(&*rows, &removed, &format!("after truncation {round}"));
+                    let copies =
+                        common::storable(precision, &queries[first_query * DIM..(first_query + 30) * DIM]);
+                    rows.append(&copies).expect("rows append");
+                    assert_eq!(rows.len(), ROWS);
+                    let [replaced, _] = check(&*rows, &removed, &format!("after replacement {round}"));
+                    let own = ROWS - 30 + 2;
+                    assert!(
+                        replaced[first_query + 2].iter().any(|n| n.slot == own),
+                        "{what} round {round}: query {}'s own copy (slot {own}) is not among its nearest: {:?}",
+                        first_query + 2,
+                        replaced[first_query + 2]
+                    );
+                }
+                // Rows past both sets' slots: copies of queries, which neither set may return.
+                let copies = common::storable(precision, &queries[60 * DIM..70 * DIM]);
                 rows.append(&copies).expect("rows append");
-                assert_eq!(rows.len(), ROWS);
-                let replaced = check(&*rows, &removed, "after replacing the last rows");
-                assert!(
-                    replaced[2].iter().any(|n| n.slot == ROWS - 30 + 2),
-                    "{what}: query 2's own copy (slot {}) is not among its nearest: {:?}",
-                    ROWS - 30 + 2,
-                    replaced[2]
-                );
-                // Once more, now that none of the replaced slots was removed: the removed set
-                // stays exactly as it was too.
-                rows.truncate(ROWS - 30);
-                let copies = common::storable(precision, &queries[30 * DIM..60 * DIM]);
-                rows.append(&copies).expect("rows append");
-                let replaced = check(&*rows, &removed, "after replacing the last rows again");
-                assert!(
-                    replaced[32].iter().any(|n| n.slot == ROWS - 30 + 2),
-                    "{what}: query 32's own copy (slot {}) is not among its nearest: {:?}",
-                    ROWS - 30 + 2,
-                    replaced[32]
-                );
+                for answers in check(&*rows, &removed, "after an append past the sets") {
+                    assert!(
+                        answers.iter().flatten().all(|n| n.slot < ROWS),
+                        "{what}: a row outside the set came back"
+                    );
+                }
             }
         }
     }

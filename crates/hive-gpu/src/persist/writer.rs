@@ -135,10 +135,18 @@ impl SaveFile {
     /// multiple of the block; rounded up to one) between writes.
     pub(crate) fn create(path: &Path, buffer_bytes: usize, direct: bool) -> std::io::Result<Self> {
         let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
-        let body = match direct.then(|| open_direct(path)).flatten() {
-            Some(direct) => {
-                Body::Direct(Direct::start(direct, buffer_bytes.next_multiple_of(BLOCK).max(BLOCK))?)
-            }
+        let block_bytes = buffer_bytes.next_multiple_of(BLOCK).max(BLOCK);
+        // A system may accept the O_DIRECT open and refuse the writes (alignment above 4 KiB,
+        // some FUSE or 9p mounts): one zero block written first proves them (the body's first
+        // block and then the header go over it), and a refusal or a thread that cannot start
+        // leaves the save on the page cache.
+        let direct = direct
+            .then(|| open_direct(path))
+            .flatten()
+            .filter(|fd| write_direct(fd, AlignedBuffer::new(BLOCK).as_mut(), 0).is_ok())
+            .and_then(|fd| Direct::start(fd, block_bytes).ok());
+        let body = match direct {
+            Some(direct) => Body::Direct(direct),
             None => Body::Buffered(std::io::BufWriter::with_capacity(buffer_bytes, file.try_clone()?)),
         };
         Ok(Self { file, body })

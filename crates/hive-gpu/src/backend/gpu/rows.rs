@@ -742,7 +742,8 @@ impl<D: Driver> RowStore for GpuRows<D> {
             let _ = empty_tx.send(Vec::new());
         }
         std::thread::scope(|scope| {
-            scope.spawn(move || {
+            let downloader = std::thread::Builder::new().name("hive-gpu-save-download".into());
+            let started = downloader.spawn_scoped(scope, move || {
                 for first in (start..start + count).step_by(rows_per_chunk) {
                     // A closed channel means the writer stopped (its `out` failed): so do we.
                     let Ok(mut host) = empty_rx.recv() else { return };
@@ -768,6 +769,9 @@ impl<D: Driver> RowStore for GpuRows<D> {
                     }
                 }
             });
+            if let Err(e) = started {
+                return Err(HiveGpuError::Internal(format!("no thread for a save's downloads: {e}")));
+            }
             // Every chunk arrives in order, until the downloader is done (its sender dropped)
             // or the first error. The receiving ends move into `write` and are dropped when it
             // returns, early or not: a downloader waiting for a buffer or a free place then

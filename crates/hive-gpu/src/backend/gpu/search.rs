@@ -297,8 +297,9 @@ impl<D: Driver> GpuRows<D> {
             Some(allowed) => self.search_filtered(&mut ws, queries, k, metric, allowed, sink),
         };
         ws.filtered = None;
-        // A workspace whose stream saw an error is dropped, not reused.
-        if outcome.is_ok() {
+        // A workspace whose stream saw an error is dropped, not reused; a request refused
+        // before any device work (`check_request`) leaves it as it was.
+        if matches!(outcome, Ok(_) | Err(HiveGpuError::InvalidArgument(_))) {
             self.checkin(ws);
         }
         outcome
