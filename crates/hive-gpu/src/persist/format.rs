@@ -876,24 +876,8 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         c.finish()?;
         Ok(ids)
     };
-    let parse_metadata = || -> Parsed<Vec<Metadata>> {
-        let (_, mut c) = metadata_section;
-        let mut metadata = Vec::with_capacity(slots.min(c.remaining() / 4));
-        for _ in 0..slots {
-            metadata.push(decode_metadata(&mut c)?);
-        }
-        c.finish()?;
-        Ok(metadata)
-    };
-    let parse_payloads = || -> Parsed<Vec<Payload>> {
-        let (_, mut c) = payload_section;
-        let mut payloads = Vec::with_capacity(slots.min(c.remaining() / 4));
-        for _ in 0..slots {
-            payloads.push(decode_payload(&mut c)?);
-        }
-        c.finish()?;
-        Ok(payloads)
-    };
+    let parse_metadata = || records(metadata_section.1, slots, decode_metadata);
+    let parse_payloads = || records(payload_section.1, slots, decode_payload);
     let (ids, (metadata, payloads)) = rayon::join(parse_ids, || rayon::join(parse_metadata, parse_payloads));
     let (ids, metadata, payloads) = (ids?, metadata?, payloads?);
 
@@ -933,6 +917,21 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         index,
         order,
     })
+}
+
+/// One record per slot, each read by `decode`, filling the section to its end. The vector's
+/// room is bounded by the section's bytes (a record takes at least 4), never by `slots` alone.
+fn records<'a, T>(
+    mut c: Cursor<'a>,
+    slots: usize,
+    decode: impl Fn(&mut Cursor<'a>) -> Parsed<T>,
+) -> Parsed<Vec<T>> {
+    let mut out = Vec::with_capacity(slots.min(c.remaining() / 4));
+    for _ in 0..slots {
+        out.push(decode(&mut c)?);
+    }
+    c.finish()?;
+    Ok(out)
 }
 
 /// The order section's body: `slots` u64 keys, strictly increasing (a shard's slots are in the

@@ -92,9 +92,8 @@ impl<D: Driver> GpuRows<D> {
         }
         self.refresh_dead()?;
         let mut ws = self.checkout()?;
-        let key = allowed.and_then(|allowed| self.filter_key(allowed));
         let outcome = self
-            .mask_workspace(&mut ws, allowed, key, None)
+            .mask_workspace(&mut ws, allowed, None)
             .and_then(|()| self.scan_lists_in(&mut ws, queries, probes, &lists, k, metric));
         ws.filtered = None;
         if outcome.is_ok() {

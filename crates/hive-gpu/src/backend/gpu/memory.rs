@@ -131,9 +131,10 @@ pub(super) struct Workspace<D: Driver> {
     pub(super) rounded_rows: Scratch<D>,
     /// A filtered search's skip words (`crate::slots::SearchMask`).
     pub(super) skip: Scratch<D>,
-    /// What `skip` holds: the words of the filter and rows of this key, at this device
-    /// address, and how many rows pass them. A search of the same key uses them as they are.
-    pub(super) skip_for: Option<(FilterKey, DevicePtr, usize)>,
+    /// What `skip` holds: the words of the filter and rows of this key, and how many rows
+    /// pass them. A search of the same key uses them as they are (the same key means the same
+    /// length, so `skip` was not reallocated meanwhile).
+    pub(super) skip_for: Option<(FilterKey, usize)>,
     /// Page-locked memory the skip words go up from: their own, so that no other upload of a
     /// search waits for theirs.
     pub(super) skip_staging: Staging<D>,
@@ -158,8 +159,8 @@ pub(super) struct Gathered<D: Driver> {
     pub(super) rows: Box<super::rows::GpuRows<D>>,
     /// The collection's slots of the copy's rows, ascending.
     pub(super) passing: Vec<usize>,
-    /// The filter and rows they were gathered for; None: not to be reused as they are.
-    pub(super) key: Option<FilterKey>,
+    /// The filter and rows they were gathered for.
+    pub(super) key: FilterKey,
 }
 
 /// The rows a filtered search reads.

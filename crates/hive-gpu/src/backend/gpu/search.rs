@@ -334,12 +334,12 @@ impl<D: Driver> GpuRows<D> {
         sink: Option<&Sink<'_, D>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let key = self.filter_key(allowed);
-        let kept_gather = ws.gathered.as_ref().filter(|g| key.is_some() && g.key == key);
-        let kept_skip = ws.skip_for.filter(|(of, _, _)| key == Some(*of));
+        let kept_gather = ws.gathered.as_ref().filter(|g| g.key == key);
+        let kept_skip = ws.skip_for.filter(|(of, _)| *of == key);
         let mut mask = None;
         let live = match (kept_gather, kept_skip) {
             (Some(gathered), _) => gathered.passing.len(),
-            (None, Some((_, _, live))) => live,
+            (None, Some((_, live))) => live,
             (None, None) => {
                 let built = SearchMask::new(&self.dead, self.len, Some(allowed));
                 let live = built.live;
@@ -356,7 +356,7 @@ impl<D: Driver> GpuRows<D> {
                 outcome => return outcome,
             }
         }
-        self.mask_workspace(ws, Some(allowed), key, mask)?;
+        self.mask_workspace(ws, Some(allowed), mask)?;
         self.search_in(ws, queries, k, metric, None, sink)
     }
 
@@ -372,8 +372,8 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// The key of a search among `allowed` over these rows.
-    pub(super) fn filter_key(&self, allowed: &SlotSet) -> Option<FilterKey> {
-        Some((allowed.stamp(), self.rows_stamp))
+    pub(super) fn filter_key(&self, allowed: &SlotSet) -> FilterKey {
+        (allowed.stamp(), self.rows_stamp)
     }
 
     /// A filtered search over few passing rows: they are gathered on the device into rows of
@@ -388,11 +388,11 @@ impl<D: Driver> GpuRows<D> {
         k: usize,
         metric: GpuDistanceMetric,
         allowed: &SlotSet,
-        key: Option<FilterKey>,
+        key: FilterKey,
         mask: Option<&SearchMask<'_>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let gathered = match ws.gathered.take() {
-            Some(kept) if key.is_some() && kept.key == key => kept,
+            Some(kept) if kept.key == key => kept,
             earlier => {
                 let passing = match mask {
                     Some(mask) => mask.kept(self.len),
@@ -413,21 +413,22 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// Points `ws`'s kernels at the skip words of a search among `allowed` (none without a
-    /// filter): those already on the device when they were built for `key`, else `mask` (or
+    /// filter): those already on the device when they were built for its key, else `mask` (or
     /// one built now) sent up once.
     pub(super) fn mask_workspace(
         &self,
         ws: &mut Workspace<D>,
         allowed: Option<&SlotSet>,
-        key: Option<FilterKey>,
         mask: Option<SearchMask<'_>>,
     ) -> Result<()> {
         let Some(allowed) = allowed else { return Ok(()) };
         let driver = self.driver().clone();
         let bytes = (SlotSet::words_for(self.len) * 4).max(4);
         let skip = ws.skip.get(&driver, bytes)?;
-        if let Some((_, at, live)) = ws.skip_for.filter(|(of, at, _)| key == Some(*of) && *at == skip) {
-            ws.filtered = Some(Filtered { skip: at, live });
+        // Same key, same length: `skip` was not reallocated since the words went up.
+        let key = self.filter_key(allowed);
+        if let Some((_, live)) = ws.skip_for.filter(|(of, _)| *of == key) {
+            ws.filtered = Some(Filtered { skip, live });
             return Ok(());
         }
         ws.skip_for = None;
@@ -440,7 +441,7 @@ impl<D: Driver> GpuRows<D> {
         copy_bytes(&mut staging[..words.len() * 4], bytemuck::cast_slice(words))?;
         driver.upload(&ws.stream, skip, staging, words.len() * 4)?;
         ws.filtered = Some(Filtered { skip, live: mask.live });
-        ws.skip_for = key.map(|key| (key, skip, mask.live));
+        ws.skip_for = Some((key, mask.live));
         Ok(())
     }
 
