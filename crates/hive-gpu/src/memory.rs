@@ -69,6 +69,10 @@ pub(crate) fn check_within(what: impl FnOnce() -> String, bytes: u64, budget: Op
 /// the same memory meanwhile; each read near the limit halves the credit again, so claims meet
 /// a fresh reading before the budget runs out. Capacity reserved ahead (a `Vec` doubling) costs
 /// nothing until written, which is why claims are made per write and not per reservation.
+///
+/// A claim also keeps [`headroom`] free beyond its bytes: a write allocates more than it
+/// claims (ids, a map's growth, allocator slack, page tables), and a cgroup kills the process
+/// on the first byte past its limit.
 pub(crate) fn claim(bytes: u64) -> std::result::Result<(), (u64, u64)> {
     static CREDIT: std::sync::Mutex<u64> = std::sync::Mutex::new(0);
     let mut credit = CREDIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -80,12 +84,24 @@ pub(crate) fn claim(bytes: u64) -> std::result::Result<(), (u64, u64)> {
         // No budget known: nothing to check against (the allocation itself still fails cleanly).
         return Ok(());
     };
-    if bytes > available {
+    let needed = bytes.saturating_add(headroom(bytes));
+    if needed > available {
         *credit = 0;
         return Err((bytes, available));
     }
-    *credit = (available - bytes) / 2;
+    *credit = (available - needed) / 2;
     Ok(())
+}
+
+/// What a claim of `bytes` leaves free besides them: a quarter of the claim plus 16 MiB.
+///
+/// Measured in a CI run of `tests/memory_limits.rs` (1,024-dimensional rows, 4,096 ids a
+/// write): each 16.8 MB claim lowered the cgroup's headroom by 17.0-17.3 MB, and by 19 MB when
+/// the id map grew. Without the margin the last claim was granted with 16.9 MB available and
+/// the child was OOM-killed writing it; the quarter covers the proportional part, the 16 MiB
+/// the allocator's and the kernel's fixed slack.
+fn headroom(bytes: u64) -> u64 {
+    bytes / 4 + (16 << 20)
 }
 
 /// The budget with `/proc` and `/sys` read below `root` (tests build a fake tree).
