@@ -64,7 +64,10 @@ pub struct Tuning {
     /// others scan every row with the rest masked (0: never gather; tests use 1, always).
     /// `HIVE_GPU_GATHER_FRACTION`.
     pub gather_fraction: usize,
-    /// The same for batches of 8 queries and more. `HIVE_GPU_BATCH_GATHER_FRACTION`.
+    /// The same for batches of 8 queries and more, whose gather is made once for all the
+    /// batch's pieces and kept for the next batch of the filter: 1 (the default) gathers
+    /// whatever share passes, as reading only the passing rows never costs more than masking
+    /// the others once the copy is made. `HIVE_GPU_BATCH_GATHER_FRACTION`.
     pub batch_gather_fraction: usize,
     /// CUDA/ROCm IVF searches scan their lists with the device's list kernel (false: each
     /// query's list members go through `refine`, for comparison). `HIVE_GPU_LIST_SCAN=0`
@@ -136,7 +139,7 @@ impl Default for Tuning {
             // against 0.20 unfiltered, 0.20 masked), hence 1 in 64 for single queries, not 1 in
             // 256.
             gather_fraction: 64,
-            batch_gather_fraction: 2,
+            batch_gather_fraction: 1,
             list_scan: true,
             refine_batch_candidates: usize::MAX,
             code_scan: true,

@@ -121,9 +121,12 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                     t.refine_batch_candidates = 0;
                     t.code_scan = false;
                 }),
+                tuned(|t| t.gather_fraction = 1),
+                // Never gathered: every filtered search scans every row with the rest masked
+                // (batches gather whatever share passes by default).
                 tuned(|t| {
-                    t.gather_fraction = 1;
-                    t.batch_gather_fraction = 1;
+                    t.gather_fraction = 0;
+                    t.batch_gather_fraction = 0;
                 }),
                 // Room for 256 KiB of rows: a larger collection streams them from host memory
                 // through 64 KiB windows (`backend/gpu/streamed.rs`), a smaller one stays.

@@ -119,6 +119,10 @@ pub(crate) struct GpuRows<D: Driver> {
     /// The coded lists of the last SQ8, PQ or binary scan, kept while their generation holds
     /// (`codes.rs`).
     pub(super) codes_cache: Mutex<Option<Arc<super::codes::DeviceCodes<D>>>>,
+    /// The passing rows of the last batch filter too large to keep with a workspace, gathered
+    /// once for every piece of the batch and for the next batch of the same filter
+    /// (`search.rs`, `shared_gather`); dropped by any change of the rows.
+    pub(super) gather_cache: Mutex<Option<Arc<super::memory::Gathered<D>>>>,
 }
 
 impl<D: Driver> GpuRows<D> {
@@ -151,6 +155,7 @@ impl<D: Driver> GpuRows<D> {
             pool: Mutex::new(Vec::new()),
             lists_cache: Mutex::new(None),
             codes_cache: Mutex::new(None),
+            gather_cache: Mutex::new(None),
         })
     }
 
@@ -163,6 +168,10 @@ impl<D: Driver> GpuRows<D> {
     /// any of them calls it.
     fn touch(&mut self) {
         self.rows_stamp = crate::slots::new_stamp();
+        // A gather of the old rows can never match again: its device memory goes back now.
+        if let Ok(cache) = self.gather_cache.get_mut() {
+            *cache = None;
+        }
     }
 
     fn row_bytes(&self) -> usize {
@@ -909,6 +918,10 @@ impl<D: Driver> RowStore for GpuRows<D> {
         super::merge::release(&self.device);
         // The device copy of an index's lists is a cache too: the next list scan uploads it.
         self.drop_lists();
+        // So is a batch filter's gather: the next batch of that filter gathers again.
+        if let Ok(mut cache) = self.gather_cache.lock() {
+            *cache = None;
+        }
     }
 }
 

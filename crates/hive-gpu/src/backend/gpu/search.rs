@@ -348,8 +348,12 @@ impl<D: Driver> GpuRows<D> {
             }
         };
         self.check_request(queries, k, live)?;
+        // A filter that leaves every live row is no filter: the unfiltered paths, no mask.
+        if live == self.live() {
+            return self.search_in(ws, queries, k, metric, None, sink);
+        }
         if self.gathers(queries.len() / self.dim, live) {
-            match self.search_gathered(ws, queries, k, metric, allowed, key, mask.as_ref()) {
+            match self.search_gathered(ws, queries, k, metric, allowed, key, live, mask.as_ref()) {
                 // No room on the device for a copy of the passing rows: the masked scan needs none.
                 Err(HiveGpuError::VramLimitExceeded { .. }) => {}
                 Ok(found) if sink.is_some() => return self.sink_host_lists(sink, &found),
@@ -362,13 +366,20 @@ impl<D: Driver> GpuRows<D> {
 
     /// Whether a filtered search of `nq` queries among `live` passing rows gathers them: at
     /// most 1 in `Tuning::gather_fraction` (`batch_gather_fraction` for a batch) of the rows.
-    /// A batch's pieces gather each for itself, so a larger share does not pay: on the H100
-    /// gathering half of 1M rows for each 2,000-query piece ran 1.04x the masked scan, 90% of
-    /// them 0.70x (docs/PERFORMANCE.md, filtered search).
+    /// A batch gathers once for all its pieces and keeps the copy for the next batch of the
+    /// filter ([`Self::shared_gather`]), so for a prepared filter a batch reads only the
+    /// passing rows whatever their share; a single query's gather is its own and pays only for
+    /// few rows (docs/PERFORMANCE.md, filtered search).
     fn gathers(&self, nq: usize, live: usize) -> bool {
         let t = &self.tuning;
         let fraction = if nq >= GEMM_MIN_QUERIES { t.batch_gather_fraction } else { t.gather_fraction };
         fraction > 0 && live.saturating_mul(fraction) <= self.len
+    }
+
+    /// Whether a gather of `live` rows stays with the workspace that made it (at most 1 in 16
+    /// of the rows); a larger one is shared by the rows ([`Self::shared_gather`]).
+    fn workspace_keeps(&self, live: usize) -> bool {
+        live.saturating_mul(16) <= self.len
     }
 
     /// The key of a search among `allowed` over these rows.
@@ -376,10 +387,11 @@ impl<D: Driver> GpuRows<D> {
         (allowed.stamp(), self.rows_stamp)
     }
 
-    /// A filtered search over few passing rows: they are gathered on the device into rows of
-    /// their own (the compaction kernel), searched there with `ws`, and their slots mapped
-    /// back (the passing slots are ascending, so ties still go to the lower slot). The copy
-    /// of a small gather stays with the workspace, under `key`, for the next search.
+    /// A filtered search over the passing rows alone: they are gathered on the device into
+    /// rows of their own (the compaction kernel), searched there with `ws`, and their slots
+    /// mapped back (the passing slots are ascending, so ties still go to the lower slot). A
+    /// small gather stays with the workspace, a large one with the rows (both under `key`),
+    /// for the next search of the filter.
     #[allow(clippy::too_many_arguments)]
     fn search_gathered(
         &self,
@@ -389,27 +401,77 @@ impl<D: Driver> GpuRows<D> {
         metric: GpuDistanceMetric,
         allowed: &SlotSet,
         key: FilterKey,
+        live: usize,
         mask: Option<&SearchMask<'_>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
+        let passing_slots = || match mask {
+            Some(mask) => mask.kept(self.len),
+            None => SearchMask::new(&self.dead, self.len, Some(allowed)).kept(self.len),
+        };
+        if !self.workspace_keeps(live) {
+            let gathered = self.shared_gather(ws, live, key, passing_slots)?;
+            let found = gathered.rows.search_in(ws, queries, k, metric, None, None);
+            return found.map(|found| crate::backend::ungather(found, &gathered.passing));
+        }
         let gathered = match ws.gathered.take() {
             Some(kept) if kept.key == key => kept,
             earlier => {
-                let passing = match mask {
-                    Some(mask) => mask.kept(self.len),
-                    None => SearchMask::new(&self.dead, self.len, Some(allowed)).kept(self.len),
-                };
+                let passing = passing_slots();
                 let rows = self.gathered(&passing, earlier.map(|e| e.rows), &mut ws.gather_slots)?;
                 Gathered { rows, passing, key }
             }
         };
         let found = gathered.rows.search_in(ws, queries, k, metric, None, None);
         let found = found.map(|found| crate::backend::ungather(found, &gathered.passing));
-        // A small gather's rows stay with the workspace for the next one; a large one's
-        // device memory is given back.
-        if gathered.rows.capacity().saturating_mul(16) <= self.len {
-            ws.gathered = Some(gathered);
-        }
+        ws.gathered = Some(gathered);
         found
+    }
+
+    /// The rows' shared gather of the `live` passing rows under `key`: the kept one, or a new
+    /// one made now (with `ws`'s slot scratch) in place of any other. A batch's pieces search
+    /// side by side; the first to come gathers while the others wait for it, instead of each
+    /// gathering for itself (on the H100 that made a gather at half the rows no faster than
+    /// the masked scan: docs/PERFORMANCE.md, filtered search). The copy may take at most half
+    /// of the device's free memory, so that it never takes the room of rows still to come or
+    /// of the searches' own buffers: otherwise `VramLimitExceeded`, and the caller scans with
+    /// a mask instead.
+    fn shared_gather(
+        &self,
+        ws: &mut Workspace<D>,
+        live: usize,
+        key: FilterKey,
+        passing_slots: impl FnOnce() -> Vec<usize>,
+    ) -> Result<std::sync::Arc<Gathered<D>>> {
+        let mut cache =
+            self.gather_cache.lock().map_err(|_| HiveGpuError::Internal("gather cache poisoned".into()))?;
+        if let Some(kept) = cache.as_ref().filter(|g| g.key == key) {
+            return Ok(kept.clone());
+        }
+        // The earlier gather's memory is given back (or reused) first, and counts as free.
+        let earlier = cache.take();
+        let earlier_bytes = earlier.as_ref().map_or(0, |g| g.rows.capacity() * self.gathered_row_bytes());
+        let bytes = live.saturating_mul(self.gathered_row_bytes());
+        let (free, _) = self.driver().mem_info()?;
+        let room = free.saturating_add(earlier_bytes) / 2;
+        if bytes > room {
+            return Err(HiveGpuError::VramLimitExceeded {
+                backend: self.device.backend,
+                requested: bytes as u64,
+                available: room as u64,
+            });
+        }
+        let reuse = earlier.and_then(|g| std::sync::Arc::try_unwrap(g).ok()).map(|g| g.rows);
+        let passing = passing_slots();
+        let rows = self.gathered(&passing, reuse, &mut ws.gather_slots)?;
+        let gathered = std::sync::Arc::new(Gathered { rows, passing, key });
+        *cache = Some(gathered.clone());
+        Ok(gathered)
+    }
+
+    /// Device bytes a gathered row takes: its elements, its norm and its removed bit (rounded
+    /// up to a byte).
+    fn gathered_row_bytes(&self) -> usize {
+        self.dim * self.element_bytes() + 5
     }
 
     /// Points `ws`'s kernels at the skip words of a search among `allowed` (none without a
