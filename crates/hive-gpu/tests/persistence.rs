@@ -1,7 +1,8 @@
 //! Saved collections: `open(save(x))` equals `x` on every backend (ids, values bit for bit,
-//! f16, metadata, typed payloads and the filters over them, tie order), a file of every
-//! released format version still opens, hostile files get errors naming where they went
-//! wrong (never a panic), and a save killed at any moment leaves the old file or the new one.
+//! f16, metadata, typed payloads and the filters over them, tie order), the files released
+//! builds wrote (every format version, storage type, metric and index type, and a write-ahead
+//! log) still open to what they held, hostile files get errors naming where they went wrong
+//! (never a panic), and a save killed at any moment leaves the old file or the new one.
 
 mod common;
 
@@ -74,53 +75,272 @@ fn saved_collections_open_equal_on_every_backend() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Every format version released: each has a file in `tests/data/formats/` that must open.
-const RELEASED_FORMATS: &[u32] = &[1, 2];
-
-/// The file of `tests/data/formats/` for format `version` (relative to the package folder, the
-/// working directory of `cargo test` and of the GPU bundle's runner).
-fn format_file(version: u32) -> PathBuf {
-    Path::new("tests/data/formats").join(format!("collection-v{version}.hgc"))
+/// A file written by a released build, kept in `tests/data/formats/` exactly as written.
+struct Kept {
+    /// Its name in `tests/data/formats/`.
+    name: &'static str,
+    /// The format version its header gives.
+    format: u32,
+    /// Its CRC-32C. A kept file is never rewritten: a writer that changes adds a file (of a new
+    /// format version, type or index), it does not replace one, or the test would no longer
+    /// say that what the old build wrote still opens.
+    crc: u32,
+    /// The collection it holds, without its index, made again by this build.
+    make: fn(&GpuContext) -> GpuVectorStorage,
+    /// The index it holds.
+    index: IndexSpec,
 }
 
-/// The collection the format file of `version` holds: version 2 adds an IVF-Flat index.
-fn format_collection(context: &GpuContext, version: u32) -> GpuVectorStorage {
-    let storage = populated(context, GpuDistanceMetric::Cosine, StoragePrecision::F16, 7, 60);
-    if version >= 2 {
-        storage.build_index(IndexSpec::IvfFlat { nlist: 4 }).expect("an index");
+/// Every kept file: each format version, storage type, metric and index type a release has
+/// written. The collections come from `common::stored::populated`, which must therefore keep
+/// making the same ones.
+const KEPT: &[Kept] = &[
+    Kept {
+        name: "collection-v1.hgc",
+        format: 1,
+        crc: 0xf22fab01,
+        make: |c| populated(c, GpuDistanceMetric::Cosine, StoragePrecision::F16, 7, 60),
+        index: IndexSpec::Flat,
+    },
+    Kept {
+        name: "collection-v2.hgc",
+        format: 2,
+        crc: 0x26b3789f,
+        make: |c| populated(c, GpuDistanceMetric::Cosine, StoragePrecision::F16, 7, 60),
+        index: IndexSpec::IvfFlat { nlist: 4 },
+    },
+    Kept {
+        name: "collection-v1-bf16-l1.hgc",
+        format: 1,
+        crc: 0x60d16582,
+        make: |c| populated(c, GpuDistanceMetric::Manhattan, StoragePrecision::Bf16, 11, 50),
+        index: IndexSpec::Flat,
+    },
+    Kept {
+        name: "collection-v1-i8-linf.hgc",
+        format: 1,
+        crc: 0xc47442c6,
+        make: |c| populated(c, GpuDistanceMetric::Chebyshev, StoragePrecision::I8, 12, 50),
+        index: IndexSpec::Flat,
+    },
+    Kept {
+        name: "collection-v1-u8-dot.hgc",
+        format: 1,
+        crc: 0x98cf290d,
+        make: |c| populated(c, GpuDistanceMetric::DotProduct, StoragePrecision::U8, 13, 50),
+        index: IndexSpec::Flat,
+    },
+    Kept {
+        name: "collection-v2-ivf-sq8.hgc",
+        format: 2,
+        crc: 0xc9f1f79e,
+        make: |c| populated(c, GpuDistanceMetric::Euclidean, StoragePrecision::F32, 14, 80),
+        index: IndexSpec::IvfSq8 { nlist: 4 },
+    },
+    Kept {
+        name: "collection-v2-sq8.hgc",
+        format: 2,
+        crc: 0x1e1f8c9f,
+        make: |c| populated(c, GpuDistanceMetric::DotProduct, StoragePrecision::F32, 15, 80),
+        index: IndexSpec::Sq8,
+    },
+    Kept {
+        name: "collection-v2-binary.hgc",
+        format: 2,
+        crc: 0xd981e3eb,
+        make: |c| populated(c, GpuDistanceMetric::Cosine, StoragePrecision::F32, 16, 80),
+        index: IndexSpec::Binary,
+    },
+    Kept {
+        name: "collection-v2-ivf-pq.hgc",
+        format: 2,
+        crc: 0x85f5e8e8,
+        make: |c| populated(c, GpuDistanceMetric::Euclidean, StoragePrecision::F16, 17, 300),
+        index: IndexSpec::IvfPq { nlist: 2, m: 19, bits: 8 },
+    },
+    Kept {
+        name: "collection-v2-pq.hgc",
+        format: 2,
+        crc: 0x9ff42d66,
+        make: |c| populated(c, GpuDistanceMetric::Euclidean, StoragePrecision::F32, 18, 120),
+        index: IndexSpec::Pq { m: 19, bits: 4 },
+    },
+];
+
+/// The path of a kept file (relative to the package folder, the working directory of `cargo
+/// test` and of the GPU bundle's runner).
+fn kept_path(name: &str) -> PathBuf {
+    Path::new("tests/data/formats").join(name)
+}
+
+/// Writes the kept files that are missing (`HIVE_GPU_WRITE_FORMAT_FILES=1`, when a release adds
+/// a format version, type or index), never over one that exists, and prints the CRC-32C of
+/// each for [`KEPT`].
+fn write_missing_kept_files(cpu: &GpuContext) {
+    if std::env::var("HIVE_GPU_WRITE_FORMAT_FILES").as_deref() != Ok("1") {
+        return;
     }
-    storage
+    std::fs::create_dir_all("tests/data/formats").unwrap();
+    for kept in KEPT {
+        let path = kept_path(kept.name);
+        if !path.exists() {
+            let storage = (kept.make)(cpu);
+            if kept.index != IndexSpec::Flat {
+                storage.build_index(kept.index).expect("the kept file's index");
+            }
+            storage.save(&path).expect("write a kept file");
+        }
+        eprintln!("{}: crc 0x{:08x}", kept.name, crc32c::crc32c(&std::fs::read(&path).unwrap()));
+    }
 }
 
 #[test]
-fn every_released_format_version_still_opens() {
+fn every_kept_file_of_a_released_format_opens_to_the_collection_that_wrote_it() {
     let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
-    if std::env::var("HIVE_GPU_WRITE_FORMAT_FILES").as_deref() == Ok("1") {
-        std::fs::create_dir_all("tests/data/formats").unwrap();
-        let newest = *RELEASED_FORMATS.last().unwrap();
-        format_collection(&cpu, newest).save(format_file(newest)).expect("write the format file");
-    }
-    for context in contexts() {
-        for &version in RELEASED_FORMATS {
-            let expected = format_collection(&cpu, version);
-            let path = format_file(version);
-            let opened = context.open_storage(&path).unwrap_or_else(|e| panic!("format {version}: {e}"));
-            let what = format!("format {version} on {}", describe(&context));
-            assert_same_collection(&what, &expected, &opened, 60, 7);
-            assert_eq!(opened.index_spec(), expected.index_spec(), "{what}");
-            let shape = |s: &GpuVectorStorage| {
-                s.index_stats().map(|i| (i.spec, i.list_lengths, i.training_vectors, i.iterations))
-            };
-            assert_eq!(shape(&opened), shape(&expected), "{what}");
-            // What a save writes today is exactly the file: a file without an index stays
-            // version 1, one with an index is version 2.
-            let dir = scratch_dir("format");
-            let now = dir.join("now.hgc");
-            format_collection(&context, version).save(&now).expect("save");
-            assert_eq!(std::fs::read(&now).unwrap(), std::fs::read(&path).unwrap(), "{what}");
-            let _ = std::fs::remove_dir_all(&dir);
+    write_missing_kept_files(&cpu);
+    let dir = scratch_dir("kept");
+    for kept in KEPT {
+        let path = kept_path(kept.name);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", kept.name));
+        assert_eq!(
+            crc32c::crc32c(&bytes),
+            kept.crc,
+            "{} changed: kept files are never rewritten (add a new one instead)",
+            kept.name
+        );
+        let info = hive_gpu::persist::inspect_file(&path).expect("a kept file's header");
+        assert_eq!(info.format_version, kept.format, "{}", kept.name);
+        let expected = (kept.make)(&cpu);
+        let count = expected.slot_count() + 10;
+        // This build still writes this version for this content: one that writes a newer one
+        // must add its kept files.
+        let now = dir.join("now.hgc");
+        if kept.index != IndexSpec::Flat {
+            let indexed = (kept.make)(&cpu);
+            indexed.build_index(kept.index).expect("an index");
+            indexed.save(&now).expect("save");
+        } else {
+            expected.save(&now).expect("save");
+        }
+        let written = hive_gpu::persist::inspect_file(&now).expect("header").format_version;
+        assert_eq!(written, kept.format, "{}: this build writes version {written}", kept.name);
+        for context in contexts() {
+            let what = format!("{} on {}", kept.name, describe(&context));
+            let opened = context.open_storage(&path).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(opened.index_spec(), kept.index, "{what}");
+            if kept.index != IndexSpec::Flat {
+                // The trained centroids and quantizer are the file's own (a fresh training may
+                // differ): with every list probed and every scanned row re-ranked, the index
+                // must answer exactly, whatever it learned.
+                let stats = opened.index_stats().expect("the index");
+                assert_eq!(stats.list_lengths.iter().sum::<usize>(), opened.vector_count(), "{what}");
+                let dim = opened.dimension();
+                let queries = Rng::new(3).normals(4 * dim);
+                let k = 7;
+                let all = hive_gpu::SearchOptions::default()
+                    .with_nprobe(stats.list_lengths.len())
+                    .with_refine_factor(opened.vector_count().div_ceil(k));
+                let exact = hive_gpu::SearchOptions::default().with_exact(true);
+                let (a, b) = (
+                    opened.search_batch_with(&queries, k, &all).unwrap(),
+                    opened.search_batch_with(&queries, k, &exact).unwrap(),
+                );
+                for (q, (x, y)) in a.iter().zip(&b).enumerate() {
+                    let ids =
+                        |r: &[hive_gpu::GpuSearchResult]| r.iter().map(|r| r.id.clone()).collect::<Vec<_>>();
+                    assert_eq!(ids(x), ids(y), "{what}: query {q} through the index and exactly");
+                }
+            }
+            // Saved again by this build and opened: the same collection and index.
+            let again = dir.join("again.hgc");
+            opened.save(&again).unwrap_or_else(|e| panic!("{what}: save: {e}"));
+            let reopened = context.open_storage(&again).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+            assert_eq!(reopened.index_spec(), kept.index, "{what}: saved again");
+            // The contents, the exact answers and the filters over the payloads, without the index.
+            opened.build_index(IndexSpec::Flat).expect("drop the index");
+            assert_same_collection(&what, &expected, &opened, count, 7);
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The durable collection kept in `tests/data/formats/durable-v1/` (log format version 1): an
+/// empty snapshot and a write-ahead log of the four writes below, never checkpointed, with the
+/// CRC-32C of each file (never rewritten, as [`KEPT`]).
+const KEPT_LOG: (&str, u32, u32) = ("durable-v1", 0x21df8805, 0xd93f2ffd);
+
+/// The writes the kept log holds, applied to `storage`: the vectors of a populated collection
+/// in two batches, a removal of every fifth, and an upsert of every seventh with another's
+/// values and payload.
+fn kept_log_writes(storage: &GpuVectorStorage) {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let source = populated(&cpu, GpuDistanceMetric::Euclidean, StoragePrecision::F32, 21, 40);
+    let vectors: Vec<hive_gpu::GpuVector> = common::stored::ids_of(&source, 40)
+        .iter()
+        .map(|id| source.get_vector(id).unwrap().expect("a stored vector"))
+        .collect();
+    let (first, second) = vectors.split_at(vectors.len() / 2);
+    storage.add_vectors(first).expect("add");
+    storage.add_vectors(second).expect("add");
+    let removed: Vec<String> = vectors.iter().step_by(5).map(|v| v.id.clone()).collect();
+    storage.remove_vectors(&removed).expect("remove");
+    let upserted: Vec<hive_gpu::GpuVector> = vectors
+        .iter()
+        .skip(3)
+        .step_by(7)
+        .zip(vectors.iter().rev())
+        .map(|(v, other)| hive_gpu::GpuVector { id: v.id.clone(), ..other.clone() })
+        .collect();
+    storage.add_vectors(&upserted).expect("upsert");
+}
+
+fn kept_log_config() -> hive_gpu::StorageConfig {
+    hive_gpu::StorageConfig::new(19, GpuDistanceMetric::Euclidean)
+}
+
+#[test]
+fn the_kept_write_ahead_log_replays_to_the_writes_it_acknowledged() {
+    let (name, snapshot_crc, log_crc) = KEPT_LOG;
+    let kept = kept_path(name);
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    if std::env::var("HIVE_GPU_WRITE_FORMAT_FILES").as_deref() == Ok("1") && !kept.exists() {
+        std::fs::create_dir_all(&kept).unwrap();
+        let durable = cpu
+            .open_durable(kept.join("collection.hgc"), kept_log_config(), hive_gpu::DurableOptions::default())
+            .expect("a durable collection");
+        kept_log_writes(&durable);
+        assert_eq!(durable.log_stats().expect("a log").checkpoints, 0, "the writes stay in the log");
+        drop(durable);
+        let _ = std::fs::remove_file(kept.join("collection.hgc.lock"));
+        for file in ["collection.hgc", "collection.hgc.wal"] {
+            let crc = crc32c::crc32c(&std::fs::read(kept.join(file)).unwrap());
+            eprintln!("{name}/{file}: crc 0x{crc:08x}");
+        }
+    }
+    let expected = cpu.create_storage_with(kept_log_config()).expect("a collection");
+    kept_log_writes(&expected);
+    let dir = scratch_dir("kept-log");
+    for (file, crc) in [("collection.hgc", snapshot_crc), ("collection.hgc.wal", log_crc)] {
+        let bytes = std::fs::read(kept.join(file)).unwrap_or_else(|e| panic!("{name}/{file}: {e}"));
+        assert_eq!(crc32c::crc32c(&bytes), crc, "{name}/{file} changed: kept files are never rewritten");
+        std::fs::write(dir.join(file), bytes).unwrap();
+    }
+    for context in contexts() {
+        // Opened from a copy each time: an open replays the log and may checkpoint it.
+        let copy = dir.join(format!("{}", context.backend_type()));
+        std::fs::create_dir_all(&copy).unwrap();
+        for file in ["collection.hgc", "collection.hgc.wal"] {
+            std::fs::copy(dir.join(file), copy.join(file)).unwrap();
+        }
+        let what = format!("the kept log on {}", describe(&context));
+        let opened = context
+            .open_durable(copy.join("collection.hgc"), kept_log_config(), hive_gpu::DurableOptions::default())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let stats = opened.log_stats().expect("a log");
+        assert_eq!((stats.replayed, stats.torn_bytes), (4, 0), "{what}: every logged write replayed");
+        assert_same_collection(&what, &expected, &opened, 50, 21);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn open_error(context: &GpuContext, path: &Path, image: &[u8]) -> String {
