@@ -24,6 +24,9 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 
 /// A collection with payloads of every type, exact duplicates (ties), removed and replaced
 /// vectors, so that its slots are not simply its ids in order.
+///
+/// The kept format files (`tests/persistence.rs`, `KEPT`) hold collections it made: it must
+/// keep making the same ones for the same arguments.
 pub fn populated(
     context: &GpuContext,
     metric: GpuDistanceMetric,
