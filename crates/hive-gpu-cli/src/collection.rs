@@ -122,24 +122,18 @@ pub fn open(
     mapped: bool,
     quiet: bool,
 ) -> Result<hive_gpu::GpuVectorStorage, HiveGpuError> {
-    if mapped {
-        // SAFETY: this command only reads the file, and `--mapped`'s help tells the user that
-        // nothing may change the file while the command runs (the contract of the mapping).
-        return unsafe { context.open_storage_mapped(path) };
-    }
-    if quiet { context.open_storage(path) } else { open_with_bar(context, path) }
-}
-
-/// Opens the collection file at `path` on `context` with a bar over its vectors.
-pub fn open_with_bar(
-    context: &hive_gpu::GpuContext,
-    path: &Path,
-) -> Result<hive_gpu::GpuVectorStorage, HiveGpuError> {
-    let bar = vector_bar("opening", 0);
-    let storage = context.open_storage_with_progress(path, &mut |done, total| {
+    let bar = if quiet { ProgressBar::hidden() } else { vector_bar("opening", 0) };
+    let mut report = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    });
+    };
+    let storage = if mapped {
+        // SAFETY: this command only reads the file, and `--mapped`'s help tells the user that
+        // nothing may change the file while the command runs (the contract of the mapping).
+        unsafe { context.open_storage_mapped_with_progress(path, &mut report) }
+    } else {
+        context.open_storage_with_progress(path, &mut report)
+    };
     bar.finish_and_clear();
     storage
 }

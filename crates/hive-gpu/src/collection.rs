@@ -193,6 +193,29 @@ fn subject_text(subject: Subject<'_>) -> String {
     }
 }
 
+/// Whether every value is finite, in one pass without a branch per value (it vectorizes).
+fn all_finite(values: &[f32]) -> bool {
+    const EXPONENT: u32 = 0x7f80_0000;
+    values.iter().fold(0u32, |bad, x| bad | u32::from(x.to_bits() & EXPONENT == EXPONENT)) == 0
+}
+
+/// The f64 sum of the squared values, in eight independent partial sums: one running sum is
+/// a chain of dependent additions (about 4 cycles each, 0.17 us a 128-dimensional row), which
+/// made checking the values of a million rows most of an open's restore on the development
+/// VM (docs/PERFORMANCE.md, opening). Every check of a vector's norm goes through here, so a
+/// vector is judged the same wherever it comes from.
+fn squared_norm(values: &[f32]) -> f64 {
+    let mut partial = [0f64; 8];
+    let mut chunks = values.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (sum, &x) in partial.iter_mut().zip(chunk) {
+            *sum += f64::from(x) * f64::from(x);
+        }
+    }
+    let rest: f64 = chunks.remainder().iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    partial.iter().sum::<f64>() + rest
+}
+
 pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subject<'_>) -> Result<()> {
     let subject_id = || match subject {
         Subject::Vector(id) => Some(id.to_string()),
@@ -211,21 +234,23 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
         Subject::Vector(_) => config.precision,
         Subject::Query(_) => StoragePrecision::F32,
     };
-    if !matches!(config.metric, GpuDistanceMetric::Cosine)
-        && values
+    let storable = || match stored_type {
+        StoragePrecision::F32 => all_finite(values),
+        _ => values
             .iter()
-            .all(|&x| x.is_finite() && crate::exact::elements::unrepresentable(x, stored_type).is_none())
+            .all(|&x| x.is_finite() && crate::exact::elements::unrepresentable(x, stored_type).is_none()),
+    };
+    if !matches!(config.metric, GpuDistanceMetric::Cosine)
+        && storable()
+        && squared_norm(values) <= MAX_SQUARED_NORM
     {
-        let squared_norm: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-        if squared_norm <= MAX_SQUARED_NORM {
-            return Ok(());
-        }
+        return Ok(());
     }
     let (id, what) = (subject_id(), subject_text(subject));
     if let Some((i, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
         return Err(HiveGpuError::InvalidVector { id, reason: format!("{what}{x} at component {i}") });
     }
-    let squared_norm: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    let squared_norm = squared_norm(values);
     if squared_norm > MAX_SQUARED_NORM {
         return Err(HiveGpuError::InvalidVector {
             id,
@@ -674,8 +699,19 @@ impl Collection {
         };
         self.entries.par_extend(kept.par_iter().with_min_len(MIN_PARALLEL).map(entry));
 
-        let (entries, slot_of, rows) = (&self.entries, &mut self.slot_of, &mut self.rows);
-        let checked = || -> Result<()> {
+        // Four independent jobs side by side: the values checked (on every thread), the ids
+        // mapped to their slots and the payloads indexed (each in slot order on one thread),
+        // and the rows appended (uploaded, on a device backend). On the H100 machine the map
+        // alone took about as long as the upload (docs/PERFORMANCE.md, opening).
+        let started = std::time::Instant::now();
+        let mark = |what: &str| {
+            if crate::backend::profiling() {
+                eprintln!("hive-gpu profile (restore): {what} at {:.3} s", started.elapsed().as_secs_f64());
+            }
+        };
+        let (entries, slot_of, rows, payloads) =
+            (&self.entries, &mut self.slot_of, &mut self.rows, &mut self.payloads);
+        let values_checked = || -> Option<HiveGpuError> {
             let check = |scratch: &mut Vec<f32>, slot: usize| -> Option<HiveGpuError> {
                 if removed.contains(slot) {
                     return None;
@@ -698,9 +734,10 @@ impl Collection {
                 .with_min_len(MIN_PARALLEL)
                 .map_init(Vec::new, |scratch, slot| check(scratch, slot))
                 .find_map_first(|error| error);
-            if let Some(error) = invalid {
-                return Err(error);
-            }
+            mark("values checked");
+            invalid
+        };
+        let ids_mapped = || -> Result<()> {
             for (slot, entry) in entries.iter().enumerate() {
                 if let Some(entry) = entry
                     && let Some(first) = slot_of.insert(entry.id.clone(), slot)
@@ -713,7 +750,22 @@ impl Collection {
                     )));
                 }
             }
+            mark("ids mapped");
             Ok(())
+        };
+        let payloads_indexed = || {
+            for (slot, entry) in entries.iter().enumerate() {
+                if let Some(entry) = entry {
+                    payloads.insert(slot, entry.metadata(), entry.payload());
+                }
+            }
+            mark("payloads indexed");
+        };
+        // A bad value is reported before a repeated id, as one pass would meet them.
+        let checked = || -> Result<()> {
+            let (invalid, (ids, ())) =
+                rayon::join(values_checked, || rayon::join(ids_mapped, payloads_indexed));
+            invalid.map_or(ids, Err)
         };
         let appended = || -> Result<()> {
             if mapped {
@@ -722,7 +774,9 @@ impl Collection {
                 progress(live_slots as u64, live_slots as u64);
                 return Ok(());
             }
-            append_stored_rows(rows.as_mut(), &stored, &kept, dim, precision, progress)
+            let appended = append_stored_rows(rows.as_mut(), &stored, &kept, dim, precision, progress);
+            mark("rows appended");
+            appended
         };
         let (checked, appended) = rayon::join(checked, appended);
         if let Err(error) = checked.and(appended) {
@@ -738,11 +792,6 @@ impl Collection {
             (Some(order), _) => self.order = Some(kept.iter().map(|&s| order[s]).collect()),
             (None, Some(order)) => *order = (0..kept.len() as u64).collect(),
             (None, None) => {}
-        }
-        for (slot, entry) in self.entries.iter().enumerate() {
-            if let Some(entry) = entry {
-                self.payloads.insert(slot, entry.metadata(), entry.payload());
-            }
         }
         self.version += 1;
         Ok(())

@@ -289,8 +289,26 @@ impl GpuContext {
     /// would change rows under the searches' feet (memory that Rust assumes immutable), and a
     /// truncation kills the process with SIGBUS at the next search.
     pub unsafe fn open_storage_mapped(&self, path: impl AsRef<Path>) -> Result<GpuVectorStorage> {
+        // SAFETY: the caller's contract is this function's own.
+        unsafe { self.open_storage_mapped_with_progress(path, &mut |_, _| {}) }
+    }
+
+    /// [`GpuContext::open_storage_mapped`], telling `progress` how many of the file's vectors
+    /// are in the collection so far, and how many there are (for a progress bar: on a GPU
+    /// backend the rows are uploaded; on the CPU the rows stay in the file and one report
+    /// says so).
+    ///
+    /// # Safety
+    ///
+    /// As for [`GpuContext::open_storage_mapped`]: nobody may write to or truncate the file
+    /// while the storage lives.
+    pub unsafe fn open_storage_mapped_with_progress(
+        &self,
+        path: impl AsRef<Path>,
+        progress: persist::Progress<'_>,
+    ) -> Result<GpuVectorStorage> {
         let path = path.as_ref();
-        persist::with_checked(path, true, |file| self.storage_from(file, path, true, &mut |_, _| {}))
+        persist::with_checked(path, true, |file| self.storage_from(file, path, true, progress))
     }
 
     /// A new collection holding the checked file `file` (at `path`), its vectors reported to
@@ -382,12 +400,25 @@ impl GpuContext {
         config: StorageConfig,
         options: DurableOptions,
     ) -> Result<GpuVectorStorage> {
+        self.open_durable_with_progress(path, config, options, &mut |_, _| {})
+    }
+
+    /// [`GpuContext::open_durable`], telling `progress` how many of the snapshot's vectors
+    /// are in the collection so far, and how many there are (for a progress bar; the log's
+    /// writes are replayed after them).
+    pub fn open_durable_with_progress(
+        &self,
+        path: impl AsRef<Path>,
+        config: StorageConfig,
+        options: DurableOptions,
+        progress: persist::Progress<'_>,
+    ) -> Result<GpuVectorStorage> {
         let (path, lock, exists) = persist::durable::claim(path.as_ref())?;
         let path = &path;
         let mut storage = if exists {
             persist::with_checked(path, false, |file| {
                 persist::durable::check_config(path, &file.config(), &config)?;
-                let storage = self.storage_from(file, path, false, &mut |_, _| {})?;
+                let storage = self.storage_from(file, path, false, progress)?;
                 let log = persist::durable::Log::open(lock, path, file.id, &mut *storage.write(), options)?;
                 Ok((storage, log))
             })?

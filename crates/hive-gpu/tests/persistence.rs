@@ -451,6 +451,26 @@ fn save_and_open_report_their_progress_to_the_last_vector() {
     assert!(!seen.is_empty() && seen.windows(2).all(|w| w[0].0 < w[1].0), "{seen:?}");
     assert_eq!(seen.last(), Some(&(live, live)));
     assert_same_collection("opened in steps", &storage, &opened, 150_000, 3);
+    // A mapped open reports too: on the CPU the rows stay in the file, in one report.
+    seen.clear();
+    // SAFETY: nothing writes the file while `mapped` lives (this test alone uses it).
+    let mapped =
+        unsafe { cpu.open_storage_mapped_with_progress(&path, &mut |done, total| seen.push((done, total))) }
+            .unwrap();
+    assert_eq!(seen.last(), Some(&(live, live)), "mapped: {seen:?}");
+    drop(mapped);
+    // So does a durable open of the snapshot, before the log replays.
+    seen.clear();
+    let durable = cpu
+        .open_durable_with_progress(
+            &path,
+            storage.config(),
+            hive_gpu::DurableOptions::default(),
+            &mut |done, total| seen.push((done, total)),
+        )
+        .unwrap();
+    assert_eq!(seen.last(), Some(&(live, live)), "durable: {seen:?}");
+    drop(durable);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

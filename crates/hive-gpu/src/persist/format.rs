@@ -647,6 +647,12 @@ impl<'a> Cursor<'a> {
 
 /// Parses a whole collection file image.
 pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
+    let started = std::time::Instant::now();
+    let mark = |what: &str| {
+        if crate::backend::profiling() {
+            eprintln!("hive-gpu profile (parse): {what} at {:.3} s", started.elapsed().as_secs_f64());
+        }
+    };
     let mut header = Cursor::new("header", file, 0);
     let magic = header.take(8, "the magic number").or_else(|_| {
         fail("header", 0, format!("{} bytes are too short for a collection file", file.len()))
@@ -764,6 +770,7 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         }
         sections.push(section);
     }
+    mark("sections checksummed");
     // Bodies may not overlap, and every byte outside them (the padding) must be zero: no
     // byte of a file escapes a check.
     let mut spans: Vec<(u64, u64)> = sections.iter().map(|s| (s.offset, s.offset + s.length)).collect();
@@ -880,6 +887,7 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
     let parse_payloads = || records(payload_section.1, slots, decode_payload);
     let (ids, (metadata, payloads)) = rayon::join(parse_ids, || rayon::join(parse_metadata, parse_payloads));
     let (ids, metadata, payloads) = (ids?, metadata?, payloads?);
+    mark("records parsed");
 
     let order = match sections.iter().find(|s| s.kind == Kind::Order).copied() {
         Some(section) => {
