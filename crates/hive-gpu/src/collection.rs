@@ -16,6 +16,7 @@ use crate::index::spec::IndexSpec;
 
 /// Collection ids, unique in the process (see [`Collection::uid`]).
 static NEXT_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+use crate::id_slots::IdSlots;
 use crate::payload::{INDEXED_VALUE_BYTES, Payload, PayloadIndex, PayloadValue, check_payload};
 use crate::slots::SlotSet;
 use crate::types::{GpuDistanceMetric, GpuVector, Metadata, StorageConfig, StoragePrecision};
@@ -95,7 +96,7 @@ pub(crate) struct Collection {
     rows: Box<dyn RowStore>,
     /// One per slot; None for a removed (tombstoned) slot.
     entries: Vec<Option<Entry>>,
-    slot_of: IdMap<SmolStr, usize>,
+    slot_of: IdSlots,
     /// The removed slots (the row store keeps the same set for its searches).
     removed: SlotSet,
     /// Every payload field's index, for filters.
@@ -351,7 +352,7 @@ impl Collection {
             config,
             rows,
             entries: Vec::new(),
-            slot_of: IdMap::default(),
+            slot_of: IdSlots::default(),
             removed: SlotSet::default(),
             payloads: PayloadIndex::default(),
             uid: NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -522,13 +523,24 @@ impl Collection {
         self.version += 1;
         self.rows.tombstone(&replaced);
         for &slot in &replaced {
-            self.entries[slot] = None;
+            if let Some(entry) = self.entries[slot].take() {
+                self.slot_of.remove(&entry.id);
+            }
             self.removed.set(slot, true);
         }
+        // The batch's ids are listed once (`stage_upsert` checked) and none is mapped now (the
+        // replaced ones were just forgotten): the map takes them all at once, on every core
+        // for a large batch.
+        let items = |offset: usize| Some((&added[offset].id, first_slot + offset));
+        if self.slot_of.insert_all(&items, added.len()).is_err() {
+            // Unreachable by that check; were an id given twice, the later slot wins, as one
+            // insert after another would have it.
+            for (offset, entry) in added.iter().enumerate() {
+                self.slot_of.insert(entry.id.clone(), first_slot + offset);
+            }
+        }
         for (offset, entry) in added.into_iter().enumerate() {
-            let slot = first_slot + offset;
-            self.payloads.insert(slot, entry.metadata(), entry.payload());
-            self.slot_of.insert(entry.id.clone(), slot);
+            self.payloads.insert(first_slot + offset, entry.metadata(), entry.payload());
             self.entries.push(Some(entry));
         }
         if let Some(order) = &mut self.order {
@@ -738,20 +750,17 @@ impl Collection {
             invalid
         };
         let ids_mapped = || -> Result<()> {
-            for (slot, entry) in entries.iter().enumerate() {
-                if let Some(entry) = entry
-                    && let Some(first) = slot_of.insert(entry.id.clone(), slot)
-                {
-                    return Err(HiveGpuError::InvalidArgument(format!(
-                        "id {:?} is stored twice, in slots {} and {}",
-                        entry.id.as_str(),
-                        kept[first],
-                        kept[slot]
-                    )));
-                }
-            }
+            let items = |slot: usize| entries[slot].as_ref().map(|entry| (&entry.id, slot));
+            let mapped = slot_of.insert_all(&items, entries.len()).map_err(|(slot, first)| {
+                HiveGpuError::InvalidArgument(format!(
+                    "id {:?} is stored twice, in slots {} and {}",
+                    entries[slot].as_ref().map_or("", |e| e.id.as_str()),
+                    kept[first],
+                    kept[slot]
+                ))
+            });
             mark("ids mapped");
-            Ok(())
+            mapped
         };
         let payloads_indexed = || {
             for (slot, entry) in entries.iter().enumerate() {
@@ -919,7 +928,7 @@ impl Collection {
             index.clear();
         }
         self.entries = Vec::new();
-        self.slot_of = IdMap::default();
+        self.slot_of = IdSlots::default();
         self.removed = SlotSet::default();
         self.payloads = PayloadIndex::default();
         if let Some(order) = &mut self.order {

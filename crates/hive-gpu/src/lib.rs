@@ -61,6 +61,7 @@ pub mod error;
 mod exact;
 mod exec;
 mod filter;
+mod id_slots;
 mod index;
 pub mod io;
 mod memory;
