@@ -523,18 +523,14 @@ impl Collection {
         self.version += 1;
         self.rows.tombstone(&replaced);
         for &slot in &replaced {
-            if let Some(entry) = self.entries[slot].take() {
-                self.slot_of.remove(&entry.id);
-            }
+            self.entries[slot] = None;
             self.removed.set(slot, true);
         }
-        // The batch's ids are listed once (`stage_upsert` checked) and none is mapped now (the
-        // replaced ones were just forgotten): the map takes them all at once, on every core
-        // for a large batch.
+        // A batch of new ids only (listed once: `check_batch`) goes into the map all at once,
+        // on every core when large, into the room `stage_upsert` reserved. A replaced id's
+        // entry is overwritten in place, one after another, as it allocates nothing.
         let items = |offset: usize| Some((&added[offset].id, first_slot + offset));
-        if self.slot_of.insert_all(&items, added.len()).is_err() {
-            // Unreachable by that check; were an id given twice, the later slot wins, as one
-            // insert after another would have it.
+        if !replaced.is_empty() || self.slot_of.insert_all(&items, added.len()).is_err() {
             for (offset, entry) in added.iter().enumerate() {
                 self.slot_of.insert(entry.id.clone(), first_slot + offset);
             }
@@ -711,8 +707,8 @@ impl Collection {
         };
         self.entries.par_extend(kept.par_iter().with_min_len(MIN_PARALLEL).map(entry));
 
-        // Four independent jobs side by side: the values checked (on every thread), the ids
-        // mapped to their slots and the payloads indexed (each in slot order on one thread),
+        // Four independent jobs side by side: the values checked and the ids mapped to their
+        // slots (each on every thread), the payloads indexed (in slot order, on one thread),
         // and the rows appended (uploaded, on a device backend). On the H100 machine the map
         // alone took about as long as the upload (docs/PERFORMANCE.md, opening).
         let started = std::time::Instant::now();

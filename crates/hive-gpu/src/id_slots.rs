@@ -71,10 +71,15 @@ impl IdSlots {
     }
 
     /// Room for `additional` more ids in every shard's expected share, with slack for the
-    /// spread of a hash (shards fill unevenly by a few standard deviations at most).
+    /// spread of a hash: an eighth, at least 16 (a shard of a share `s` fills beyond
+    /// `s + sqrt(s)` rarely, and beyond the slack practically never; a shard that does grows
+    /// as any map does).
     pub(crate) fn try_reserve(&mut self, additional: usize) -> Result<(), TryReserveError> {
-        let share = additional / SHARDS;
-        let slack = share / 8 + 64;
+        if additional == 0 {
+            return Ok(());
+        }
+        let share = additional.div_ceil(SHARDS);
+        let slack = (share / 8).max(16);
         self.shards.iter_mut().try_for_each(|shard| shard.try_reserve(share + slack))
     }
 
@@ -106,9 +111,9 @@ impl IdSlots {
             .with_min_len(4096)
             .map(|i| items(i).map_or(NONE, |(id, _)| self.shard_of(id) as u8))
             .collect();
-        let mut members: Vec<Vec<u32>> = vec![Vec::new(); SHARDS];
+        let mut members: Vec<Vec<usize>> = vec![Vec::new(); SHARDS];
         members.par_iter_mut().enumerate().for_each(|(shard, list)| {
-            list.extend((0..count as u32).filter(|&i| shard_of[i as usize] as usize == shard));
+            list.extend((0..count).filter(|&i| shard_of[i] as usize == shard));
         });
         let first_repeat = self
             .shards
@@ -116,8 +121,8 @@ impl IdSlots {
             .zip(members)
             .filter_map(|(shard, list)| {
                 list.into_iter().find_map(|i| {
-                    let (id, slot) = items(i as usize)?;
-                    shard.insert(id.clone(), slot).map(|earlier| (i as usize, earlier))
+                    let (id, slot) = items(i)?;
+                    shard.insert(id.clone(), slot).map(|earlier| (i, earlier))
                 })
             })
             .min();

@@ -61,7 +61,7 @@ pub(crate) fn check_within(what: impl FnOnce() -> String, bytes: u64, budget: Op
 }
 
 /// Claims `bytes` of host memory about to be written (rows appended, ids stored): Ok when the
-/// budget holds them, else `Err((bytes, available))`.
+/// budget holds them and the headroom, else `Err((bytes with the headroom, available))`.
 ///
 /// Reading the budget costs a few small files, too much for every single-vector add, so a
 /// read grants a credit: half of what remains after the claim, spent by later claims without
@@ -87,7 +87,8 @@ pub(crate) fn claim(bytes: u64) -> std::result::Result<(), (u64, u64)> {
     let needed = bytes.saturating_add(headroom(bytes));
     if needed > available {
         *credit = 0;
-        return Err((bytes, available));
+        // What was asked with its headroom, so the refusal's numbers show why.
+        return Err((needed, available));
     }
     *credit = (available - needed) / 2;
     Ok(())

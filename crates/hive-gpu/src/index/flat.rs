@@ -35,6 +35,7 @@ pub(crate) fn search(
     let with_payload = options.with_metadata;
     let batch = check_queries(collection.config(), queries, k)?;
     let plan = Plan::of(collection, batch, k, options, tuning)?;
+    let _one_off = OneOffFilter::of(&plan, &[collection]);
     if plan.k == 0 {
         return Ok(vec![Vec::new(); plan.nq]);
     }
@@ -73,6 +74,7 @@ pub(crate) fn search_results_across(
     let with_payload = options.with_metadata;
     let queries = batch.queries;
     let mut plan = Plan::of(first, batch, k, options, tuning)?;
+    let _one_off = OneOffFilter::of(&plan, members);
     plan.pieces = if members.iter().any(|m| m.rows().streamed()) {
         Pieces::whole(plan.nq, members.len())
     } else {
@@ -113,6 +115,7 @@ pub(crate) fn neighbours(
 ) -> Result<(usize, Vec<Vec<Neighbor>>)> {
     let queries = batch.queries;
     let plan = Plan::of(collection, batch, k, options, tuning)?;
+    let _one_off = OneOffFilter::of(&plan, &[collection]);
     if plan.k == 0 {
         return Ok((0, vec![Vec::new(); plan.nq]));
     }
@@ -134,6 +137,7 @@ pub(crate) fn neighbours_into(
     list: usize,
 ) -> Result<()> {
     let mut plan = Plan::of(collection, batch, k, options, tuning)?;
+    let _one_off = OneOffFilter::of(&plan, &[collection]);
     if plan.probe.is_some() {
         return Err(HiveGpuError::Internal("an index search cannot write into a merge buffer".into()));
     }
@@ -187,6 +191,25 @@ pub(crate) fn check_queries<'q>(config: &StorageConfig, queries: &'q [f32], k: u
 
 /// A validated batch: its queries, the k its lists hold (0 when no vector passes the filter),
 /// the filter's live slots and how the batch is cut.
+/// The members of a search whose filter was evaluated for it alone (not a prepared filter
+/// still current): when the search ends, what their backends derived from it is freed
+/// (`RowStore::release_filter_copies`), as no later search can name that filter again.
+struct OneOffFilter<'a>(Vec<&'a Collection>);
+
+impl<'a> OneOffFilter<'a> {
+    fn of(plan: &Plan<'_>, members: &[&'a Collection]) -> Option<Self> {
+        matches!(plan.allowed, Some(std::borrow::Cow::Owned(_))).then(|| Self(members.to_vec()))
+    }
+}
+
+impl Drop for OneOffFilter<'_> {
+    fn drop(&mut self) {
+        for member in &self.0 {
+            member.rows().release_filter_copies();
+        }
+    }
+}
+
 struct Plan<'f> {
     nq: usize,
     k: usize,

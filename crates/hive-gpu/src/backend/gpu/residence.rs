@@ -221,4 +221,8 @@ impl<D: Driver> RowStore for EngineRows<D> {
     fn release_scratch(&self) {
         on_rows!(self, rows => rows.release_scratch())
     }
+
+    fn release_filter_copies(&self) {
+        on_rows!(self, rows => rows.release_filter_copies())
+    }
 }

@@ -918,10 +918,12 @@ impl<D: Driver> RowStore for GpuRows<D> {
         super::merge::release(&self.device);
         // The device copy of an index's lists is a cache too: the next list scan uploads it.
         self.drop_lists();
-        // So is a batch filter's gather: the next batch of that filter gathers again.
-        if let Ok(mut cache) = self.gather_cache.lock() {
-            *cache = None;
-        }
+        self.release_filter_copies();
+    }
+
+    fn release_filter_copies(&self) {
+        // A batch filter's gather: the next batch of that filter gathers again.
+        *self.gather_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 }
 

@@ -434,7 +434,8 @@ impl<D: Driver> GpuRows<D> {
     /// the masked scan: docs/PERFORMANCE.md, filtered search). The copy may take at most half
     /// of the device's free memory, so that it never takes the room of rows still to come or
     /// of the searches' own buffers: otherwise `VramLimitExceeded`, and the caller scans with
-    /// a mask instead.
+    /// a mask instead. A search whose filter was evaluated for it alone drops the copy when it
+    /// ends (`RowStore::release_filter_copies`): only a prepared filter's stays.
     fn shared_gather(
         &self,
         ws: &mut Workspace<D>,
@@ -442,14 +443,14 @@ impl<D: Driver> GpuRows<D> {
         key: FilterKey,
         passing_slots: impl FnOnce() -> Vec<usize>,
     ) -> Result<std::sync::Arc<Gathered<D>>> {
-        let mut cache =
-            self.gather_cache.lock().map_err(|_| HiveGpuError::Internal("gather cache poisoned".into()))?;
+        // The cache holds no invariant a panic could break halfway: a poisoned lock is used.
+        let mut cache = self.gather_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(kept) = cache.as_ref().filter(|g| g.key == key) {
             return Ok(kept.clone());
         }
-        // The earlier gather's memory is given back (or reused) first, and counts as free.
-        let earlier = cache.take();
-        let earlier_bytes = earlier.as_ref().map_or(0, |g| g.rows.capacity() * self.gathered_row_bytes());
+        // The earlier gather's memory would be given back (or reused) first: it counts as
+        // free, and it is kept when this one is refused.
+        let earlier_bytes = cache.as_ref().map_or(0, |g| g.rows.capacity() * self.gathered_row_bytes());
         let bytes = live.saturating_mul(self.gathered_row_bytes());
         let (free, _) = self.driver().mem_info()?;
         let room = free.saturating_add(earlier_bytes) / 2;
@@ -460,7 +461,7 @@ impl<D: Driver> GpuRows<D> {
                 available: room as u64,
             });
         }
-        let reuse = earlier.and_then(|g| std::sync::Arc::try_unwrap(g).ok()).map(|g| g.rows);
+        let reuse = cache.take().and_then(|g| std::sync::Arc::try_unwrap(g).ok()).map(|g| g.rows);
         let passing = passing_slots();
         let rows = self.gathered(&passing, reuse, &mut ws.gather_slots)?;
         let gathered = std::sync::Arc::new(Gathered { rows, passing, key });
