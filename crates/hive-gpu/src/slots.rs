@@ -47,7 +47,7 @@ impl SlotSet {
     /// from a set (a search's skip words on a device, the rows a filter passes) by the stamp,
     /// and builds it again only when the stamp differs. A clone keeps the stamp; a change of
     /// the members gives the set a new one when it is next asked.
-    pub(crate) fn stamp(&self) -> u64 {
+    pub fn stamp(&self) -> u64 {
         use std::sync::atomic::Ordering::Relaxed;
         let stamp = self.stamp.load(Relaxed);
         if stamp != 0 {

@@ -368,10 +368,11 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// its device copy of inverted lists). Called before a search that ran out of device memory
     /// beside others runs again alone, and when a collection's index is replaced or dropped.
     fn release_scratch(&self) {}
-    /// Frees what searches derived from a filter that no later search can name again (a filter
-    /// evaluated for one search, not a prepared one): a GPU backend's copy of the rows that
-    /// passed a batch's filter. Called when such a search ends.
-    fn release_filter_copies(&self) {}
+    /// Frees what searches derived from the filter whose set has the stamp `filter`
+    /// ([`SlotSet::stamp`]) when no later search can name it again (a filter evaluated for one
+    /// search, not a prepared one): a GPU backend's copy of the rows that passed a batch's
+    /// filter. What was derived from other filters stays. Called when such a search ends.
+    fn release_filter_copies(&self, _filter: u64) {}
 }
 
 /// The check every [`RowStore::read_stored`] starts with: rows `start..start + count` lie

@@ -74,7 +74,6 @@ pub(crate) fn search_results_across(
     let with_payload = options.with_metadata;
     let queries = batch.queries;
     let mut plan = Plan::of(first, batch, k, options, tuning)?;
-    let _one_off = OneOffFilter::of(&plan, members);
     plan.pieces = if members.iter().any(|m| m.rows().streamed()) {
         Pieces::whole(plan.nq, members.len())
     } else {
@@ -86,6 +85,7 @@ pub(crate) fn search_results_across(
             .map(|m| options.filter.as_ref().map(|f| m.allowed(f)).transpose())
             .collect::<Result<_>>()?;
     }
+    let _one_off = OneOffFilter::of(&plan, members);
     let mut results = SearchResults::padded(plan.nq, plan.k, with_payload);
     if plan.k == 0 {
         return Ok(results);
@@ -194,18 +194,30 @@ pub(crate) fn check_queries<'q>(config: &StorageConfig, queries: &'q [f32], k: u
 /// The members of a search whose filter was evaluated for it alone (not a prepared filter
 /// still current): when the search ends, what their backends derived from it is freed
 /// (`RowStore::release_filter_copies`), as no later search can name that filter again.
-struct OneOffFilter<'a>(Vec<&'a Collection>);
+struct OneOffFilter<'a>(Vec<(&'a Collection, u64)>);
 
 impl<'a> OneOffFilter<'a> {
-    fn of(plan: &Plan<'_>, members: &[&'a Collection]) -> Option<Self> {
-        matches!(plan.allowed, Some(std::borrow::Cow::Owned(_))).then(|| Self(members.to_vec()))
+    /// For `members[i]` searched with `plan`'s set of member i (the first's `allowed`, the
+    /// others' `others_allowed`): the stamps of the sets made for this search alone.
+    fn of(plan: &Plan<'_>, members: &[&'a Collection]) -> Self {
+        let sets = std::iter::once(&plan.allowed).chain(&plan.others_allowed);
+        Self(
+            members
+                .iter()
+                .zip(sets)
+                .filter_map(|(&member, set)| match set {
+                    Some(std::borrow::Cow::Owned(set)) => Some((member, set.stamp())),
+                    _ => None,
+                })
+                .collect(),
+        )
     }
 }
 
 impl Drop for OneOffFilter<'_> {
     fn drop(&mut self) {
-        for member in &self.0 {
-            member.rows().release_filter_copies();
+        for (member, filter) in &self.0 {
+            member.rows().release_filter_copies(*filter);
         }
     }
 }

@@ -222,7 +222,7 @@ impl<D: Driver> RowStore for EngineRows<D> {
         on_rows!(self, rows => rows.release_scratch())
     }
 
-    fn release_filter_copies(&self) {
-        on_rows!(self, rows => rows.release_filter_copies())
+    fn release_filter_copies(&self, filter: u64) {
+        on_rows!(self, rows => rows.release_filter_copies(filter))
     }
 }

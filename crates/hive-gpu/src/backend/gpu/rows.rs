@@ -918,12 +918,16 @@ impl<D: Driver> RowStore for GpuRows<D> {
         super::merge::release(&self.device);
         // The device copy of an index's lists is a cache too: the next list scan uploads it.
         self.drop_lists();
-        self.release_filter_copies();
+        // So is a batch filter's gather: the next batch of that filter gathers again.
+        *self.gather_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
-    fn release_filter_copies(&self) {
-        // A batch filter's gather: the next batch of that filter gathers again.
-        *self.gather_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    fn release_filter_copies(&self, filter: u64) {
+        // Only the copy of that filter: a prepared filter's copy stays through one-off searches.
+        let mut cache = self.gather_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cache.as_ref().is_some_and(|g| g.key.0 == filter) {
+            *cache = None;
+        }
     }
 }
 
