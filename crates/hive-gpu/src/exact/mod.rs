@@ -10,6 +10,7 @@
 pub(crate) mod elements;
 pub(crate) mod error;
 pub(crate) mod gates;
+pub(crate) mod lanes;
 pub(crate) mod plan;
 pub(crate) mod products;
 
@@ -26,16 +27,6 @@ pub(crate) fn metric_code(metric: GpuDistanceMetric) -> i32 {
         GpuDistanceMetric::Manhattan => 3,
         GpuDistanceMetric::Chebyshev => 4,
     }
-}
-
-/// The exact L1 or L-infinity distance of `q` to `x` in f64: every component difference of
-/// two f32 is widened first, and the L1 terms are summed in component order, the order every
-/// backend's exact re-rank follows (so that distances equal to the last bit order the same way
-/// everywhere). The absolute difference of two f32 values in f64 is exact unless their
-/// exponents lie more than 29 apart, so the L-infinity distance is the exact maximum then.
-pub(crate) fn difference_norm_f64(metric: GpuDistanceMetric, q: &[f32], x: &[f32]) -> f64 {
-    let terms = q.iter().zip(x).map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs());
-    if metric == GpuDistanceMetric::Chebyshev { terms.fold(0.0, f64::max) } else { terms.sum() }
 }
 
 /// `|v|^2` in f64, exact enough to bound the f32 arithmetic of every backend.

@@ -9,6 +9,11 @@ use super::topk::Collector;
 
 const CHUNK: usize = 16;
 
+thread_local! {
+    /// One block's distances, to find their k-th before a fresh collector takes them in.
+    static SEED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 #[inline(always)]
 fn collect_generic(
     c: &mut Collector,
@@ -105,6 +110,19 @@ fn collect_with(
     offset: &[f32],
     slot_of: impl Fn(usize) -> u32,
 ) {
+    let k = c.k();
+    if c.gate() == f32::INFINITY && raw.len() > 2 * k {
+        // A fresh collector would take in most of the block before it holds k: the block's own
+        // k-th distance bounds it first (`Collector::limit_to`), as every row of the block is
+        // offered right after.
+        SEED.with(|distances| {
+            let mut distances = distances.borrow_mut();
+            distances.clear();
+            distances.extend(raw.iter().zip(scale).zip(offset).map(|((&r, &s), &o)| r * s + o));
+            let (_, kth, _) = distances.select_nth_unstable_by(k - 1, f32::total_cmp);
+            c.limit_to(*kth);
+        });
+    }
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `SimdLevel::Avx512` is only produced after avx512f, avx512vl and fma were detected.

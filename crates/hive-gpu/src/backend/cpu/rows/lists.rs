@@ -158,7 +158,7 @@ impl CpuRows {
         }
         let block = asking.len().min(QUERY_BLOCK);
         let tile = members.len().min(ROW_TILE);
-        let Scratch { block_queries, rows, products, scale, offset, slots, widened, distances } = scratch;
+        let Scratch { block_queries, rows, products, scale, offset, slots, widened } = scratch;
         products.resize(block * tile, 0.0);
         scale.resize(tile, 0.0);
         offset.resize(tile, 0.0);
@@ -182,19 +182,6 @@ impl CpuRows {
                 let first = b * block;
                 for (i, p) in products.chunks_exact(count).enumerate() {
                     let c = &mut collectors[first + i];
-                    if c.gate() == f32::INFINITY && count > 2 * k {
-                        // A fresh collector would take in most rows before it holds k: the
-                        // tile's own k-th distance bounds it first (`Collector::limit_to`).
-                        distances.clear();
-                        distances.extend(
-                            p.iter()
-                                .zip(&scale[..count])
-                                .zip(&offset[..count])
-                                .map(|((&p, &s), &o)| p * s + o),
-                        );
-                        let (_, kth, _) = distances.select_nth_unstable_by(k - 1, f32::total_cmp);
-                        c.limit_to(*kth);
-                    }
                     filter::collect_at(self.simd, c, p, &scale[..count], &offset[..count], &slots[..count]);
                     let q = group[i] as usize;
                     self.thin(c, &kernel_queries[q * dim..(q + 1) * dim], metric);
@@ -222,8 +209,6 @@ struct Scratch {
     slots: Vec<u32>,
     /// f16 rows widened one at a time.
     widened: Vec<f32>,
-    /// One query's distances to a tile, to find their k-th.
-    distances: Vec<f32>,
 }
 
 /// What every list scan of one batch shares.

@@ -18,6 +18,7 @@ use super::{bf16, int8};
 use crate::backend::candidates::{Candidates, check_refine, check_select, live_candidates};
 use crate::backend::{Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
+use crate::exact::lanes;
 use crate::persist::MappedRows;
 use crate::slots::{SearchMask, SlotSet};
 use crate::types::{GpuBackendType, GpuDistanceMetric, StoragePrecision};
@@ -371,11 +372,9 @@ impl CpuRows {
         metric: GpuDistanceMetric,
     ) -> Vec<Neighbor> {
         let q_norm = simd::squared_norm_f64(q).sqrt();
-        let mut scratch = Vec::new();
-        let scored = slots
-            .iter()
-            .map(|&slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
-            .collect();
+        let mut distances = Vec::new();
+        self.exact_distances(q, q_norm, slots.iter().copied(), metric, &mut Vec::new(), &mut distances);
+        let scored = slots.iter().copied().zip(distances).collect();
         topk::best_k(scored, k).into_iter().map(|(slot, distance)| Neighbor { slot, distance }).collect()
     }
 
@@ -393,12 +392,10 @@ impl CpuRows {
         };
         let bound = self.bound(metric, simd::squared_norm_f64(kernel_q).sqrt() as f32, false);
         let collector = self.scan_slots(kernel_q, metric, k, bound, slots);
-        let mut scratch = Vec::new();
-        let scored = collector
-            .into_slots()
-            .into_iter()
-            .map(|at| (slots[at], self.exact_distance(q, q_norm, slots[at], metric, &mut scratch)))
-            .collect();
+        let picked: Vec<usize> = collector.into_slots().into_iter().map(|at| slots[at]).collect();
+        let mut distances = Vec::new();
+        self.exact_distances(q, q_norm, picked.iter().copied(), metric, &mut Vec::new(), &mut distances);
+        let scored = picked.into_iter().zip(distances).collect();
         topk::best_k(scored, k).into_iter().map(|(slot, distance)| Neighbor { slot, distance }).collect()
     }
 
@@ -408,7 +405,9 @@ impl CpuRows {
         if collector.crowded() {
             let q_norm = simd::squared_norm_f64(q).sqrt();
             let mut scratch = Vec::new();
-            collector.shrink(|slot| self.exact_distance(q, q_norm, slot as usize, metric, &mut scratch));
+            collector.shrink(|slots, out| {
+                self.exact_distances(q, q_norm, slots.iter().map(|&s| s as usize), metric, &mut scratch, out)
+            });
         }
     }
 
@@ -426,28 +425,53 @@ impl CpuRows {
         self.max_sq_norm
     }
 
-    /// Exact canonical distance of one stored row to `q`, in f64.
-    fn exact_distance(
+    /// The exact canonical distance (f64, [`lanes::distances_f64`]) of each of `slots` to `q`, in
+    /// their order, appended to `out`: [`lanes::LANES`] rows at a time, their sums side by side
+    /// (bit for bit the one-row sums).
+    fn exact_distances(
         &self,
         q: &[f32],
         q_norm: f64,
-        slot: usize,
+        slots: impl ExactSizeIterator<Item = usize>,
         metric: GpuDistanceMetric,
         scratch: &mut Vec<f32>,
-    ) -> f64 {
-        let row = self.rows_f32(slot, 1, scratch);
-        match metric {
-            GpuDistanceMetric::Euclidean => {
-                q.iter().zip(row).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum()
+        out: &mut Vec<f64>,
+    ) {
+        let dim = self.dim;
+        out.reserve(slots.len());
+        let mut group = [0usize; lanes::LANES];
+        let mut filled = 0;
+        let flush = |group: &[usize], scratch: &mut Vec<f32>, out: &mut Vec<f64>| {
+            let mut rows: [&[f32]; lanes::LANES] = [&[]; lanes::LANES];
+            let scored = if let Elements::F32(v) = &self.elements {
+                for (row, &s) in rows.iter_mut().zip(group) {
+                    *row = &v[s * dim..(s + 1) * dim];
+                }
+                lanes::distances_f64(metric, q, q_norm, &rows[..group.len()])
+            } else {
+                // Other element types are widened first, the group's rows one after another.
+                scratch.clear();
+                let mut one = Vec::new();
+                for &s in group {
+                    scratch.extend_from_slice(self.rows_f32(s, 1, &mut one));
+                }
+                for (row, values) in rows.iter_mut().zip(scratch.chunks_exact(dim)) {
+                    *row = values;
+                }
+                lanes::distances_f64(metric, q, q_norm, &rows[..group.len()])
+            };
+            out.extend_from_slice(&scored[..group.len()]);
+        };
+        for slot in slots {
+            group[filled] = slot;
+            filled += 1;
+            if filled == lanes::LANES {
+                flush(&group, scratch, out);
+                filled = 0;
             }
-            GpuDistanceMetric::DotProduct => -dot_f64(q, row),
-            GpuDistanceMetric::Cosine => {
-                let norm = simd::squared_norm_f64(row).sqrt();
-                if norm == 0.0 || q_norm == 0.0 { 0.0 } else { -dot_f64(q, row) / (norm * q_norm) }
-            }
-            GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => {
-                crate::exact::difference_norm_f64(metric, q, row)
-            }
+        }
+        if filled > 0 {
+            flush(&group[..filled], scratch, out);
         }
     }
 
@@ -511,12 +535,17 @@ impl CpuRows {
             .zip(queries.par_chunks_exact(dim))
             .zip(q_norms.par_iter())
             .map(|((collector, q), &q_norm)| {
-                let mut scratch = Vec::new();
-                let scored = collector
-                    .into_slots()
-                    .into_iter()
-                    .map(|slot| (slot, self.exact_distance(q, q_norm, slot, metric, &mut scratch)))
-                    .collect();
+                let slots = collector.into_slots();
+                let mut distances = Vec::new();
+                self.exact_distances(
+                    q,
+                    q_norm,
+                    slots.iter().copied(),
+                    metric,
+                    &mut Vec::new(),
+                    &mut distances,
+                );
+                let scored = slots.into_iter().zip(distances).collect();
                 topk::best_k(scored, k)
                     .into_iter()
                     .map(|(slot, distance)| Neighbor { slot, distance })
@@ -524,13 +553,6 @@ impl CpuRows {
             })
             .collect())
     }
-}
-
-/// `a . b` in f64, summed in component order: the order of the f64 reference every exact
-/// result must match bit for bit in its ties (a sum in another order, in lanes, differs in the
-/// last bit and broke ties the fuzzer checks: `tests/fuzz_exactness.rs`).
-fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
-    a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }
 
 impl RowStore for CpuRows {

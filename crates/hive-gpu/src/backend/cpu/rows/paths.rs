@@ -140,7 +140,10 @@ impl CpuRows {
         let thin = |c: &mut Collector| {
             if c.crowded() {
                 let mut scratch = Vec::new();
-                c.shrink(|at| self.exact_distance(q, q_norm, slots[at as usize], metric, &mut scratch));
+                c.shrink(|at, out| {
+                    let picked = at.iter().map(|&at| slots[at as usize]);
+                    self.exact_distances(q, q_norm, picked, metric, &mut scratch, out)
+                });
             }
         };
         slots
