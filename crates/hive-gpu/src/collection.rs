@@ -78,6 +78,20 @@ impl Entry {
         }
     }
 
+    /// [`Entry::new`], keeping the maps it is given instead of copying them.
+    fn from_parts(id: &str, metadata: Metadata, payload: Payload) -> Self {
+        Self {
+            id: SmolStr::new(id),
+            metadata: (!metadata.is_empty()).then(|| Arc::new(metadata)),
+            payload: (!payload.is_empty()).then(|| Arc::new(payload)),
+        }
+    }
+
+    /// Its string metadata and typed payload, as the payload index takes them.
+    fn fields(&self) -> (&Metadata, &Payload) {
+        (self.metadata(), self.payload())
+    }
+
     fn metadata(&self) -> &Arc<Metadata> {
         static EMPTY: LazyLock<Arc<Metadata>> = LazyLock::new(Arc::default);
         self.metadata.as_ref().unwrap_or(&EMPTY)
@@ -131,10 +145,10 @@ pub(crate) struct StagedUpsert {
 pub(crate) struct Stored<'a> {
     /// One per slot; empty for a removed slot.
     pub(crate) ids: &'a [&'a str],
-    /// One per slot.
-    pub(crate) metadata: &'a [Metadata],
-    /// One per slot.
-    pub(crate) payloads: &'a [Payload],
+    /// One per slot (the restore takes them: an open's entries own what the file held).
+    pub(crate) metadata: &'a mut [Metadata],
+    /// One per slot (taken as the metadata is).
+    pub(crate) payloads: &'a mut [Payload],
     /// The removed slots.
     pub(crate) removed: &'a SlotSet,
     /// Every slot's order key, for a shard's file (see `Collection::order`).
@@ -701,14 +715,25 @@ impl Collection {
         };
         self.entries.try_reserve_exact(kept.len()).map_err(|_| out_of_memory(kept.len()))?;
         self.slot_of.try_reserve(live_slots).map_err(|_| out_of_memory(live_slots))?;
-        let entry = |&slot: &usize| {
-            (!removed.contains(slot))
-                .then(|| Entry::new(stored.ids[slot], &stored.metadata[slot], &stored.payloads[slot]))
-        };
-        self.entries.par_extend(kept.par_iter().with_min_len(MIN_PARALLEL).map(entry));
+        // The entries take the parsed payloads over (no copy of a million small maps).
+        let ids = stored.ids;
+        self.entries.par_extend(
+            stored
+                .metadata
+                .par_iter_mut()
+                .zip(stored.payloads.par_iter_mut())
+                .enumerate()
+                .with_min_len(MIN_PARALLEL)
+                .filter(|&(slot, _)| mapped || !removed.contains(slot))
+                .map(|(slot, (metadata, payload))| {
+                    (!removed.contains(slot)).then(|| {
+                        Entry::from_parts(ids[slot], std::mem::take(metadata), std::mem::take(payload))
+                    })
+                }),
+        );
 
         // Four independent jobs side by side: the values checked and the ids mapped to their
-        // slots (each on every thread), the payloads indexed (in slot order, on one thread),
+        // slots, the payloads indexed (each on every thread),
         // and the rows appended (uploaded, on a device backend). On the H100 machine the map
         // alone took about as long as the upload (docs/PERFORMANCE.md, opening).
         let started = std::time::Instant::now();
@@ -720,27 +745,27 @@ impl Collection {
         let (entries, slot_of, rows, payloads) =
             (&self.entries, &mut self.slot_of, &mut self.rows, &mut self.payloads);
         let values_checked = || -> Option<HiveGpuError> {
-            let check = |scratch: &mut Vec<f32>, slot: usize| -> Option<HiveGpuError> {
-                if removed.contains(slot) {
-                    return None;
-                }
-                let id = stored.ids[slot];
-                let row = &stored.rows[slot * row_bytes..(slot + 1) * row_bytes];
-                let values: &[f32] = match (precision, bytemuck::try_cast_slice::<u8, f32>(row)) {
-                    (StoragePrecision::F32, Ok(values)) if cfg!(target_endian = "little") => values,
-                    _ => {
-                        crate::exact::elements::widen(row, precision, scratch);
-                        scratch
-                    }
+            let check =
+                |scratch: &mut Vec<f32>, (entry, &slot): (&Option<Entry>, &usize)| -> Option<HiveGpuError> {
+                    let entry = entry.as_ref()?;
+                    let id = stored.ids[slot];
+                    let row = &stored.rows[slot * row_bytes..(slot + 1) * row_bytes];
+                    let values: &[f32] = match (precision, bytemuck::try_cast_slice::<u8, f32>(row)) {
+                        (StoragePrecision::F32, Ok(values)) if cfg!(target_endian = "little") => values,
+                        _ => {
+                            crate::exact::elements::widen(row, precision, scratch);
+                            scratch
+                        }
+                    };
+                    check_values(values, &config, Subject::Vector(id))
+                        .and_then(|()| check_payload(id, entry.metadata(), entry.payload()))
+                        .err()
                 };
-                check_values(values, &config, Subject::Vector(id))
-                    .and_then(|()| check_payload(id, &stored.metadata[slot], &stored.payloads[slot]))
-                    .err()
-            };
-            let invalid = (0..slots)
-                .into_par_iter()
+            let invalid = entries
+                .par_iter()
+                .zip(kept.par_iter())
                 .with_min_len(MIN_PARALLEL)
-                .map_init(Vec::new, |scratch, slot| check(scratch, slot))
+                .map_init(Vec::new, |scratch, item| check(scratch, item))
                 .find_map_first(|error| error);
             mark("values checked");
             invalid
@@ -759,11 +784,7 @@ impl Collection {
             mapped
         };
         let payloads_indexed = || {
-            for (slot, entry) in entries.iter().enumerate() {
-                if let Some(entry) = entry {
-                    payloads.insert(slot, entry.metadata(), entry.payload());
-                }
-            }
+            *payloads = PayloadIndex::build(entries.len(), |slot| entries[slot].as_ref().map(Entry::fields));
             mark("payloads indexed");
         };
         // A bad value is reported before a repeated id, as one pass would meet them.
@@ -889,13 +910,7 @@ impl Collection {
             }
         }
         // The payload indexes list slots: rebuilt for the new numbering.
-        let mut payloads = PayloadIndex::default();
-        for (slot, entry) in entries.iter().enumerate() {
-            if let Some(e) = entry {
-                payloads.insert(slot, e.metadata(), e.payload());
-            }
-        }
-        self.payloads = payloads;
+        self.payloads = PayloadIndex::build(entries.len(), |slot| entries[slot].as_ref().map(Entry::fields));
         self.entries = entries;
         self.removed = SlotSet::default();
         self.version += 1;

@@ -316,7 +316,7 @@ impl GpuContext {
     /// `progress` as they go in; with `keep_mapped`, rows that a CPU store searches in place.
     fn storage_from(
         &self,
-        file: &persist::Checked<'_>,
+        file: &mut persist::Checked<'_>,
         path: &Path,
         keep_mapped: bool,
         progress: persist::Progress<'_>,

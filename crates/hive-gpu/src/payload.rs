@@ -10,8 +10,11 @@
 //! slot stays listed until the collection compacts (then the index is rebuilt): filters are
 //! intersected with the live rows anyway.
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
+
+use rayon::prelude::*;
 
 use smol_str::SmolStr;
 
@@ -109,7 +112,7 @@ impl Ord for FloatKey {
 }
 
 /// The slots of every value of one field.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq)]
 struct FieldIndex {
     strings: HashMap<SmolStr, Vec<u32>, foldhash::fast::RandomState>,
     integers: BTreeMap<i64, Vec<u32>>,
@@ -118,7 +121,7 @@ struct FieldIndex {
 }
 
 /// The payload indexes of one collection: field name -> [`FieldIndex`].
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct PayloadIndex {
     fields: HashMap<SmolStr, FieldIndex, foldhash::fast::RandomState>,
 }
@@ -127,23 +130,77 @@ pub(crate) struct PayloadIndex {
 /// (4), and a share of a map node for a value seen once (a key and an empty list, about 48).
 pub(crate) const INDEXED_VALUE_BYTES: usize = 56;
 
+/// Slots one partial index covers when a whole index is built on every thread
+/// ([`PayloadIndex::build`]).
+const BUILD_CHUNK_SLOTS: usize = 1 << 16;
+
 impl PayloadIndex {
+    /// The index of `slots` slots, slot `s` carrying `fields(s)` (None for a removed slot), as
+    /// [`PayloadIndex::insert`] in slot order would build it, on every thread: each range of
+    /// slots is indexed on its own, then each field's partial indexes are joined in slot order,
+    /// the fields side by side. An open indexed its payloads on one thread in slot order, the
+    /// longest part of opening a collection with payloads (docs/PERFORMANCE.md, opening).
+    pub(crate) fn build<'a>(
+        slots: usize,
+        fields: impl Fn(usize) -> Option<(&'a Metadata, &'a Payload)> + Sync,
+    ) -> Self {
+        Self::build_in_chunks(slots, BUILD_CHUNK_SLOTS, fields)
+    }
+
+    fn build_in_chunks<'a>(
+        slots: usize,
+        chunk: usize,
+        fields: impl Fn(usize) -> Option<(&'a Metadata, &'a Payload)> + Sync,
+    ) -> Self {
+        // Each range's values, field by field: keywords and flags listed by value, numbers as
+        // (value, slot) pairs (sorted once at the end instead of inserted into a map each).
+        let mut parts: Vec<HashMap<SmolStr, FieldPart, foldhash::fast::RandomState>> = (0..slots
+            .div_ceil(chunk))
+            .into_par_iter()
+            .map(|c| {
+                let mut part: HashMap<SmolStr, FieldPart, foldhash::fast::RandomState> = HashMap::default();
+                for slot in c * chunk..((c + 1) * chunk).min(slots) {
+                    if let Some((metadata, payload)) = fields(slot) {
+                        each_value(metadata, payload, |field, value| {
+                            let part = match part.get_mut(field) {
+                                Some(part) => part,
+                                None => part.entry(SmolStr::new(field)).or_default(),
+                            };
+                            part.add(slot as u32, value);
+                        });
+                    }
+                }
+                part
+            })
+            .collect();
+        let mut names: Vec<SmolStr> = parts.iter().flat_map(|p| p.keys().cloned()).collect();
+        names.sort_unstable();
+        names.dedup();
+        // Each field's pieces in slot order (a range without the field has none).
+        let pieces: Vec<(SmolStr, Vec<FieldPart>)> = names
+            .into_iter()
+            .map(|name| {
+                let pieces = parts.iter_mut().filter_map(|p| p.remove(&name)).collect();
+                (name, pieces)
+            })
+            .collect();
+        let joined: Vec<(SmolStr, FieldIndex)> =
+            pieces.into_par_iter().map(|(name, pieces)| (name, FieldIndex::join(pieces))).collect();
+        PayloadIndex { fields: joined.into_iter().collect() }
+    }
+
     /// Indexes the fields of the vector in `slot` (called in ascending slot order).
     pub(crate) fn insert(&mut self, slot: usize, metadata: &Metadata, payload: &Payload) {
         let slot = slot as u32;
-        for (field, value) in metadata {
-            let index = self.field(field);
-            index.strings.entry(SmolStr::new(value)).or_default().push(slot);
-        }
-        for (field, value) in payload {
+        each_value(metadata, payload, |field, value| {
             let index = self.field(field);
             match value {
-                PayloadValue::String(s) => index.strings.entry(SmolStr::new(s)).or_default().push(slot),
-                PayloadValue::Integer(i) => index.integers.entry(*i).or_default().push(slot),
-                PayloadValue::Float(x) => index.floats.entry(FloatKey(*x + 0.0)).or_default().push(slot),
-                PayloadValue::Bool(b) => index.bools[usize::from(*b)].push(slot),
+                Indexed::String(s) => index.strings.entry(SmolStr::new(s)).or_default().push(slot),
+                Indexed::Integer(i) => index.integers.entry(i).or_default().push(slot),
+                Indexed::Float(x) => index.floats.entry(x).or_default().push(slot),
+                Indexed::Bool(b) => index.bools[usize::from(b)].push(slot),
             }
-        }
+        });
     }
 
     fn field(&mut self, field: &str) -> &mut FieldIndex {
@@ -182,6 +239,65 @@ impl PayloadIndex {
     }
 }
 
+/// The map value -> ascending slots of `(value, slot)` pairs: sorted by value and slot (on
+/// every thread), then each value's run becomes one entry, and the map is built from its keys in
+/// order in one pass.
+fn sorted_map<K: Ord + Copy + Send>(mut pairs: Vec<(K, u32)>) -> BTreeMap<K, Vec<u32>> {
+    pairs.par_sort_unstable();
+    pairs.chunk_by(|a, b| a.0 == b.0).map(|run| (run[0].0, run.iter().map(|p| p.1).collect())).collect()
+}
+
+/// One indexed value of a vector: metadata values are keywords; a float is keyed by its value,
+/// with -0.0 stored as 0.0.
+#[derive(Clone, Copy)]
+enum Indexed<'a> {
+    String(&'a str),
+    Integer(i64),
+    Float(FloatKey),
+    Bool(bool),
+}
+
+/// Calls `f` with every field of a vector and its indexed value.
+fn each_value(metadata: &Metadata, payload: &Payload, mut f: impl FnMut(&str, Indexed<'_>)) {
+    for (field, value) in metadata {
+        f(field, Indexed::String(value));
+    }
+    for (field, value) in payload {
+        let value = match value {
+            PayloadValue::String(s) => Indexed::String(s),
+            PayloadValue::Integer(i) => Indexed::Integer(*i),
+            PayloadValue::Float(x) => Indexed::Float(FloatKey(*x + 0.0)),
+            PayloadValue::Bool(b) => Indexed::Bool(*b),
+        };
+        f(field, value);
+    }
+}
+
+/// One range of slots' values of one field, as [`PayloadIndex::build`] collects them.
+#[derive(Default)]
+struct FieldPart {
+    strings: HashMap<SmolStr, Vec<u32>, foldhash::fast::RandomState>,
+    integers: Vec<(i64, u32)>,
+    floats: Vec<(FloatKey, u32)>,
+    bools: [Vec<u32>; 2],
+}
+
+impl FieldPart {
+    fn add(&mut self, slot: u32, value: Indexed<'_>) {
+        match value {
+            Indexed::String(s) => match self.strings.get_mut(s) {
+                Some(slots) => slots.push(slot),
+                None => {
+                    self.strings.insert(SmolStr::new(s), vec![slot]);
+                }
+            },
+            Indexed::Integer(i) => self.integers.push((i, slot)),
+            Indexed::Float(x) => self.floats.push((x, slot)),
+            Indexed::Bool(b) => self.bools[usize::from(b)].push(slot),
+        }
+    }
+}
+
 fn add(set: &mut SlotSet, slots: &[u32]) {
     for &slot in slots {
         set.set(slot as usize, true);
@@ -189,6 +305,34 @@ fn add(set: &mut SlotSet, slots: &[u32]) {
 }
 
 impl FieldIndex {
+    /// The index of consecutive slot ranges, from the values of each (in slot order): every
+    /// value's slots are its pieces' slots one after another, so they stay ascending.
+    fn join(pieces: Vec<FieldPart>) -> FieldIndex {
+        let mut strings: HashMap<SmolStr, Vec<u32>, _> =
+            HashMap::with_hasher(foldhash::fast::RandomState::default());
+        // At least as many values as the largest piece has: most of the growth, reserved once.
+        strings.reserve(pieces.iter().map(|p| p.strings.len()).max().unwrap_or(0));
+        let mut integers = Vec::with_capacity(pieces.iter().map(|p| p.integers.len()).sum());
+        let mut floats = Vec::with_capacity(pieces.iter().map(|p| p.floats.len()).sum());
+        let mut bools: [Vec<u32>; 2] = Default::default();
+        for piece in pieces {
+            for (value, slots) in piece.strings {
+                match strings.entry(value) {
+                    MapEntry::Occupied(mut listed) => listed.get_mut().extend(slots),
+                    MapEntry::Vacant(new) => {
+                        new.insert(slots);
+                    }
+                }
+            }
+            integers.extend(piece.integers);
+            floats.extend(piece.floats);
+            for (all, some) in bools.iter_mut().zip(piece.bools) {
+                all.extend(some);
+            }
+        }
+        FieldIndex { strings, integers: sorted_map(integers), floats: sorted_map(floats), bools }
+    }
+
     /// Integers and floats are equal when their values are: 3 matches 3.0, and an integer
     /// that no f64 represents exactly (beyond 2^53) matches no float.
     fn equal(&self, value: &PayloadValue, out: &mut dyn FnMut(&[u32])) {
@@ -318,6 +462,50 @@ mod tests {
         assert_eq!(index.range(1, "x", Bound::Included(2.0), Bound::Included(0.0)).count(), 0);
         assert_eq!(index.range(1, "x", Bound::Included(f64::NAN), Bound::Unbounded).count(), 0);
         assert_eq!(index.range(1, "x", Bound::Included(1.0), Bound::Included(1.0)).count(), 1);
+    }
+
+    #[test]
+    fn an_index_built_in_ranges_on_every_thread_equals_one_built_slot_by_slot() {
+        // Ranges of 7 slots: values that recur across ranges (their slot lists are joined),
+        // values seen once, fields some ranges lack, removed slots, ints and floats of one value.
+        let slots = 100;
+        let vectors: Vec<Option<(Metadata, Payload)>> = (0..slots)
+            .map(|s: usize| {
+                if s % 11 == 5 {
+                    return None;
+                }
+                let mut metadata = Metadata::new();
+                if s % 3 == 0 {
+                    metadata.insert("tag".into(), format!("t{}", s % 4));
+                }
+                let mut payload = Payload::new();
+                payload.insert("n".into(), PayloadValue::Integer((s % 9) as i64));
+                payload.insert("unique".into(), PayloadValue::Float(s as f64 * 0.5));
+                if s > 40 {
+                    payload.insert("late".into(), PayloadValue::Bool(s % 2 == 0));
+                }
+                if s % 5 == 0 {
+                    payload.insert("mixed".into(), PayloadValue::Float((s % 3) as f64));
+                } else {
+                    payload.insert("mixed".into(), PayloadValue::Integer((s % 3) as i64));
+                }
+                if s % 7 == 1 {
+                    payload.insert("word".into(), PayloadValue::String(format!("w{}", s % 2)));
+                }
+                Some((metadata, payload))
+            })
+            .collect();
+        let mut one_by_one = PayloadIndex::default();
+        for (slot, v) in vectors.iter().enumerate() {
+            if let Some((m, p)) = v {
+                one_by_one.insert(slot, m, p);
+            }
+        }
+        let fields = |s: usize| vectors[s].as_ref().map(|(m, p)| (m, p));
+        for chunk in [1, 7, 64, 100, 1000] {
+            assert_eq!(PayloadIndex::build_in_chunks(slots, chunk, fields), one_by_one, "ranges of {chunk}");
+        }
+        assert_eq!(PayloadIndex::build(slots, fields), one_by_one);
     }
 
     #[test]

@@ -404,8 +404,8 @@ impl Checked<'_> {
 
     /// The file's contents for [`Collection::restore`]; with `keep_mapped`, its rows also as
     /// a mapping that may outlive the open (for a row store that searches them in place).
-    pub(crate) fn stored(&self, keep_mapped: bool) -> crate::collection::Stored<'_> {
-        let snapshot = &self.snapshot;
+    pub(crate) fn stored(&mut self, keep_mapped: bool) -> crate::collection::Stored<'_> {
+        let snapshot = &mut self.snapshot;
         let mapped = keep_mapped
             .then(|| snapshot.sections.iter().find(|s| s.kind == Kind::Vectors))
             .flatten()
@@ -414,8 +414,8 @@ impl Checked<'_> {
             });
         crate::collection::Stored {
             ids: &snapshot.ids,
-            metadata: &snapshot.metadata,
-            payloads: &snapshot.payloads,
+            metadata: &mut snapshot.metadata,
+            payloads: &mut snapshot.payloads,
             removed: &snapshot.removed,
             order: snapshot.order.as_deref(),
             rows: snapshot.vectors,
@@ -446,7 +446,7 @@ impl Checked<'_> {
 pub(crate) fn with_checked<R>(
     path: &Path,
     keep_mapped: bool,
-    restore: impl FnOnce(&Checked<'_>) -> Result<R>,
+    restore: impl FnOnce(&mut Checked<'_>) -> Result<R>,
 ) -> Result<R> {
     let started = std::time::Instant::now();
     let phase = |what: &str| {
@@ -464,7 +464,7 @@ pub(crate) fn with_checked<R>(
     })?;
     phase("checked");
     let id = SnapshotId::of_header(bytes, bytes.len() as u64);
-    let restored = restore(&Checked { snapshot, image: &image, id });
+    let restored = restore(&mut Checked { snapshot, image: &image, id });
     phase("restored");
     restored
 }
