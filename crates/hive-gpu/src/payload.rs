@@ -475,16 +475,16 @@ mod tests {
                     return None;
                 }
                 let mut metadata = Metadata::new();
-                if s % 3 == 0 {
+                if s.is_multiple_of(3) {
                     metadata.insert("tag".into(), format!("t{}", s % 4));
                 }
                 let mut payload = Payload::new();
                 payload.insert("n".into(), PayloadValue::Integer((s % 9) as i64));
                 payload.insert("unique".into(), PayloadValue::Float(s as f64 * 0.5));
                 if s > 40 {
-                    payload.insert("late".into(), PayloadValue::Bool(s % 2 == 0));
+                    payload.insert("late".into(), PayloadValue::Bool(s.is_multiple_of(2)));
                 }
-                if s % 5 == 0 {
+                if s.is_multiple_of(5) {
                     payload.insert("mixed".into(), PayloadValue::Float((s % 3) as f64));
                 } else {
                     payload.insert("mixed".into(), PayloadValue::Integer((s % 3) as i64));
