@@ -93,6 +93,15 @@ pub enum GpuDistanceMetric {
 }
 
 impl GpuDistanceMetric {
+    /// Every metric, in the order of their file codes.
+    pub const ALL: [GpuDistanceMetric; 5] = [
+        GpuDistanceMetric::Euclidean,
+        GpuDistanceMetric::DotProduct,
+        GpuDistanceMetric::Cosine,
+        GpuDistanceMetric::Manhattan,
+        GpuDistanceMetric::Chebyshev,
+    ];
+
     /// Whether a higher score is better (true for cosine and dot product).
     pub fn higher_is_better(self) -> bool {
         matches!(self, GpuDistanceMetric::Cosine | GpuDistanceMetric::DotProduct)

@@ -84,13 +84,7 @@ fn check(
 
 #[test]
 fn a_collection_past_the_device_cap_streams_and_every_search_stays_exact_for_every_metric_and_type() {
-    let metrics = [
-        GpuDistanceMetric::Euclidean,
-        GpuDistanceMetric::DotProduct,
-        GpuDistanceMetric::Cosine,
-        GpuDistanceMetric::Manhattan,
-        GpuDistanceMetric::Chebyshev,
-    ];
+    let metrics = GpuDistanceMetric::ALL;
     let mut rng = Rng::new(31);
     let queries: Vec<Vec<f32>> = (0..60).map(|_| rng.normals(DIM)).collect();
     let flat: Vec<f32> = queries.iter().flatten().copied().collect();

@@ -134,20 +134,13 @@ mod tests {
             let x = ((state >> 11) as f32 / (1u64 << 53) as f32 - 0.5) * scale;
             if state.is_multiple_of(17) { -0.0 } else { x }
         };
-        let metrics = [
-            GpuDistanceMetric::Euclidean,
-            GpuDistanceMetric::DotProduct,
-            GpuDistanceMetric::Cosine,
-            GpuDistanceMetric::Manhattan,
-            GpuDistanceMetric::Chebyshev,
-        ];
         for dim in [1, 3, 8, 25, 128, 131] {
             let q: Vec<f32> = (0..dim).map(|_| next()).collect();
             let q_norm = crate::exact::squared_norm_f64(&q).sqrt();
             let rows: Vec<Vec<f32>> = (0..LANES + 3)
                 .map(|r| if r == 2 { vec![0.0; dim] } else { (0..dim).map(|_| next()).collect() })
                 .collect();
-            for metric in metrics {
+            for metric in GpuDistanceMetric::ALL {
                 for count in 1..=LANES {
                     let picked: Vec<&[f32]> = rows[3..3 + count].iter().map(Vec::as_slice).collect();
                     let got = distances_f64(metric, &q, q_norm, &picked);
