@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::stored::{assert_same_collection, populated, reseal_header, reseal_section_of, scratch_dir};
 use common::{Rng, contexts, describe};
 use hive_gpu::{
-    GpuBackendType, GpuContext, GpuDistanceMetric, GpuVectorStorage, HiveGpuError, IndexSpec,
+    GpuBackendType, GpuContext, GpuDistanceMetric, GpuVector, GpuVectorStorage, HiveGpuError, IndexSpec,
     StoragePrecision,
 };
 
@@ -721,5 +721,51 @@ fn a_save_that_fails_part_way_returns_its_error_and_leaves_the_old_file_on_every
         "the child failed: {status}\n{stdout}\n{}",
         std::fs::read_to_string(&err_path).unwrap_or_default()
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A mapped open keeps removed rows where the file has them and never checks their values
+/// (they are never searched), so a removed row may hold values whose distance overflows: its
+/// kernel value is `inf`, and with a removed row's scale and offset (`0` and `+inf`) its
+/// distance is NaN. Such a row must not count among a block's k best when a fresh collector
+/// is bounded by them (`Collector::limit_to`): the k-th live neighbour would be lost.
+#[test]
+fn a_removed_row_with_overflowing_values_in_a_mapped_file_never_costs_a_live_neighbour() {
+    let cpu = GpuContext::with_backend(GpuBackendType::Cpu, 0).expect("the CPU backend");
+    let dir = scratch_dir("overflowing-tombstone");
+    let dim = 8;
+    let storage = cpu.create_storage(dim, GpuDistanceMetric::Euclidean).unwrap();
+    let mut vectors = vec![GpuVector::new("dead", vec![0.5; dim])];
+    for i in 1..=40 {
+        let mut v = vec![0.0; dim];
+        v[0] = i as f32;
+        vectors.push(GpuVector::new(format!("v{i}"), v));
+    }
+    storage.add_vectors(&vectors).unwrap();
+    storage.remove_vectors(&["dead"]).unwrap();
+    let path = dir.join("c.hgc");
+    storage.save(&path).unwrap();
+    // Slot 0's row, in the vector section (kind 3), becomes 3e38 in every component.
+    let mut image = std::fs::read(&path).unwrap();
+    let sections = u32::from_le_bytes(image[16..20].try_into().unwrap()) as usize;
+    let vectors_at = (64..64 + sections * 40)
+        .step_by(40)
+        .find(|&entry| u32::from_le_bytes(image[entry..entry + 4].try_into().unwrap()) == 3)
+        .map(|entry| u64::from_le_bytes(image[entry + 8..entry + 16].try_into().unwrap()) as usize)
+        .expect("a vector section");
+    for d in 0..dim {
+        image[vectors_at + 4 * d..vectors_at + 4 * d + 4].copy_from_slice(&3e38f32.to_le_bytes());
+    }
+    reseal_section_of(&mut image, vectors_at);
+    std::fs::write(&path, &image).unwrap();
+    // SAFETY: nothing writes or truncates the file while `mapped` lives.
+    let mapped = unsafe { cpu.open_storage_mapped(&path) }.expect("the patched file opens");
+    assert_eq!(mapped.slot_count(), 41, "the removed slot is kept over the mapping");
+    for k in [2, 5, 10] {
+        let found = mapped.search(&vec![0.0; dim], k).unwrap();
+        let ids: Vec<&str> = found.iter().map(|r| r.id.as_str()).collect();
+        let want: Vec<String> = (1..=k).map(|i| format!("v{i}")).collect();
+        assert_eq!(ids, want, "k = {k}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

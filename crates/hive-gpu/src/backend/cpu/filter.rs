@@ -114,11 +114,16 @@ fn collect_with(
     if c.gate() == f32::INFINITY && raw.len() > 2 * k {
         // A fresh collector would take in most of the block before it holds k: the block's own
         // k-th distance bounds it first (`Collector::limit_to`), as every row of the block is
-        // offered right after.
+        // offered right after. A row the collector never takes (a removed row is `+inf`, or
+        // NaN where `0 * inf` met the huge values a mapped file may hold in a removed row)
+        // counts as `+inf` here, so that it can never stand in for one of the k rows.
         SEED.with(|distances| {
             let mut distances = distances.borrow_mut();
             distances.clear();
-            distances.extend(raw.iter().zip(scale).zip(offset).map(|((&r, &s), &o)| r * s + o));
+            distances.extend(raw.iter().zip(scale).zip(offset).map(|((&r, &s), &o)| {
+                let d = r * s + o;
+                if d.is_nan() { f32::INFINITY } else { d }
+            }));
             let (_, kth, _) = distances.select_nth_unstable_by(k - 1, f32::total_cmp);
             c.limit_to(*kth);
         });

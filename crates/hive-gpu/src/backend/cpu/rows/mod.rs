@@ -450,10 +450,9 @@ impl CpuRows {
                 lanes::distances_f64(metric, q, q_norm, &rows[..group.len()])
             } else {
                 // Other element types are widened first, the group's rows one after another.
-                scratch.clear();
-                let mut one = Vec::new();
-                for &s in group {
-                    scratch.extend_from_slice(self.rows_f32(s, 1, &mut one));
+                scratch.resize(group.len() * dim, 0.0);
+                for (&s, to) in group.iter().zip(scratch.chunks_exact_mut(dim)) {
+                    each_elements!(&self.elements, v => Element::widen(&v[s * dim..(s + 1) * dim], to));
                 }
                 for (row, values) in rows.iter_mut().zip(scratch.chunks_exact(dim)) {
                     *row = values;
