@@ -105,8 +105,9 @@ impl Collector {
     /// Offers a row; cheap to call only for distances at or under [`Collector::gate`].
     #[inline]
     pub fn push(&mut self, distance: f32, slot: u32) {
-        // Removed rows arrive as +inf: never a candidate, even before the list holds k.
-        if distance > self.gate || distance == f32::INFINITY {
+        // Removed rows arrive as +inf (or NaN, where `0 * inf` met a removed row's overflowing
+        // values): never a candidate, even before the list holds k.
+        if distance > self.gate || distance.is_nan() || distance == f32::INFINITY {
             return;
         }
         self.list.push(Entry { distance, slot });
@@ -329,6 +330,8 @@ mod tests {
     fn infinite_distances_are_never_candidates() {
         let mut c = Collector::new(3, ErrorBound { absolute: 0.0, relative: 0.0 });
         c.push(f32::INFINITY, 0);
+        c.push(f32::NAN, 2);
+        c.push(-f32::NAN, 3);
         c.push(1.0, 1);
         assert_eq!(c.into_slots(), vec![1]);
     }
