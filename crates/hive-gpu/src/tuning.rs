@@ -97,6 +97,12 @@ pub struct Tuning {
     /// host, where one query's few lists cost less than the device merge's copies and waits).
     /// `HIVE_GPU_DEVICE_MERGE_MIN_QUERIES`.
     pub device_merge_min_queries: usize,
+    /// The CPU backend's batches of 16 queries and more multiply in bf16 (where the CPU has
+    /// AVX512-BF16) over collections of at least this many rows, else in f32 (0: bf16 over any
+    /// collection, as tests use to cover that kernel with small data). Below it the bf16
+    /// kernel's looser error bound sends more candidates to the exact re-rank than its speed
+    /// saves. `HIVE_GPU_CPU_BF16_MIN_ROWS`.
+    pub cpu_bf16_min_rows: usize,
     /// The most bytes of rows one CUDA/ROCm collection keeps in device memory, where set (else
     /// as much as the device has). A collection that outgrows it, or the device, moves its
     /// rows to page-locked host memory and streams them through the device for each search
@@ -155,6 +161,8 @@ impl Default for Tuning {
             // the device, 100 within the noise, 10 about 7% slower; single queries 40-70 us
             // slower.
             device_merge_min_queries: 128,
+            // See docs/PERFORMANCE.md, "IVF-Flat on small collections".
+            cpu_bf16_min_rows: 4096,
             device_rows_bytes: None,
             // 1 GiB uploads in about 40 ms at 25 GB/s, so a window's fixed search costs (well
             // under a millisecond) stay small beside its copy (docs/PERFORMANCE.md, streaming).
@@ -212,7 +220,7 @@ impl Tuning {
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 16] = [
+        let sizes: [(&str, usize, &mut usize); 17] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -229,6 +237,7 @@ impl Tuning {
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", 0, &mut t.refine_batch_candidates),
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", 1, &mut t.device_merge_min_queries),
             ("HIVE_GPU_STREAM_WINDOW_BYTES", 1, &mut t.stream_window_bytes),
+            ("HIVE_GPU_CPU_BF16_MIN_ROWS", 0, &mut t.cpu_bf16_min_rows),
         ];
         for (name, min, field) in sizes {
             if let Some(value) = size(name, min)? {
@@ -275,6 +284,7 @@ mod tests {
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", "3"),
             ("HIVE_GPU_DEVICE_ROWS_BYTES", "4096"),
             ("HIVE_GPU_STREAM_WINDOW_BYTES", "1024"),
+            ("HIVE_GPU_CPU_BF16_MIN_ROWS", "0"),
         ])
         .expect("valid");
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
@@ -284,6 +294,7 @@ mod tests {
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.fused_min_work, 77);
         assert_eq!((t.device_rows_bytes, t.stream_window_bytes), (Some(4096), 1024));
+        assert_eq!(t.cpu_bf16_min_rows, 0);
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);
     }
 

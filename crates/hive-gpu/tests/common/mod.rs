@@ -96,7 +96,8 @@ pub fn contexts() -> Vec<GpuContext> {
 /// (f16 rows rounded into a copy, TF32, rounded inside the filter), the radix path's linear
 /// selection on every list, the gather of a filter's passing rows on every filtered search, and
 /// rows streamed from host memory past a lowered device room; on a hardware Vulkan adapter the cooperative-matrix filter on every
-/// batch. The software adapter and the CPU have no such paths, so CI runs each suite once there.
+/// batch; on the CPU the bf16 kernel over collections of any size. The software adapter has no
+/// such paths, so CI runs each suite there once.
 pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
     let mut out = Vec::new();
     for context in contexts() {
@@ -138,6 +139,10 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
             GpuBackendType::Vulkan if !context.device_info().software => {
                 vec![tuned(|t| t.fused_min_rows = 1)]
             }
+            // Batches over small collections multiply in f32 by default; this takes them
+            // through the bf16 kernel (where the CPU has AVX512-BF16), which the suites'
+            // small data would otherwise never reach.
+            GpuBackendType::Cpu => vec![tuned(|t| t.cpu_bf16_min_rows = 0)],
             _ => Vec::new(),
         };
         let forced: Vec<GpuContext> = variants.into_iter().map(|t| context.clone().with_tuning(t)).collect();

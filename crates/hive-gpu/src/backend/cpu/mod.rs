@@ -1,6 +1,7 @@
 //! The SIMD CPU backend: always available, exact, multi-threaded with rayon.
 
 mod bf16;
+mod few;
 mod filter;
 mod int8;
 pub(crate) mod rows;
@@ -69,10 +70,12 @@ impl GpuBackend for CpuBackend {
         dim: usize,
         precision: StoragePrecision,
         _search: SearchPrecision,
-        _tuning: &crate::tuning::Tuning,
+        tuning: &crate::tuning::Tuning,
     ) -> Result<Box<dyn RowStore>> {
         crate::backend::check_new_rows(dim)?;
-        Ok(Box::new(rows::CpuRows::new(dim, precision, self.simd)))
+        Ok(Box::new(
+            rows::CpuRows::new(dim, precision, self.simd).with_bf16_min_rows(tuning.cpu_bf16_min_rows),
+        ))
     }
 }
 

@@ -69,7 +69,8 @@ pub struct Collector {
     /// The gate that k exactly scored rows prove (see [`Collector::shrink`]); +inf before.
     exact_gate: f32,
     /// The gate that k rows offered to this collector prove before it holds them (see
-    /// [`Collector::limit_to`]); +inf before.
+    /// [`Collector::limit_to`]), or that another collector of the same query reported (see
+    /// [`Collector::adopt_gate`]); +inf before.
     limit: f32,
 }
 
@@ -146,6 +147,19 @@ impl Collector {
         if kth.is_finite() {
             self.limit = self.limit.min(self.gate_at(kth));
             self.gate = self.gate.min(self.limit);
+        }
+    }
+
+    /// Lowers the gate to `gate`, the [`Collector::gate`] of another collector of the same
+    /// query over rows of the same search (the other lists an IVF query probes). Every gate a
+    /// collector reports rests on k rows of that search, so any row above it loses to k real
+    /// rows and cannot be among the query's k nearest: this collector may then end up holding
+    /// fewer than k rows, and the merge of the query's collectors still holds every one of its
+    /// k nearest.
+    pub fn adopt_gate(&mut self, gate: f32) {
+        if gate < self.limit {
+            self.limit = gate;
+            self.gate = self.gate.min(gate);
         }
     }
 
@@ -262,6 +276,49 @@ mod tests {
             a.sort();
             b.sort();
             assert_eq!(a, b, "k = {k}");
+        }
+    }
+
+    #[test]
+    fn collectors_of_one_query_sharing_their_gates_merge_to_what_one_collector_keeps() {
+        // An IVF query's lists, scanned by separate collectors in any order, each taking the
+        // gate the ones before it reported: lists far from the query first (a loose gate
+        // passed on), near ones first (a tight gate that empties later lists), with ties.
+        let bound = ErrorBound { absolute: 0.5, relative: 0.01 };
+        let rows: Vec<(u32, f32)> =
+            (0..400u32).map(|i| (i, ((i * 53) % 97) as f32 * 0.25 + (i / 100) as f32)).collect();
+        for k in [1, 4, 10, 40] {
+            for order in [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]] {
+                let mut one = Collector::new(k, bound);
+                for &(slot, d) in &rows {
+                    one.push(d, slot);
+                }
+                let mut shared = f32::INFINITY;
+                let mut parts = Vec::new();
+                for list in order {
+                    let mut c = Collector::new(k, bound);
+                    c.adopt_gate(shared);
+                    for &(slot, d) in &rows[list * 100..(list + 1) * 100] {
+                        c.push(d, slot);
+                    }
+                    shared = shared.min(c.gate());
+                    parts.push(c);
+                }
+                let mut parts = parts.into_iter();
+                let mut merged = parts.next().expect("four lists");
+                merged.adopt_gate(shared);
+                for part in parts {
+                    merged.merge(part);
+                }
+                // Survivors may differ by rows within the margin; the k best must not.
+                let best = |slots: Vec<usize>| {
+                    let mut scored: Vec<(usize, f32)> = slots.into_iter().map(|s| (s, rows[s].1)).collect();
+                    scored.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+                    scored.truncate(k);
+                    scored
+                };
+                assert_eq!(best(merged.into_slots()), best(one.into_slots()), "k = {k}, order {order:?}");
+            }
         }
     }
 

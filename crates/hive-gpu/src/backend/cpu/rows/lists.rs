@@ -9,18 +9,24 @@
 //!
 //! [`RowStore::scan_lists`]: crate::backend::RowStore::scan_lists
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use rayon::prelude::*;
 
-use super::CpuRows;
 use super::paths::{GEMM_MIN_QUERIES, QUERY_BLOCK, ROW_TILE, inner_products};
+use super::{CpuRows, Elements};
 use crate::backend::Neighbor;
 use crate::backend::candidates::{ListProbes, check_scan};
-use crate::backend::cpu::filter;
 use crate::backend::cpu::simd;
 use crate::backend::cpu::topk::{Collector, ErrorBound};
+use crate::backend::cpu::{few, filter};
 use crate::error::{HiveGpuError, Result};
 use crate::slots::SlotSet;
 use crate::types::GpuDistanceMetric;
+
+/// Lists asked by at most this many queries of a batch are multiplied in place
+/// ([`few::products`]) rather than gathered into GEMM tiles.
+const FEW_QUERIES: usize = 16;
 
 impl CpuRows {
     /// [`RowStore::scan_lists`](crate::backend::RowStore::scan_lists), on the library's pool.
@@ -82,6 +88,10 @@ impl CpuRows {
         // The largest lists first, so the last tasks to finish are short ones.
         let mut order: Vec<usize> = (0..lists).filter(|&l| starts[l + 1] > starts[l]).collect();
         order.sort_by_key(|&l| std::cmp::Reverse(probes.lists[l].len() * (starts[l + 1] - starts[l])));
+        // Each query's best gate so far, shared by the scans of its lists on every thread: a
+        // list scanned after another of the same query takes in only rows that can still beat
+        // the k rows found there (`Collector::adopt_gate`), instead of a k of its own.
+        let gates: Vec<SharedGate> = (0..nq).map(|_| SharedGate::new()).collect();
         // Each thread keeps its buffers from call to call: a list asked by one or two queries
         // would otherwise cost little less than the fresh pages of its tile.
         let scanned: Vec<Vec<Collector>> = order
@@ -89,7 +99,7 @@ impl CpuRows {
             .map(|&l| {
                 let members = self.live_members(&probes.lists[l], allowed)?;
                 let asking = &probing[starts[l]..starts[l + 1]];
-                let batch = Batch { kernel_queries, bounds: &bounds, metric, k };
+                let batch = Batch { kernel_queries, bounds: &bounds, gates: &gates, metric, k };
                 // `scan_list` starts no parallel work, so no other scan on this thread can
                 // borrow the buffers while it holds them.
                 Ok(SCRATCH
@@ -106,11 +116,13 @@ impl CpuRows {
         Ok(per_query
             .into_par_iter()
             .zip(queries.par_chunks_exact(dim))
-            .map(|(collectors, q)| {
+            .zip(&gates)
+            .map(|((collectors, q), gate)| {
                 let mut merged = Collector::new(k, ErrorBound { absolute: 0.0, relative: 0.0 });
                 let mut parts = collectors.into_iter();
                 if let Some(first) = parts.next() {
                     merged = first;
+                    merged.adopt_gate(gate.get());
                     for part in parts {
                         merged.merge(part);
                         self.thin(&mut merged, q, metric);
@@ -149,7 +161,7 @@ impl CpuRows {
         batch: &Batch<'_>,
         scratch: &mut Scratch,
     ) -> Vec<Collector> {
-        let Batch { kernel_queries, bounds, metric, k } = *batch;
+        let Batch { kernel_queries, bounds, gates, metric, k } = *batch;
         let dim = self.dim;
         let mut collectors: Vec<Collector> =
             asking.iter().map(|&q| Collector::new(k, bounds[q as usize])).collect();
@@ -163,11 +175,19 @@ impl CpuRows {
         scale.resize(tile, 0.0);
         offset.resize(tile, 0.0);
         slots.resize(tile, 0);
+        // A list asked by few queries is multiplied where its f32 rows lie (`few::products`);
+        // others, and other storage types, gather each tile's rows for a GEMM.
+        let in_place = match &self.elements {
+            Elements::F32(values) if asking.len() <= FEW_QUERIES => Some(values),
+            _ => None,
+        };
         for chunk in members.chunks(tile) {
             let count = chunk.len();
             rows.clear();
             for (j, &slot) in chunk.iter().enumerate() {
-                rows.extend_from_slice(self.rows_f32(slot, 1, widened));
+                if in_place.is_none() {
+                    rows.extend_from_slice(self.rows_f32(slot, 1, widened));
+                }
                 (scale[j], offset[j]) = self.row_transform(metric, false, slot);
                 slots[j] = slot as u32;
             }
@@ -178,13 +198,26 @@ impl CpuRows {
                     block_queries.extend_from_slice(&kernel_queries[q * dim..(q + 1) * dim]);
                 }
                 let products = &mut products[..group.len() * count];
-                inner_products(block_queries, rows, dim, group.len(), count, products);
+                let row = |j: usize| match in_place {
+                    Some(values) => &values[chunk[j] * dim..(chunk[j] + 1) * dim],
+                    None => &rows[j * dim..(j + 1) * dim],
+                };
+                if in_place.is_none() || !few::products(self.simd, block_queries, dim, count, row, products) {
+                    if rows.is_empty() {
+                        for &slot in chunk {
+                            rows.extend_from_slice(self.rows_f32(slot, 1, widened));
+                        }
+                    }
+                    inner_products(block_queries, rows, dim, group.len(), count, products);
+                }
                 let first = b * block;
                 for (i, p) in products.chunks_exact(count).enumerate() {
                     let c = &mut collectors[first + i];
-                    filter::collect_at(self.simd, c, p, &scale[..count], &offset[..count], &slots[..count]);
                     let q = group[i] as usize;
+                    c.adopt_gate(gates[q].get());
+                    filter::collect_at(self.simd, c, p, &scale[..count], &offset[..count], &slots[..count]);
                     self.thin(c, &kernel_queries[q * dim..(q + 1) * dim], metric);
+                    gates[q].lower(c.gate());
                 }
             }
         }
@@ -218,6 +251,36 @@ struct Batch<'a> {
     kernel_queries: &'a [f32],
     /// Each query's error bound on the GEMM path.
     bounds: &'a [ErrorBound],
+    /// Each query's best gate so far over the lists it probes.
+    gates: &'a [SharedGate],
     metric: GpuDistanceMetric,
     k: usize,
+}
+
+/// One query's best [`Collector::gate`] so far, lowered by the scans of its lists on any
+/// thread. Every value stored is a gate some collector of the query reported, so it rests on k
+/// rows the query probes (see [`Collector::adopt_gate`]); it only goes down, and a scan that
+/// reads a stale (higher) value takes in a few more rows, never fewer.
+struct SharedGate(AtomicU32);
+
+impl SharedGate {
+    fn new() -> Self {
+        SharedGate(AtomicU32::new(f32::INFINITY.to_bits()))
+    }
+
+    fn get(&self) -> f32 {
+        f32::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    /// Keeps the least of the stored gate and `gate` (a NaN is ignored).
+    fn lower(&self, gate: f32) {
+        let mut current = self.0.load(Ordering::Relaxed);
+        while gate < f32::from_bits(current) {
+            match self.0.compare_exchange_weak(current, gate.to_bits(), Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(seen) => current = seen,
+            }
+        }
+    }
 }

@@ -138,6 +138,8 @@ pub struct CpuRows {
     all_bytes: bool,
     dead: SlotSet,
     simd: SimdLevel,
+    /// Batches over fewer rows stay off the bf16 kernel ([`crate::Tuning::cpu_bf16_min_rows`]).
+    bf16_min_rows: usize,
 }
 
 impl CpuRows {
@@ -159,7 +161,15 @@ impl CpuRows {
             all_bytes: true,
             dead: SlotSet::default(),
             simd,
+            bf16_min_rows: crate::tuning::Tuning::default().cpu_bf16_min_rows,
         }
+    }
+
+    /// The same rows store with batches over fewer than `rows` rows kept off the bf16 kernel
+    /// ([`crate::Tuning::cpu_bf16_min_rows`]).
+    pub(crate) fn with_bf16_min_rows(mut self, rows: usize) -> Self {
+        self.bf16_min_rows = rows;
+        self
     }
 
     /// Rows `start..start + count` as f32, widening other storage types into `scratch`.
@@ -272,6 +282,7 @@ impl CpuRows {
             all_bytes: self.all_bytes,
             dead,
             simd: self.simd,
+            bf16_min_rows: self.bf16_min_rows,
         }
     }
 
@@ -903,7 +914,11 @@ impl CpuRows {
             (queries, q_norms.to_vec())
         };
         let q_norms = &unit_norms;
-        if nq >= BF16_MIN_QUERIES && bf16::available() && !metric.is_difference_norm() {
+        if nq >= BF16_MIN_QUERIES
+            && self.len_slots() >= self.bf16_min_rows
+            && bf16::available()
+            && !metric.is_difference_norm()
+        {
             let bounds: Vec<ErrorBound> = queries
                 .chunks_exact(dim)
                 .zip(q_norms.iter())
