@@ -37,6 +37,26 @@ use std::sync::OnceLock;
 use crate::error::{HiveGpuError, Result};
 use crate::tuning::Tuning;
 
+thread_local! {
+    /// Set while this thread searches a piece of a batch whose workers prepare their own
+    /// queries ([`Pieces::prepare_here`]).
+    static PIECE_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `work` (one piece's search) with this thread marked as a piece worker that prepares
+/// its own queries, on this thread and without parallel work ([`prepares_here`]).
+pub(crate) fn as_piece_worker<R>(work: impl FnOnce() -> R) -> R {
+    let before = PIECE_WORKER.with(|w| w.replace(true));
+    let result = work();
+    PIECE_WORKER.with(|w| w.set(before));
+    result
+}
+
+/// Whether this thread is a piece worker that prepares its own queries ([`as_piece_worker`]).
+pub(crate) fn prepares_here() -> bool {
+    PIECE_WORKER.with(std::cell::Cell::get)
+}
+
 /// Runs `section` on the library's pool and returns its result; the calling thread runs no
 /// foreign job meanwhile (see the module documentation).
 pub(crate) fn run<R: Send>(section: impl FnOnce() -> R + Send) -> Result<R> {
@@ -168,6 +188,9 @@ pub(crate) struct Pieces {
     pub(crate) count: usize,
     /// Threads searching them (per member).
     pub(crate) workers: usize,
+    /// Whether each worker prepares its piece's queries itself ([`as_piece_worker`]) instead
+    /// of handing that to the library's pool.
+    pub(crate) prepare_here: bool,
 }
 
 impl Pieces {
@@ -181,9 +204,27 @@ impl Pieces {
         let size = tuning.piece_queries.max(1);
         let workers = tuning.piece_workers.max(1);
         if nq < size.saturating_mul(2) || workers == 1 {
-            return Self { count: 1, workers: 1 };
+            return Self { count: 1, workers: 1, prepare_here: false };
         }
-        Self { count: nq.div_ceil(size), workers }
+        Self { count: nq.div_ceil(size), workers, prepare_here: false }
+    }
+
+    /// [`Pieces::of`] with [`Tuning::small_piece_queries`] and [`Tuning::small_piece_workers`]:
+    /// a batch over at most [`Tuning::small_search_rows`] rows on a device, whose pieces cost
+    /// more in host work than in device work. Its workers prepare their own queries: the
+    /// workers already keep the cores busy, and a piece that handed its preparation to the
+    /// pool waited there behind the others' (on the H100, 0.1 to 1.6 ms for 1,024 queries
+    /// whose preparation takes about 0.1: docs/PERFORMANCE.md, "Filtered batches over few
+    /// rows").
+    pub(crate) fn of_few_rows(nq: usize, tuning: &Tuning) -> Self {
+        let small = Tuning {
+            piece_queries: tuning.small_piece_queries,
+            piece_workers: tuning.small_piece_workers,
+            ..Tuning::default()
+        };
+        let pieces = Self::of(nq, &small);
+        let prepare_here = pieces.workers > 1;
+        Self { prepare_here, ..pieces }
     }
 
     /// One piece per member (at most one per query): a batch over a collection whose rows stream
@@ -192,7 +233,7 @@ impl Pieces {
     /// 10,000-query batch over 8 GiB streamed in 5 pieces took 1,050 ms, where uploading the rows
     /// once takes 150: docs/PERFORMANCE.md, streaming).
     pub(crate) fn whole(nq: usize, members: usize) -> Self {
-        Self { count: members.min(nq).max(1), workers: 1 }
+        Self { count: members.min(nq).max(1), workers: 1, prepare_here: false }
     }
 
     /// Pieces for `members` collections searched at once: at most two workers per member (one
@@ -210,12 +251,12 @@ impl Pieces {
         }
         if one.count == 1 {
             // Under two pieces' worth: one part per member, as many as there are queries.
-            return Self { count: members.min(nq), workers: 1 };
+            return Self { count: members.min(nq), workers: 1, prepare_here: false };
         }
         let workers = tuning.piece_workers.clamp(1, 2);
         let round = members * workers;
         let count = one.count.max(round).next_multiple_of(round).min(nq);
-        Self { count, workers: workers.min((count / members).max(1)) }
+        Self { count, workers: workers.min((count / members).max(1)), prepare_here: false }
     }
 
     /// Piece `i` of a batch of `nq` queries.

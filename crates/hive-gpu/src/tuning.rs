@@ -89,6 +89,24 @@ pub struct Tuning {
     /// Pieces searched at once (at least 1; 1 searches a batch whole). A GPU keeps up to this
     /// many search workspaces. `HIVE_GPU_PIECE_WORKERS`.
     pub piece_workers: usize,
+    /// A batch on a CUDA/ROCm device that searches at most this many rows (a small collection,
+    /// or a filter that leaves few) for at most `small_search_max_k` neighbours is cut into
+    /// pieces of `small_piece_queries` on `small_piece_workers` instead (0: never). Its device
+    /// work is small beside each piece's host work, so more of that overlaps.
+    /// `HIVE_GPU_SMALL_SEARCH_ROWS`.
+    pub small_search_rows: usize,
+    /// See `small_search_rows` (larger k make each piece's device work and results larger).
+    /// `HIVE_GPU_SMALL_SEARCH_MAX_K`.
+    pub small_search_max_k: usize,
+    /// Queries per piece of a batch over few rows (at least 1). `HIVE_GPU_SMALL_PIECE_QUERIES`.
+    pub small_piece_queries: usize,
+    /// Pieces of a batch over few rows searched at once (at least 1).
+    /// `HIVE_GPU_SMALL_PIECE_WORKERS`.
+    pub small_piece_workers: usize,
+    /// A CUDA/ROCm search (or piece of a batch) of at least this many queries prepares them on
+    /// the library's pool, fewer on the calling thread (at least 1).
+    /// `HIVE_GPU_PREPARE_PARALLEL_QUERIES`.
+    pub prepare_parallel_queries: usize,
     /// Whether a sharded search merges its shards' lists on a device where every shard can
     /// copy into the first shard's device (`crate::backend::merge`); off, the host merges
     /// them. `HIVE_GPU_DEVICE_MERGE`.
@@ -155,6 +173,12 @@ impl Default for Tuning {
             // to 8 (no faster) (docs/PERFORMANCE.md).
             piece_queries: 2048,
             piece_workers: 4,
+            // See docs/PERFORMANCE.md, "Filtered batches over few rows".
+            small_search_rows: 16_384,
+            small_search_max_k: 16,
+            small_piece_queries: 1024,
+            small_piece_workers: 8,
+            prepare_parallel_queries: 64,
             device_merge: true,
             // Two H100s with NVLink, 2M x 128 over two shards (docs/PERFORMANCE.md, multi-GPU
             // section, device merge): batches of 200 to 2,000 queries ran 3-9% faster merged on
@@ -220,7 +244,7 @@ impl Tuning {
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 17] = [
+        let sizes: [(&str, usize, &mut usize); 22] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -238,6 +262,11 @@ impl Tuning {
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", 1, &mut t.device_merge_min_queries),
             ("HIVE_GPU_STREAM_WINDOW_BYTES", 1, &mut t.stream_window_bytes),
             ("HIVE_GPU_CPU_BF16_MIN_ROWS", 0, &mut t.cpu_bf16_min_rows),
+            ("HIVE_GPU_SMALL_SEARCH_ROWS", 0, &mut t.small_search_rows),
+            ("HIVE_GPU_SMALL_SEARCH_MAX_K", 0, &mut t.small_search_max_k),
+            ("HIVE_GPU_SMALL_PIECE_QUERIES", 1, &mut t.small_piece_queries),
+            ("HIVE_GPU_SMALL_PIECE_WORKERS", 1, &mut t.small_piece_workers),
+            ("HIVE_GPU_PREPARE_PARALLEL_QUERIES", 1, &mut t.prepare_parallel_queries),
         ];
         for (name, min, field) in sizes {
             if let Some(value) = size(name, min)? {
@@ -285,6 +314,8 @@ mod tests {
             ("HIVE_GPU_DEVICE_ROWS_BYTES", "4096"),
             ("HIVE_GPU_STREAM_WINDOW_BYTES", "1024"),
             ("HIVE_GPU_CPU_BF16_MIN_ROWS", "0"),
+            ("HIVE_GPU_SMALL_SEARCH_ROWS", "0"),
+            ("HIVE_GPU_SMALL_PIECE_WORKERS", "6"),
         ])
         .expect("valid");
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
@@ -295,6 +326,7 @@ mod tests {
         assert_eq!(t.fused_min_work, 77);
         assert_eq!((t.device_rows_bytes, t.stream_window_bytes), (Some(4096), 1024));
         assert_eq!(t.cpu_bf16_min_rows, 0);
+        assert_eq!((t.small_search_rows, t.small_piece_workers), (0, 6));
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);
     }
 

@@ -232,6 +232,13 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     fn streamed(&self) -> bool {
         false
     }
+    /// Whether a batch over few rows is better cut into smaller pieces on more workers
+    /// ([`crate::Tuning::small_search_rows`]): true where each piece's fixed host work
+    /// (preparing queries, staging, reading results back) outweighs the device's work on few
+    /// rows, so more of it should overlap; false on the CPU, whose pieces share its cores.
+    fn finer_pieces_when_few_rows(&self) -> bool {
+        false
+    }
     /// Exact k nearest rows for each query of a row-major batch, best first, ties by slot,
     /// among the live rows, or with `allowed` among the live rows that are members of it (a
     /// filter's [`SlotSet`]: slots it does not cover are not allowed). `k` must be at least 1

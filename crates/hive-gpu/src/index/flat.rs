@@ -76,6 +76,9 @@ pub(crate) fn search_results_across(
     let mut plan = Plan::of(first, batch, k, options, tuning)?;
     plan.pieces = if members.iter().any(|m| m.rows().streamed()) {
         Pieces::whole(plan.nq, members.len())
+    } else if members.len() == 1 {
+        // One collection: the pieces `Plan::of` chose for it (finer over few rows).
+        plan.pieces
     } else {
         Pieces::across(plan.nq, tuning, members.len())
     };
@@ -277,7 +280,16 @@ impl<'f> Plan<'f> {
             }),
             None => None,
         };
-        let pieces = if collection.rows().streamed() { Pieces::whole(nq, 1) } else { Pieces::of(nq, tuning) };
+        let pieces = if collection.rows().streamed() {
+            Pieces::whole(nq, 1)
+        } else if collection.rows().finer_pieces_when_few_rows()
+            && searched <= tuning.small_search_rows
+            && k <= tuning.small_search_max_k
+        {
+            Pieces::of_few_rows(nq, tuning)
+        } else {
+            Pieces::of(nq, tuning)
+        };
         Ok(Self { nq, k: k.min(searched), probe, allowed, others_allowed: Vec::new(), pieces, into: None })
     }
 
@@ -362,7 +374,12 @@ fn search_pieces<T: Send + Sync>(
             }
             let range = pieces.range(i, nq);
             let piece = &queries[range.start * dim..range.end * dim];
-            match plan.search_piece(m, member, range, piece) {
+            let searched = if pieces.prepare_here {
+                crate::exec::as_piece_worker(|| plan.search_piece(m, member, range, piece))
+            } else {
+                plan.search_piece(m, member, range, piece)
+            };
+            match searched {
                 Ok(neighbours) => {
                     let slot = &done[i];
                     scope.spawn(move |_| {
@@ -629,5 +646,18 @@ mod tests {
         // Two replicas: the five pieces of one device become two rounds of two per replica.
         let two = Pieces::across(10_000, &defaults, 2);
         assert_eq!((two.count, two.workers), (8, 2));
+        assert!(!cut.prepare_here && !two.prepare_here);
+    }
+
+    #[test]
+    fn a_batch_over_few_rows_is_cut_finer_and_its_workers_prepare_their_own_queries() {
+        let defaults = Tuning::default();
+        let few = Pieces::of_few_rows(10_000, &defaults);
+        assert_eq!((few.count, few.workers, few.prepare_here), (10, 8, true));
+        assert_covered(&few, 10_000, "few rows");
+        // Under two small pieces' worth the batch stays whole, and its one thread prepares on
+        // the pool as any batch does.
+        let whole = Pieces::of_few_rows(2047, &defaults);
+        assert_eq!((whole.count, whole.workers, whole.prepare_here), (1, 1, false));
     }
 }

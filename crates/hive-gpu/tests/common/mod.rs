@@ -94,7 +94,8 @@ pub fn contexts() -> Vec<GpuContext> {
 /// [`Tuning`] can force, so the suites prove every path in one process (no process-global
 /// variables): on CUDA/ROCm the engine's own GEMM kernel, the fused filter on every batch
 /// (f16 rows rounded into a copy, TF32, rounded inside the filter), the radix path's linear
-/// selection on every list, the gather of a filter's passing rows on every filtered search, and
+/// selection on every list, the gather of a filter's passing rows on every filtered search
+/// (with every batch cut as a batch over few rows is), and
 /// rows streamed from host memory past a lowered device room; on a hardware Vulkan adapter the cooperative-matrix filter on every
 /// batch; on the CPU the bf16 kernel over collections of any size. The software adapter has no
 /// such paths, so CI runs each suite there once.
@@ -122,7 +123,16 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                     t.refine_batch_candidates = 0;
                     t.code_scan = false;
                 }),
-                tuned(|t| t.gather_fraction = 1),
+                // Every filtered search gathers; and every batch of 8 queries or more, over any
+                // number of rows, is cut into pieces of 4 whose 3 workers prepare their own
+                // queries (the cut for few rows).
+                tuned(|t| {
+                    t.gather_fraction = 1;
+                    t.small_search_rows = usize::MAX;
+                    t.small_search_max_k = usize::MAX;
+                    t.small_piece_queries = 4;
+                    t.small_piece_workers = 3;
+                }),
                 // Never gathered: every filtered search scans every row with the rest masked
                 // (batches gather whatever share passes by default).
                 tuned(|t| {

@@ -218,7 +218,15 @@ impl<D: Driver> GpuRows<D> {
         let nq = queries.len() / dim;
         let mut profile = Profiler::new();
         let path = Approximation::Scan;
-        let prepared = prepare(queries, dim, metric, path, path, f64::from(self.max_sq_norm))?;
+        let prepared = prepare(
+            queries,
+            dim,
+            metric,
+            path,
+            path,
+            f64::from(self.max_sq_norm),
+            self.tuning.prepare_parallel_queries,
+        )?;
         let cosine = metric == GpuDistanceMetric::Cosine;
         let kcap = list_size(k);
         let sortn = Self::scan_sort_size(k);

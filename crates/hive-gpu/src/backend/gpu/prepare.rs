@@ -1,6 +1,6 @@
 //! The host's share of a search before anything runs on the device: each query's f64 norm,
 //! unit queries for cosine, scaled f16 copies, and the error gates of the paths the search may
-//! take. Big batches spread it over threads (one pass per query, see `prepare_on_this_thread`): on
+//! take. Big batches spread it over threads (one pass per query, see `prepare_queries`): on
 //! one thread it cost more than the device's filter for 10,000 f16 queries.
 
 use half::f16;
@@ -10,9 +10,6 @@ use rayon::prelude::*;
 use crate::exact::gates::{self as bounds, Approximation};
 use crate::exact::squared_norm_f64;
 use crate::types::GpuDistanceMetric;
-
-/// Batches of at least this many queries are prepared on several threads.
-const PARALLEL_QUERIES: usize = 64;
 
 /// Per-query values the kernels take, computed on the host.
 pub(super) struct Prepared {
@@ -40,7 +37,10 @@ fn norm(v: &[f32]) -> f64 {
 }
 
 /// Prepares `queries` (row-major, `dim` values each) for a search on `path`; `gate_path` is
-/// the path whose gate the kernels apply (the scan's where lists do not fit on chip).
+/// the path whose gate the kernels apply (the scan's where lists do not fit on chip). Batches
+/// of at least `parallel_from` queries ([`crate::Tuning::prepare_parallel_queries`]) share the
+/// work out on the library's pool (`crate::exec`); smaller ones, and the pieces of a batch whose
+/// workers prepare their own (`crate::exec::prepares_here`), stay on the calling thread.
 pub(super) fn prepare(
     queries: &[f32],
     dim: usize,
@@ -48,11 +48,11 @@ pub(super) fn prepare(
     path: Approximation,
     gate_path: Approximation,
     max_sq_norm: f64,
+    parallel_from: usize,
 ) -> crate::error::Result<Prepared> {
-    let prepare = || prepare_on_this_thread(queries, dim, metric, path, gate_path, max_sq_norm);
-    // Batches big enough to share out run on the library's pool (`crate::exec`); smaller ones
-    // stay on the caller's thread.
-    if queries.len() / dim >= PARALLEL_QUERIES { crate::exec::run(prepare) } else { Ok(prepare()) }
+    let parallel = queries.len() / dim >= parallel_from && !crate::exec::prepares_here();
+    let prepare = || prepare_queries(queries, dim, metric, path, gate_path, max_sq_norm, parallel);
+    if parallel { crate::exec::run(prepare) } else { Ok(prepare()) }
 }
 
 /// `nq` rows of `dim` of `v`, or `nq` empty rows where `v` is empty (an output the search
@@ -80,13 +80,14 @@ const QUERIES_PER_TASK: usize = 16;
 /// cost more than the arithmetic. On the H100 machine, 100,000 x 128 (docs/PERFORMANCE.md,
 /// the shape sweep), that preparation took 0.10 ms of a 0.40 ms batch of 100 queries and 0.31 ms
 /// of a 1.74 ms batch of 1,000 (`HIVE_GPU_PROFILE`).
-fn prepare_on_this_thread(
+fn prepare_queries(
     queries: &[f32],
     dim: usize,
     metric: GpuDistanceMetric,
     path: Approximation,
     gate_path: Approximation,
     max_sq_norm: f64,
+    parallel: bool,
 ) -> Prepared {
     let nq = queries.len() / dim;
     let cosine = metric == GpuDistanceMetric::Cosine;
@@ -142,7 +143,7 @@ fn prepare_on_this_thread(
     let mut halves = if half { vec![f16::ZERO; nq * dim] } else { Vec::new() };
     let unit_rows = rows_of(&mut unit, nq, dim);
     let half_rows = rows_of(&mut halves, nq, dim);
-    let scalars: Vec<Scalars> = if nq >= PARALLEL_QUERIES {
+    let scalars: Vec<Scalars> = if parallel {
         unit_rows
             .into_par_iter()
             .zip(half_rows)
@@ -213,9 +214,9 @@ mod tests {
         for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine, GpuDistanceMetric::DotProduct]
         {
             for path in paths {
-                let all = prepare(&queries, dim, metric, path, path, 50.0).expect("the batch");
+                let all = prepare(&queries, dim, metric, path, path, 50.0, 64).expect("the batch");
                 for (q, row) in queries.chunks_exact(dim).enumerate() {
-                    let one = prepare(row, dim, metric, path, path, 50.0).expect("one query");
+                    let one = prepare(row, dim, metric, path, path, 50.0, 64).expect("one query");
                     let what = format!("{metric:?} {path:?} query {q}");
                     assert_eq!(all.q_norms[q].to_bits(), one.q_norms[0].to_bits(), "{what}");
                     assert_eq!(all.scales[q].to_bits(), one.scales[0].to_bits(), "{what}");
@@ -284,7 +285,7 @@ mod tests {
         }
         let half = Approximation::GemmF16 { scale: 1.0 };
         let prepared =
-            prepare(&queries, dim, GpuDistanceMetric::DotProduct, half, half, 1e30).expect("prepare");
+            prepare(&queries, dim, GpuDistanceMetric::DotProduct, half, half, 1e30, 64).expect("prepare");
         for (q, row) in queries.chunks_exact(dim).enumerate() {
             let scale = bounds::f16_scale(row);
             for (c, &x) in row.iter().enumerate() {

@@ -51,6 +51,11 @@ impl<D: Driver> RowStore for EngineRows<D> {
         on_rows!(self, rows => rows.len())
     }
 
+    fn finer_pieces_when_few_rows(&self) -> bool {
+        // Streamed rows are searched in one piece per member anyway.
+        matches!(self, Self::Device(_))
+    }
+
     fn reserve(&mut self, additional: usize) -> Result<()> {
         let Self::Device(rows) = self else {
             return on_rows!(self, rows => rows.reserve(additional));
