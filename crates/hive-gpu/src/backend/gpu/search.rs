@@ -757,15 +757,10 @@ impl<D: Driver> GpuRows<D> {
         let gate_path = |path| if radix_only { Approximation::Scan } else { path };
         let max_sq = f64::from(self.max_sq_norm);
         profile.mark(&*driver, &ws.stream, "plan")?;
-        let mut prepared = prepare(
-            queries,
-            dim,
-            metric,
-            path,
-            gate_path(path),
-            max_sq,
-            self.tuning.prepare_parallel_queries,
-        )?;
+        let prepare_for = |path| {
+            prepare(queries, dim, metric, path, gate_path(path), max_sq, self.tuning.prepare_parallel_queries)
+        };
+        let mut prepared = prepare_for(path)?;
         // The rounded filter turns products into distances with 2 / (scale * row_scale) in
         // f32. A batch where that factor is no normal f32 for some query (queries or rows at
         // the ends of f32's range) takes the plain f32 tiles instead.
@@ -774,15 +769,7 @@ impl<D: Driver> GpuRows<D> {
         {
             path = Approximation::GemmF32;
             fused = None;
-            prepared = prepare(
-                queries,
-                dim,
-                metric,
-                path,
-                gate_path(path),
-                max_sq,
-                self.tuning.prepare_parallel_queries,
-            )?;
+            prepared = prepare_for(path)?;
         }
         // Byte rows on an f16 path multiply their f16 copy; without room for it, the own
         // tiles over the bytes.
@@ -793,15 +780,7 @@ impl<D: Driver> GpuRows<D> {
                 None => {
                     path = Approximation::GemmF32;
                     fused = None;
-                    prepared = prepare(
-                        queries,
-                        dim,
-                        metric,
-                        path,
-                        gate_path(path),
-                        max_sq,
-                        self.tuning.prepare_parallel_queries,
-                    )?;
+                    prepared = prepare_for(path)?;
                 }
             }
         }
