@@ -44,12 +44,18 @@ thread_local! {
 }
 
 /// Runs `work` (one piece's search) with this thread marked as a piece worker that prepares
-/// its own queries, on this thread and without parallel work ([`prepares_here`]).
+/// its piece's queries itself, on this thread ([`prepares_here`]); the piece's other parallel
+/// work (its results) still goes to the pool. The mark is lifted when `work` returns or
+/// unwinds.
 pub(crate) fn as_piece_worker<R>(work: impl FnOnce() -> R) -> R {
-    let before = PIECE_WORKER.with(|w| w.replace(true));
-    let result = work();
-    PIECE_WORKER.with(|w| w.set(before));
-    result
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PIECE_WORKER.with(|w| w.set(self.0));
+        }
+    }
+    let _restore = Restore(PIECE_WORKER.with(|w| w.replace(true)));
+    work()
 }
 
 /// Whether this thread is a piece worker that prepares its own queries ([`as_piece_worker`]).

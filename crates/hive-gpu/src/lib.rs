@@ -593,7 +593,9 @@ impl GpuVectorStorage {
     /// selection, much faster than one call per query. Batches of 4,096 queries and more are
     /// searched in pieces of about 2,048, four at a time (by default: [`Tuning::piece_queries`]
     /// and [`Tuning::piece_workers`]), so that preparing queries and building results overlaps
-    /// the device's work; a GPU then keeps up to that many search workspaces.
+    /// the device's work; a CUDA/ROCm batch over at most 16,384 rows at k <= 16 in pieces of
+    /// 1,024, eight at a time ([`Tuning::small_search_rows`]). A GPU keeps up to as many search
+    /// workspaces as pieces it searched at once.
     pub fn search_batch(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<GpuSearchResult>>> {
         self.search_batch_with(queries, k, &SearchOptions::default())
     }

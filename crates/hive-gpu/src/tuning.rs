@@ -87,7 +87,7 @@ pub struct Tuning {
     /// results overlaps the device's work. `HIVE_GPU_PIECE_QUERIES`.
     pub piece_queries: usize,
     /// Pieces searched at once (at least 1; 1 searches a batch whole). A GPU keeps up to this
-    /// many search workspaces. `HIVE_GPU_PIECE_WORKERS`.
+    /// many search workspaces (or `small_piece_workers`, where more). `HIVE_GPU_PIECE_WORKERS`.
     pub piece_workers: usize,
     /// A batch on a CUDA/ROCm device that searches at most this many rows (a small collection,
     /// or a filter that leaves few) for at most `small_search_max_k` neighbours is cut into
@@ -116,7 +116,8 @@ pub struct Tuning {
     /// `HIVE_GPU_DEVICE_MERGE_MIN_QUERIES`.
     pub device_merge_min_queries: usize,
     /// The CPU backend's batches of 16 queries and more multiply in bf16 (where the CPU has
-    /// AVX512-BF16) over collections of at least this many rows, else in f32 (0: bf16 over any
+    /// AVX512-BF16) over collections of at least this many slots (rows stored, removed ones
+    /// included; also the host rows the wgpu backend re-ranks from), else in f32 (0: bf16 over any
     /// collection, as tests use to cover that kernel with small data). Below it the bf16
     /// kernel's looser error bound sends more candidates to the exact re-rank than its speed
     /// saves. `HIVE_GPU_CPU_BF16_MIN_ROWS`.

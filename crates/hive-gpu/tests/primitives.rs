@@ -217,7 +217,9 @@ fn scan_lists_over_long_lists_split_between_blocks_and_many_queries_per_list_sta
     // A GPU scans a long list for few queries in parts (one block each) and a list probed by
     // many queries in groups (one block reads each row for all of them); both end in the
     // same exact top-k as an f64 brute force. Dimension 64 takes the kernels' vector loads
-    // (37, above, the scalar ones); 40 queries probing 2 of 3 lists put up to 40 on one list.
+    // (37, above, the scalar ones); 40 queries probing 2 of 3 lists put up to 40 on one list,
+    // and 12 put 8 on each (on the CPU, rows multiplied in place in blocks of 4 x 4 across
+    // several tiles of a list).
     const DIM: usize = 64;
     const ROWS: usize = 6000;
     for context in contexts_with_forced_paths() {
@@ -233,7 +235,7 @@ fn scan_lists_over_long_lists_split_between_blocks_and_many_queries_per_list_sta
             let values = stored(&*rows);
             let lists: Vec<Vec<u32>> =
                 (0..3u32).map(|l| (0..ROWS as u32).filter(|s| s % 3 == l).collect()).collect();
-            for nq in [1, 3, 40] {
+            for nq in [1, 3, 12, 40] {
                 let queries = rng.normals(nq * DIM);
                 let probes: Vec<u32> = (0..nq as u32).flat_map(|q| [q % 3, (q + 1) % 3]).collect();
                 let scan = ListProbes { lists: &lists, probes: &probes, nprobe: 2, generation: 0 };

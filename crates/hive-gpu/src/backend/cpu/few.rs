@@ -14,8 +14,9 @@ use super::simd::SimdLevel;
 
 /// Rows per register block.
 const ROWS: usize = 4;
-/// Queries per register block: with [`ROWS`], 16 accumulators and 8 operands fit the 32
-/// AVX-512 registers (AVX2 has 16 and spills a few; it is still faster than packing).
+/// Queries per register block: with [`ROWS`], 16 accumulators, 4 row vectors and a query
+/// vector fit the 32 AVX-512 registers (AVX2 has 16 and spills a few; it is still faster than
+/// packing).
 const QUERIES: usize = 4;
 
 /// `out[i * count + j] = queries[i] . row(j)` for the `queries.len() / dim` queries and the
@@ -35,6 +36,7 @@ pub(crate) fn products<'a>(
     if nq == 0 || count == 0 {
         return true;
     }
+    debug_assert!((0..count).all(|j| row(j).len() == dim), "few::products: a row is not {dim} long");
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 => {
@@ -123,16 +125,36 @@ mod x86 {
                     let mut i = 0;
                     while i < nq {
                         let q = (nq - i).min(QUERIES);
-                        // Full blocks take the unrolled kernel; the edges take one row or one
-                        // query at a time.
-                        if r == ROWS && q == QUERIES {
-                            let block = $block::<ROWS, QUERIES>(
-                                std::array::from_fn(|a| query(i + a)),
-                                std::array::from_fn(|b| row(j + b)),
-                                whole,
-                            );
-                            for (a, sums) in block.iter().enumerate() {
+                        // Whole blocks of rows take the unrolled kernel for every count of
+                        // queries up to a block (a list asked by one to three queries, the
+                        // common case at small nprobe, still reads each row once for all of
+                        // them); the last few rows take one row and one query at a time.
+                        if r == ROWS {
+                            let rows: [&[f32]; ROWS] = std::array::from_fn(|b| row(j + b));
+                            let mut put = |a: usize, sums: &[f32; ROWS]| {
                                 out[(i + a) * count + j..][..ROWS].copy_from_slice(sums);
+                            };
+                            match q {
+                                1 => $block::<ROWS, 1>([query(i)], rows, whole)
+                                    .iter()
+                                    .enumerate()
+                                    .for_each(|(a, s)| put(a, s)),
+                                2 => $block::<ROWS, 2>(std::array::from_fn(|a| query(i + a)), rows, whole)
+                                    .iter()
+                                    .enumerate()
+                                    .for_each(|(a, s)| put(a, s)),
+                                3 => $block::<ROWS, 3>(std::array::from_fn(|a| query(i + a)), rows, whole)
+                                    .iter()
+                                    .enumerate()
+                                    .for_each(|(a, s)| put(a, s)),
+                                _ => $block::<ROWS, QUERIES>(
+                                    std::array::from_fn(|a| query(i + a)),
+                                    rows,
+                                    whole,
+                                )
+                                .iter()
+                                .enumerate()
+                                .for_each(|(a, s)| put(a, s)),
                             }
                         } else {
                             for a in 0..q {

@@ -151,11 +151,13 @@ impl Collector {
     }
 
     /// Lowers the gate to `gate`, the [`Collector::gate`] of another collector of the same
-    /// query over rows of the same search (the other lists an IVF query probes). Every gate a
-    /// collector reports rests on k rows of that search, so any row above it loses to k real
-    /// rows and cannot be among the query's k nearest: this collector may then end up holding
-    /// fewer than k rows, and the merge of the query's collectors still holds every one of its
-    /// k nearest.
+    /// query, with the same k and the same [`ErrorBound`], over rows of the same search (the
+    /// other lists an IVF query probes). Every gate a collector reports rests on k rows of that
+    /// search under that bound, so any row above it loses to k real rows and cannot be among
+    /// the query's k nearest (a collector with a larger bound could not take it: a row within
+    /// its own margin might lie above a gate proved with a smaller one). This collector may
+    /// then end up holding fewer than k rows; the merge of the query's collectors still holds
+    /// every one of its k nearest.
     pub fn adopt_gate(&mut self, gate: f32) {
         if gate < self.limit {
             self.limit = gate;
@@ -295,14 +297,24 @@ mod tests {
                 }
                 let mut shared = f32::INFINITY;
                 let mut parts = Vec::new();
+                let (mut kept_shared, mut kept_alone) = (0, 0);
                 for list in order {
                     let mut c = Collector::new(k, bound);
+                    let mut alone = Collector::new(k, bound);
                     c.adopt_gate(shared);
                     for &(slot, d) in &rows[list * 100..(list + 1) * 100] {
                         c.push(d, slot);
+                        alone.push(d, slot);
                     }
                     shared = shared.min(c.gate());
+                    kept_shared += c.clone().into_slots().len();
+                    kept_alone += alone.into_slots().len();
                     parts.push(c);
+                }
+                // The shared gate did its work: the nearest list first (its rows lie 1 to 3
+                // below the others'), the later lists kept fewer rows than on their own gates.
+                if order[0] == 0 && k < 40 {
+                    assert!(kept_shared < kept_alone, "k = {k}: {kept_shared} kept, {kept_alone} alone");
                 }
                 let mut parts = parts.into_iter();
                 let mut merged = parts.next().expect("four lists");

@@ -155,7 +155,8 @@ impl WgpuRows {
         let rows_per_chunk = ((binding - 16) / (dim * element)).clamp(1, MAX_GROUPS * 16);
         Ok(Self {
             device,
-            host: CpuRows::new(dim, precision, SimdLevel::detect()),
+            host: CpuRows::new(dim, precision, SimdLevel::detect())
+                .with_bf16_min_rows(tuning.cpu_bf16_min_rows),
             dim,
             precision,
             rows_per_chunk,
