@@ -227,10 +227,7 @@ mod tests {
             levels.push(SimdLevel::Avx2);
         }
         let mut seed = 11u64;
-        let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
+        let mut next = || super::super::simd::test_value(&mut seed);
         // Edges in both directions: fewer rows and queries than a block, and a partial last
         // block, over dimensions with and without a tail past the last vector.
         for dim in [1usize, 7, 16, 25, 128, 131] {

@@ -328,6 +328,13 @@ pub fn distances(level: SimdLevel, kernel: Kernel, q: &[f32], rows: &[f32], out:
 /// Sum of squares in f64: exact enough to serve as the reference norm of a row.
 pub(crate) use crate::exact::squared_norm_f64;
 
+/// The kernel tests' values: a linear congruential step of `seed`, mapped to [-0.5, 0.5).
+#[cfg(test)]
+pub(super) fn test_value(seed: &mut u64) -> f32 {
+    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,10 +360,7 @@ mod tests {
             levels.push(SimdLevel::Avx2);
         }
         let mut seed = 7u64;
-        let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
+        let mut next = || test_value(&mut seed);
         for dim in [1usize, 3, 31, 32, 33, 128, 785] {
             let q: Vec<f32> = (0..dim).map(|_| next()).collect();
             let rows: Vec<f32> = (0..dim * 5).map(|_| next()).collect();
