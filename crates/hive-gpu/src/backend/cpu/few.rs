@@ -59,6 +59,7 @@ pub(crate) fn products<'a>(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::simd::x86::sum256;
     use super::{QUERIES, ROWS};
 
     macro_rules! block_kernel {
@@ -182,14 +183,6 @@ mod x86 {
             // address is inside the slice besides.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(offset)) };
         }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn sum256(v: __m256) -> f32 {
-        let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
-        _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)))
     }
 
     block_kernel!(

@@ -191,7 +191,7 @@ fn rows_portable<const FMA: bool>(kernel: Kernel, q: &[f32], rows: &[f32], out: 
 /// Explicit x86 kernels, one row at a time: rows stream from memory in order, which keeps the
 /// hardware prefetchers at full speed (interleaving several rows measured half as fast).
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::Kernel;
@@ -253,9 +253,10 @@ mod x86 {
         };
     }
 
+    /// The sum of the eight lanes of `v` (also the few-query kernels' reduction, `few.rs`).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn sum256(v: __m256) -> f32 {
+    pub(in crate::backend::cpu) fn sum256(v: __m256) -> f32 {
         let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
         _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)))
