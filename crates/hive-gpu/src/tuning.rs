@@ -82,6 +82,11 @@ pub struct Tuning {
     /// the host's threads, every backend's default, for comparison). `HIVE_GPU_CODE_SCAN=0`
     /// turns it off.
     pub code_scan: bool,
+    /// CUDA/ROCm `nearest_rows` (the 1-NN of k-means, IVF adds and product-quantization
+    /// encoding) runs the device's nearest-row kernel, with the exact k-NN only for the points
+    /// whose pick it cannot prove (false: every point through the exact k-NN, every backend's
+    /// default, for comparison). `HIVE_GPU_NEAREST_KERNEL=0` turns it off.
+    pub nearest_kernel: bool,
     /// Queries per piece of a large batch (at least 1): a batch of at least twice as many is
     /// searched in pieces, `piece_workers` at a time, so that preparing queries and building
     /// results overlaps the device's work. `HIVE_GPU_PIECE_QUERIES`.
@@ -168,6 +173,7 @@ impl Default for Tuning {
             list_scan: true,
             refine_batch_candidates: usize::MAX,
             code_scan: true,
+            nearest_kernel: true,
             // 2,048 queries are 16 x 245 blocks of the fused filter over a million rows: enough
             // to fill a big GPU, few enough that pieces overlap host and device work. Measured on
             // the H200 against 1,024, 1,536 and 3,334; 4 workers against 1 and 2 (slower) and 5
@@ -244,6 +250,7 @@ impl Tuning {
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
+        switch("HIVE_GPU_NEAREST_KERNEL", &mut t.nearest_kernel)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
         let sizes: [(&str, usize, &mut usize); 22] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
@@ -307,6 +314,7 @@ mod tests {
             ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
             ("HIVE_GPU_LIST_SCAN", "0"),
             ("HIVE_GPU_CODE_SCAN", "0"),
+            ("HIVE_GPU_NEAREST_KERNEL", "0"),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", "0"),
             ("HIVE_GPU_PIECE_QUERIES", "1000"),
             ("HIVE_GPU_PIECE_WORKERS", "8"),
@@ -322,6 +330,7 @@ mod tests {
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
         assert_eq!((t.device_merge, t.device_merge_min_queries), (false, 3));
         assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.code_scan);
+        assert!(!t.nearest_kernel);
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.fused_min_work, 77);

@@ -1,5 +1,5 @@
 //! The backend primitives on their own, below any planner or collection: `refine`,
-//! `scan_lists`, `select_k`, `gather`, `knn` restricted to a slot set and the code scans
+//! `scan_lists`, `select_k`, `gather`, `nearest_rows`, `knn` restricted to a slot set and the code scans
 //! (`scan_codes`, `scan_bits`, `scan_pq`), on every backend and every forced engine path,
 //! f32 and f16 storage, every metric, against an f64 brute force over the stored values.
 //! The data has exact duplicates (ties must go to the lower slot), removed rows (never
@@ -391,6 +391,103 @@ fn gather_returns_the_stored_rows_in_the_order_asked() {
             let past = rows.gather(&[0, ROWS + 5]).unwrap_err();
             assert!(past.to_string().contains(&format!("slot {}", ROWS + 5)), "{what}: {past}");
         }
+    }
+}
+
+/// The nearest of `rows` (live where `live`) to `point` by the f64 squared distance, the lower
+/// slot on equal distances.
+fn nearest(rows: &[Vec<f32>], point: &[f32], live: impl Fn(usize) -> bool) -> usize {
+    let mut best = (usize::MAX, f64::INFINITY);
+    for (s, row) in rows.iter().enumerate().filter(|(s, _)| live(*s)) {
+        let d = distance(GpuDistanceMetric::Euclidean, point, row);
+        if d < best.1 || best.0 == usize::MAX {
+            best = (s, d);
+        }
+    }
+    best.0
+}
+
+#[test]
+fn nearest_rows_is_the_exact_1nn_ties_to_the_lower_slot_near_ties_and_tiny_distances_included() {
+    // The CUDA/ROCm override picks from f32 distances and keeps a pick only where the gap to the
+    // runner-up proves it. The traps: twins and points halfway between two rows (exact ties,
+    // the lower slot wins), rows one ulp apart (the f32 order may be wrong), distances below
+    // f32's normal range (all round to zero or subnormals), removed rows (never picked), one
+    // row, and shapes that fill no kernel tile (dimensions 1 to 130, 1 to 700 points).
+    for context in contexts_with_forced_paths() {
+        let open = |dim: usize, precision: StoragePrecision| {
+            context
+                .backend()
+                .new_rows(dim, precision, SearchPrecision::Exact, context.tuning())
+                .expect("a row store opens")
+        };
+        let mut rng = Rng::new(41);
+        let check = |what: &str, rows: &dyn RowStore, points: &[f32], live: &dyn Fn(usize) -> bool| {
+            let values = stored(rows);
+            let dim = values[0].len();
+            let got = rows.nearest_rows(points).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(got.len(), points.len() / dim, "{what}");
+            for (p, point) in points.chunks_exact(dim).enumerate() {
+                let want = nearest(&values, point, live);
+                assert_eq!(got[p], want, "{what}: point {p}");
+            }
+        };
+        // Random rows and points over shapes on and off the kernel's tiles.
+        for (dim, n, count) in [(1, 5, 65), (7, 64, 700), (16, 1, 3), (37, 300, 129), (130, 70, 64)] {
+            for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+                let what = format!("{} {precision:?} dim {dim} rows {n} points {count}", describe(&context));
+                let mut rows = open(dim, precision);
+                rows.append(&common::storable(precision, &rng.normals(n * dim))).expect("rows append");
+                check(&what, &*rows, &rng.normals(count * dim), &|_| true);
+            }
+        }
+        // Small integers: twins (rows 10..20 repeat 0..10), points on rows and halfway between
+        // two rows (exact in f32 and f64, so the distances tie exactly).
+        let dim = 9;
+        let mut grid: Vec<f32> = (0..40 * dim).map(|_| (rng.below(7) as f32) - 3.0).collect();
+        grid.copy_within(0..10 * dim, 10 * dim);
+        let mut points: Vec<f32> = Vec::new();
+        for i in 0..60 {
+            let (a, b) = (rng.below(40), rng.below(40));
+            let (a, b) = (&grid[a * dim..(a + 1) * dim], &grid[b * dim..(b + 1) * dim]);
+            points.extend(a.iter().zip(b).map(|(&x, &y)| if i % 3 == 0 { x } else { (x + y) / 2.0 }));
+        }
+        let mut rows = open(dim, StoragePrecision::F32);
+        rows.append(&grid).expect("rows append");
+        check(&format!("{} ties", describe(&context)), &*rows, &points, &|_| true);
+        // The same rows with the nearest of several points removed: never picked.
+        rows.tombstone(&[0, 5, 12, 33]);
+        let live = |s: usize| ![0, 5, 12, 33].contains(&s);
+        check(&format!("{} ties, removed rows", describe(&context)), &*rows, &points, &live);
+        // Rows one ulp apart in one component, points near them.
+        let dim = 24;
+        let base = rng.normals(dim);
+        let mut near: Vec<f32> = Vec::new();
+        for r in 0..8 {
+            let mut row = base.clone();
+            row[r % dim] = f32::from_bits(row[r % dim].to_bits() + (r as u32 % 3));
+            near.extend(row);
+        }
+        let points: Vec<f32> =
+            (0..40).flat_map(|_| base.iter().map(|&x| x + 1e-6 * rng.normal()).collect::<Vec<_>>()).collect();
+        let mut rows = open(dim, StoragePrecision::F32);
+        rows.append(&near).expect("rows append");
+        check(&format!("{} rows one ulp apart", describe(&context)), &*rows, &points, &|_| true);
+        // Distances below f32's normal range: every f32 distance is zero or subnormal.
+        for scale in [1e-22f32, 1e-30] {
+            let tiny: Vec<f32> = rng.normals(50 * dim).iter().map(|&x| x * scale).collect();
+            let points: Vec<f32> = rng.normals(30 * dim).iter().map(|&x| x * scale).collect();
+            let mut rows = open(dim, StoragePrecision::F32);
+            rows.append(&tiny).expect("rows append");
+            check(&format!("{} scale {scale:e}", describe(&context)), &*rows, &points, &|_| true);
+        }
+        // A point of the wrong length is an error, as knn's.
+        let rows = open(4, StoragePrecision::F32);
+        assert!(rows.nearest_rows(&[1.0; 4]).is_err(), "{}: no rows", describe(&context));
+        let mut rows = open(4, StoragePrecision::F32);
+        rows.append(&[0.0; 8]).expect("rows append");
+        assert!(rows.nearest_rows(&[1.0; 6]).is_err(), "{}: a partial point", describe(&context));
+        assert!(rows.nearest_rows(&[f32::NAN, 0.0, 0.0, 0.0]).is_err(), "{}: NaN", describe(&context));
     }
 }
 

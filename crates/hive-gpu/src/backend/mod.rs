@@ -110,6 +110,21 @@ pub(crate) fn ungather(mut found: Vec<Vec<Neighbor>>, gathered_from: &[usize]) -
     found
 }
 
+/// [`RowStore::nearest_rows`] through the store's exact [`RowStore::knn`]: the trait's
+/// default, and where an override cannot prove its own pick.
+pub(crate) fn nearest_by_knn<S: RowStore + ?Sized>(store: &S, points: &[f32]) -> Result<Vec<usize>> {
+    store
+        .knn(points, 1, GpuDistanceMetric::Euclidean, None)?
+        .into_iter()
+        .map(|found| {
+            found
+                .first()
+                .map(|n| n.slot)
+                .ok_or_else(|| HiveGpuError::Internal("the 1-NN of a point found no row".into()))
+        })
+        .collect()
+}
+
 /// Result counts (queries x k) from which turning a search's results into host structures is
 /// spread over threads: at 10k queries x k = 100 that is a million small allocations.
 pub(crate) const PARALLEL_RESULTS: usize = 1 << 14;
@@ -250,6 +265,16 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>>;
+    /// Each point's nearest live row under the squared Euclidean distance, ties to the lower
+    /// slot: [`RowStore::knn`] of the row-major `points` with k = 1 under
+    /// [`GpuDistanceMetric::Euclidean`], slots only, and the same errors. The 1-NN of many
+    /// points over few rows that k-means assignments, IVF adds and product-quantization
+    /// encoding run. This default is that `knn` ([`nearest_by_knn`]); a backend overrides it
+    /// with a cheaper pass that must pick the same rows (the CUDA/ROCm engine's
+    /// `hg_nearest_rows`, whose picks are proven before they are kept).
+    fn nearest_rows(&self, points: &[f32]) -> Result<Vec<usize>> {
+        nearest_by_knn(self, points)
+    }
     /// The stored rows of `slots` as f32 (after the storage precision's rounding), one after
     /// another in the order given, repeats included: how an index reads its candidates'
     /// vectors. A slot at or past [`RowStore::len`] is an error naming it.

@@ -437,6 +437,12 @@ impl Ivf {
             return Ok(assigned);
         }
         for piece in values.chunks(ASSIGN_PIECE * dim) {
+            if self.metric == GpuDistanceMetric::Euclidean {
+                // The backend's 1-NN of many points over few rows (a kernel of its own on
+                // CUDA/ROCm): the same picks as the k-NN below.
+                assigned.extend(self.probe.nearest_rows(piece)?.into_iter().map(|slot| slot as u32));
+                continue;
+            }
             for found in self.probe.knn(piece, 1, self.metric, None)? {
                 let nearest = found
                     .first()

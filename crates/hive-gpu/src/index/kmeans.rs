@@ -2,8 +2,9 @@
 //! codebooks of product quantization train with it.
 //!
 //! The centroids live in a flat row store of the context's backend, so every assignment step is
-//! the backend's exact 1-NN of the training vectors over them ([`RowStore::knn`]: the device's
-//! matrix tiles on a GPU), and probing a trained index is the same `knn` with `nprobe`. The
+//! the backend's exact 1-NN of the training vectors over them ([`RowStore::nearest_rows`]: the
+//! device's nearest-row kernel on CUDA/ROCm, the exact k-NN elsewhere), and probing a trained
+//! index is that store's `knn` with `nprobe`. The
 //! update step sums each cluster's members on the host in f64, cluster by cluster over the
 //! members in their order, so it is deterministic: exact search breaks ties by slot on every
 //! backend, hence the same seed gives the same centroids, bit for bit, on every backend.
@@ -130,15 +131,13 @@ pub(crate) fn train(
         seeds.iter().flat_map(|&i| points[i * dim..(i + 1) * dim].iter().copied()).collect();
     let mut store = backend.new_rows(dim, StoragePrecision::F32, SearchPrecision::Exact, tuning)?;
     let mut assigned: Vec<usize> = Vec::new();
-    let mut inertia = 0.0;
     let mut iterations = 0;
     let profile = crate::backend::profiling();
     while iterations < params.iterations {
         let began = std::time::Instant::now();
-        let (next, sum) = assign(store.as_mut(), &centroids, points, dim)?;
+        let next = assign(store.as_mut(), &centroids, points, dim)?;
         let assigned_in = began.elapsed();
         iterations += 1;
-        inertia = sum;
         let settled = next == assigned;
         assigned = next;
         if settled {
@@ -156,27 +155,38 @@ pub(crate) fn train(
     }
     if iterations == params.iterations {
         // The centroids moved after the last assignment: measure them as returned.
-        inertia = assign(store.as_mut(), &centroids, points, dim)?.1;
+        assigned = assign(store.as_mut(), &centroids, points, dim)?;
     }
+    let inertia = inertia(points, dim, &centroids, &assigned);
     Ok(KMeans { dim, centroids, inertia, iterations, training_vectors: count })
 }
 
-/// Each point's nearest centroid (ties to the lower centroid) and the sum of the squared
-/// distances, on the backend.
-fn assign(
-    store: &mut dyn RowStore,
-    centroids: &[f32],
-    points: &[f32],
-    dim: usize,
-) -> Result<(Vec<usize>, f64)> {
+/// Each point's nearest centroid (ties to the lower centroid), on the backend
+/// ([`RowStore::nearest_rows`]).
+fn assign(store: &mut dyn RowStore, centroids: &[f32], points: &[f32], dim: usize) -> Result<Vec<usize>> {
     store.clear();
     store.append(centroids)?;
-    let found = store.knn(points, 1, GpuDistanceMetric::Euclidean, None)?;
-    if found.len() != points.len() / dim || found.iter().any(|f| f.len() != 1) {
-        return Err(HiveGpuError::Internal("k-means assignment returned no neighbour for a vector".into()));
+    let assigned = store.nearest_rows(points)?;
+    if assigned.len() != points.len() / dim {
+        return Err(HiveGpuError::Internal("k-means assignment returned no centroid for a vector".into()));
     }
-    let sum = found.iter().map(|f| f[0].distance).sum();
-    Ok((found.into_iter().map(|f| f[0].slot).collect(), sum))
+    Ok(assigned)
+}
+
+/// The sum of each point's squared distance to its centroid, in f64 on the host, summed in
+/// point order: the same number on every backend and every run for the same assignment.
+fn inertia(points: &[f32], dim: usize, centroids: &[f32], assigned: &[usize]) -> f64 {
+    let distances: Vec<f64> = points
+        .par_chunks_exact(dim)
+        .zip(assigned.par_iter())
+        .map(|(p, &c)| {
+            p.iter()
+                .zip(&centroids[c * dim..(c + 1) * dim])
+                .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+                .sum::<f64>()
+        })
+        .collect();
+    distances.iter().sum()
 }
 
 /// The mean of each cluster's members (f64 sums, members in order: deterministic); an empty

@@ -5,7 +5,8 @@
 //!
 //! Training is k-means per sub-space ([`crate::index::kmeans`], so on the collection's device:
 //! every assignment step is the backend's exact 1-NN), and encoding is the same 1-NN of each
-//! sub-vector over its codebook, which the codebooks keep on the backend as flat row stores.
+//! sub-vector over its codebook ([`RowStore::nearest_rows`]), which the codebooks keep on the
+//! backend as flat row stores.
 //! Both follow FAISS's `ProductQuantizer` defaults: 25 Lloyd iterations on at most 256
 //! training vectors per centroid.
 
@@ -15,7 +16,7 @@ use crate::backend::pq::{code_at, code_bytes};
 use crate::backend::{GpuBackend, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::index::kmeans::{self, KMeansParams};
-use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
+use crate::types::{SearchPrecision, StoragePrecision};
 
 /// Lloyd iterations of each codebook's training (FAISS's `ProductQuantizer` default).
 const CODEBOOK_ITERATIONS: usize = 25;
@@ -167,15 +168,7 @@ impl ProductQuantizer {
             let nearest_of = |j: usize| -> Result<Vec<usize>> {
                 let part: Vec<f32> =
                     rows.chunks_exact(dim).flat_map(|r| r[j * sub..(j + 1) * sub].iter().copied()).collect();
-                self.books[j]
-                    .knn(&part, 1, GpuDistanceMetric::Euclidean, None)?
-                    .iter()
-                    .map(|found| {
-                        found.first().map(|n| n.slot).ok_or_else(|| {
-                            HiveGpuError::Internal("encoding found no codebook centroid".into())
-                        })
-                    })
-                    .collect()
+                self.books[j].nearest_rows(&part)
             };
             for j0 in (0..self.m).step_by(at_once) {
                 let found: Vec<Vec<usize>> = (j0..(j0 + at_once).min(self.m))

@@ -94,7 +94,8 @@ pub fn contexts() -> Vec<GpuContext> {
 /// [`Tuning`] can force, so the suites prove every path in one process (no process-global
 /// variables): on CUDA/ROCm the engine's own GEMM kernel, the fused filter on every batch
 /// (f16 rows rounded into a copy, TF32, rounded inside the filter), the radix path's linear
-/// selection on every list, the gather of a filter's passing rows on every filtered search
+/// selection on every list (with every 1-NN assignment through the exact k-NN instead of the
+/// nearest-row kernel), the gather of a filter's passing rows on every filtered search
 /// (with every batch cut as a batch over few rows is), and
 /// rows streamed from host memory past a lowered device room; on a hardware Vulkan adapter the cooperative-matrix filter on every
 /// batch; on the CPU the bf16 kernel over collections of any size. The software adapter has no
@@ -122,6 +123,7 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                     t.select_min_candidates = 1;
                     t.refine_batch_candidates = 0;
                     t.code_scan = false;
+                    t.nearest_kernel = false;
                 }),
                 // Every filtered search gathers; and every batch of 8 queries or more, over any
                 // number of rows, is cut into pieces of 4 whose 3 workers prepare their own

@@ -313,6 +313,12 @@ kernel_params! {
         src: Ptr, dst: Ptr, row_bytes: U64, keep: Ptr, count: U32, norms_src: Ptr, norms_dst: Ptr,
     }
 
+    /// Each point's nearest row by direct f32 differences, with the runner-up's distance for
+    /// the host's proof of the pick (`hg_nearest_rows`).
+    struct NearestRows for ["hg_nearest_rows"] {
+        rows: Ptr, n: U32, dim: U32, points: Ptr, count: U32, nearest: Ptr, first: Ptr, second: Ptr,
+    }
+
     /// Every `stride`-th norm, the norms of a sample (`hg_strided_norms`).
     struct StridedNorms for ["hg_strided_norms"] {
         norms: Ptr, stride: U32, count: U32, out: Ptr,

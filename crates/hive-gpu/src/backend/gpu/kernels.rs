@@ -21,6 +21,7 @@ const FUSED: &str = include_str!("kernels/fused.cu");
 const LISTS: &str = include_str!("kernels/lists.cu");
 const CODES: &str = include_str!("kernels/codes.cu");
 const MERGE: &str = include_str!("kernels/merge.cu");
+const NEAREST: &str = include_str!("kernels/nearest.cu");
 
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
 pub(crate) const TENSOR_NAMES: &[&str] = &[
@@ -56,7 +57,7 @@ pub(crate) const MMA_TILE: usize = 128;
 pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
     let fused = if tensor { FUSED } else { "" };
     format!(
-        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n#define HG_MERGE_LISTS {MERGE_LISTS}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{CODES}\n{MERGE}\n{ROWS}\n{GEMM}\n{fused}\n"
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n#define HG_MERGE_LISTS {MERGE_LISTS}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{CODES}\n{MERGE}\n{NEAREST}\n{ROWS}\n{GEMM}\n{fused}\n"
     )
 }
 
@@ -180,6 +181,7 @@ kernel_table!(
     norms_i8: Norms,
     norms_u8: Norms,
     gather: Gather,
+    nearest_rows: NearestRows,
     strided_norms: StridedNorms,
     gemm_tn_f32: GemmTnParams,
     gemm_tn_f16: GemmTnParams,

@@ -13,6 +13,7 @@ mod kernels;
 mod lists;
 mod memory;
 mod merge;
+mod nearest;
 mod prepare;
 mod primitives;
 mod residence;

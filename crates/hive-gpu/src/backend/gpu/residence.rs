@@ -144,6 +144,10 @@ impl<D: Driver> RowStore for EngineRows<D> {
         on_rows!(self, rows => rows.knn(queries, k, metric, allowed))
     }
 
+    fn nearest_rows(&self, points: &[f32]) -> Result<Vec<usize>> {
+        on_rows!(self, rows => rows.nearest_rows(points))
+    }
+
     fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {
         on_rows!(self, rows => rows.gather(slots))
     }

@@ -853,6 +853,10 @@ impl<D: Driver> RowStore for GpuRows<D> {
         }
     }
 
+    fn nearest_rows(&self, points: &[f32]) -> Result<Vec<usize>> {
+        self.nearest_on_device(points)
+    }
+
     fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {
         self.gather_rows(slots)
     }
