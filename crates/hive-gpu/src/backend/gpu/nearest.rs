@@ -31,7 +31,7 @@ use super::abi::{Launch, NearestRows};
 use super::driver::Driver;
 use super::kernels::BLOCK;
 use super::rows::GpuRows;
-use super::search::align;
+use super::search::{Profiler, align, copy_bytes};
 use crate::backend::nearest_by_knn;
 use crate::error::{HiveGpuError, Result};
 use crate::exact::error::ErrorBound;
@@ -75,6 +75,7 @@ impl<D: Driver> GpuRows<D> {
         let mut nearest = Vec::with_capacity(count);
         let mut unproven: Vec<usize> = Vec::new();
         let mut ws = self.checkout()?;
+        let mut profile = Profiler::new();
         let result = (|| -> Result<()> {
             let driver = self.driver().clone();
             let arrays = self.arrays.as_ref().ok_or(HiveGpuError::EmptyCollection)?;
@@ -87,8 +88,12 @@ impl<D: Driver> GpuRows<D> {
                 let base = ws.inputs.get(&driver, in_bytes + out_bytes)?;
                 let out = base + in_bytes as u64;
                 let staging = ws.staging.get(&*driver, (part.len() * 4).max(out_bytes))?;
-                staging[..part.len() * 4].copy_from_slice(bytemuck::cast_slice(part));
+                // On the library's threads: a k-means sample is 128 MiB, which one thread copied
+                // slower than the device uploads and searches it.
+                copy_bytes(&mut staging[..part.len() * 4], bytemuck::cast_slice(part))?;
+                profile.mark(&*driver, &ws.stream, "stage")?;
                 driver.upload(&ws.stream, base, staging, part.len() * 4)?;
+                profile.mark(&*driver, &ws.stream, "upload")?;
                 self.device.launch(
                     &ws.stream,
                     self.device.kernels.nearest_rows,
@@ -104,8 +109,10 @@ impl<D: Driver> GpuRows<D> {
                         second: out + (n * 8) as u64,
                     },
                 )?;
+                profile.mark(&*driver, &ws.stream, "kernel")?;
                 driver.download(&ws.stream, staging, out, out_bytes)?;
                 driver.synchronize(&ws.stream)?;
+                profile.mark(&*driver, &ws.stream, "download")?;
                 let words: &[u8] = &staging[..out_bytes];
                 let picks: Vec<u32> = bytemuck::pod_collect_to_vec(&words[..n * 4]);
                 let firsts: Vec<f32> = bytemuck::pod_collect_to_vec(&words[n * 4..n * 8]);
@@ -118,6 +125,7 @@ impl<D: Driver> GpuRows<D> {
                         unproven.push(first_point + i);
                     }
                 }
+                profile.mark(&*driver, &ws.stream, "prove")?;
             }
             Ok(())
         })();
@@ -125,9 +133,11 @@ impl<D: Driver> GpuRows<D> {
             self.checkin(ws);
         }
         result?;
-        if crate::backend::profiling() {
-            eprintln!("hive-gpu profile (nearest rows): {count} points, {} unproven", unproven.len());
-        }
+        profile.report(&format!(
+            "nearest rows of {count} points over {} rows, {} unproven",
+            self.len,
+            unproven.len()
+        ));
         if !unproven.is_empty() {
             let again: Vec<f32> =
                 unproven.iter().flat_map(|&p| points[p * dim..(p + 1) * dim].iter().copied()).collect();

@@ -43,7 +43,7 @@ pub(super) fn align(bytes: usize) -> usize {
 
 /// Copies into the pinned staging buffer, on several threads (of the library's pool) for a big
 /// batch's queries.
-fn copy_bytes(to: &mut [u8], from: &[u8]) -> Result<()> {
+pub(super) fn copy_bytes(to: &mut [u8], from: &[u8]) -> Result<()> {
     const CHUNK: usize = 1 << 20;
     if from.len() >= 4 * CHUNK {
         crate::exec::run(|| {
