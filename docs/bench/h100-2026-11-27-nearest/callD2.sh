@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+set -u
+cp .faiss/part.ab /tmp/faiss/ && echo copied
