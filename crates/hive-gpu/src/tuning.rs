@@ -87,6 +87,10 @@ pub struct Tuning {
     /// whose pick it cannot prove (false: every point through the exact k-NN, every backend's
     /// default, for comparison). `HIVE_GPU_NEAREST_KERNEL=0` turns it off.
     pub nearest_kernel: bool,
+    /// The nearest-row kernel (`nearest_kernel`) runs for calls of at least this many points
+    /// (at least 1); fewer take the exact k-NN, which answers a few points sooner than the
+    /// kernel's one pass over every row per 64 points. `HIVE_GPU_NEAREST_MIN_POINTS`.
+    pub nearest_min_points: usize,
     /// Queries per piece of a large batch (at least 1): a batch of at least twice as many is
     /// searched in pieces, `piece_workers` at a time, so that preparing queries and building
     /// results overlaps the device's work. `HIVE_GPU_PIECE_QUERIES`.
@@ -174,6 +178,10 @@ impl Default for Tuning {
             refine_batch_candidates: usize::MAX,
             code_scan: true,
             nearest_kernel: true,
+            // IVF-Flat's probe at nprobe 1 over 1,024 centroids on the H100 (docs/PERFORMANCE.md,
+            // "Builds faster than FAISS GPU"): the kernel lost at 1 to 1,000 queries a call (by
+            // 3.9x at 1, 18-24% fewer queries a second at 1,000) and was level at 2,000.
+            nearest_min_points: 2048,
             // 2,048 queries are 16 x 245 blocks of the fused filter over a million rows: enough
             // to fill a big GPU, few enough that pieces overlap host and device work. Measured on
             // the H200 against 1,024, 1,536 and 3,334; 4 workers against 1 and 2 (slower) and 5
@@ -252,7 +260,7 @@ impl Tuning {
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_NEAREST_KERNEL", &mut t.nearest_kernel)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 22] = [
+        let sizes: [(&str, usize, &mut usize); 23] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -265,6 +273,7 @@ impl Tuning {
             ("HIVE_GPU_GATHER_FRACTION", 0, &mut t.gather_fraction),
             ("HIVE_GPU_BATCH_GATHER_FRACTION", 0, &mut t.batch_gather_fraction),
             ("HIVE_GPU_PIECE_QUERIES", 1, &mut t.piece_queries),
+            ("HIVE_GPU_NEAREST_MIN_POINTS", 1, &mut t.nearest_min_points),
             ("HIVE_GPU_PIECE_WORKERS", 1, &mut t.piece_workers),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", 0, &mut t.refine_batch_candidates),
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", 1, &mut t.device_merge_min_queries),
@@ -315,6 +324,7 @@ mod tests {
             ("HIVE_GPU_LIST_SCAN", "0"),
             ("HIVE_GPU_CODE_SCAN", "0"),
             ("HIVE_GPU_NEAREST_KERNEL", "0"),
+            ("HIVE_GPU_NEAREST_MIN_POINTS", "5"),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", "0"),
             ("HIVE_GPU_PIECE_QUERIES", "1000"),
             ("HIVE_GPU_PIECE_WORKERS", "8"),
@@ -331,6 +341,7 @@ mod tests {
         assert_eq!((t.device_merge, t.device_merge_min_queries), (false, 3));
         assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.code_scan);
         assert!(!t.nearest_kernel);
+        assert_eq!(t.nearest_min_points, 5);
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.fused_min_work, 77);

@@ -747,6 +747,10 @@ impl Ivf {
         let mut probes = Vec::with_capacity(queries.len() / self.dim() * nprobe);
         if self.nlist() == 1 {
             probes.resize(queries.len() / self.dim(), 0);
+        } else if nprobe == 1 && self.metric == GpuDistanceMetric::Euclidean {
+            // One list a query: the 1-NN primitive, the same pick as the k-NN below without its
+            // selection and lists (the nearest-row kernel on CUDA/ROCm).
+            probes.extend(self.probe.nearest_rows(queries)?.into_iter().map(|slot| slot as u32));
         } else {
             for found in &self.probe.knn(queries, nprobe, self.metric, None)? {
                 if found.len() != nprobe {

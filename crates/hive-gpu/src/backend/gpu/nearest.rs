@@ -54,12 +54,14 @@ pub(super) fn proven(first: f32, second: f32, dim: usize) -> bool {
 }
 
 impl<D: Driver> GpuRows<D> {
-    /// [`crate::backend::RowStore::nearest_rows`] (see the module docs). Stores the kernel does
-    /// not cover take the exact k-NN for every point: switched off (`Tuning::nearest_kernel`),
-    /// rows not in f32, removed rows, no rows, or sizes past 32-bit counts.
+    /// [`crate::backend::RowStore::nearest_rows`] (see the module docs). What the kernel does
+    /// not cover takes the exact k-NN for every point: switched off (`Tuning::nearest_kernel`),
+    /// fewer points than `Tuning::nearest_min_points`, rows not in f32, removed rows, no rows,
+    /// or sizes past 32-bit counts.
     pub(super) fn nearest_on_device(&self, points: &[f32]) -> Result<Vec<usize>> {
         let dim = self.dim;
         let covered = self.tuning.nearest_kernel
+            && points.len() / dim.max(1) >= self.tuning.nearest_min_points
             && self.precision == StoragePrecision::F32
             && self.len > 0
             && self.dead.count() == 0
