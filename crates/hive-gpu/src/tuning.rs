@@ -82,8 +82,8 @@ pub struct Tuning {
     /// the host's threads, every backend's default, for comparison). `HIVE_GPU_CODE_SCAN=0`
     /// turns it off.
     pub code_scan: bool,
-    /// CUDA/ROCm `nearest_rows` (the 1-NN of k-means, IVF adds and product-quantization
-    /// encoding) runs the device's nearest-row kernel, with the exact k-NN only for the points
+    /// CUDA/ROCm `nearest_rows` (the 1-NN of k-means, IVF adds, product-quantization encoding
+    /// and IVF probes at nprobe 1) runs the device's nearest-row kernel, with the exact k-NN only for the points
     /// whose pick it cannot prove (false: every point through the exact k-NN, every backend's
     /// default, for comparison). `HIVE_GPU_NEAREST_KERNEL=0` turns it off.
     pub nearest_kernel: bool,

@@ -267,7 +267,8 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Vec<Vec<Neighbor>>>;
     /// Each point's nearest live row under the squared Euclidean distance, ties to the lower
     /// slot: [`RowStore::knn`] of the row-major `points` with k = 1 under
-    /// [`GpuDistanceMetric::Euclidean`], slots only, and the same errors. The 1-NN of many
+    /// [`GpuDistanceMetric::Euclidean`], slots only; an error where that `knn` fails (no live
+    /// row, a partial point, a non-finite component). The 1-NN of many
     /// points over few rows that k-means assignments, IVF adds and product-quantization
     /// encoding run. This default is that `knn` ([`nearest_by_knn`]); a backend overrides it
     /// with a cheaper pass that must pick the same rows (the CUDA/ROCm engine's

@@ -4,7 +4,7 @@
 //! The centroids live in a flat row store of the context's backend, so every assignment step is
 //! the backend's exact 1-NN of the training vectors over them ([`RowStore::nearest_rows`]: the
 //! device's nearest-row kernel on CUDA/ROCm, the exact k-NN elsewhere), and probing a trained
-//! index is that store's `knn` with `nprobe`. The
+//! index is that store's `knn` with `nprobe` (`nearest_rows` again at nprobe 1). The
 //! update step sums each cluster's members on the host in f64, cluster by cluster over the
 //! members in their order, so it is deterministic: exact search breaks ties by slot on every
 //! backend, hence the same seed gives the same centroids, bit for bit, on every backend.
@@ -182,7 +182,10 @@ fn inertia(points: &[f32], dim: usize, centroids: &[f32], assigned: &[usize]) ->
         .map(|(p, &c)| {
             p.iter()
                 .zip(&centroids[c * dim..(c + 1) * dim])
-                .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+                .map(|(&x, &y)| {
+                    let d = f64::from(x) - f64::from(y);
+                    d * d
+                })
                 .sum::<f64>()
         })
         .collect();

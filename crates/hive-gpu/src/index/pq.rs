@@ -24,7 +24,7 @@ const CODEBOOK_ITERATIONS: usize = 25;
 const TRAINING_PER_CENTROID: usize = 256;
 /// Seed of each codebook's k-means (offset by the sub-quantizer's number).
 const SEED: u64 = 4321;
-/// Sub-vectors encoded per k-NN call, bounding the copy each call reads.
+/// Sub-vectors encoded per `nearest_rows` call, bounding the copy each call reads.
 const ENCODE_PIECE: usize = 1 << 16;
 
 /// `m` codebooks of `2^bits` centroids each, over consecutive sub-vectors.

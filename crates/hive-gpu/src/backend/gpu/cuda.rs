@@ -92,7 +92,9 @@ pub(crate) fn nvrtc_compile(source: &str, arch: &str) -> Result<Vec<u8>> {
         message: format!("{:?}", e.0),
     };
     let prog = rtc::create_program(&src, None).map_err(|e| nvrtc_err("nvrtcCreateProgram", e))?;
-    let options = vec![format!("--gpu-architecture={arch}"), "--std=c++14".to_string()];
+    // Subnormal results kept (NVRTC's default, stated): `nearest.rs`'s proof counts on it.
+    let options =
+        vec![format!("--gpu-architecture={arch}"), "--std=c++14".to_string(), "--ftz=false".to_string()];
     // SAFETY: `prog` was created above and is destroyed below, once.
     let compiled = unsafe { rtc::compile_program(prog, &options) };
     let outcome = if let Err(e) = compiled {

@@ -3,7 +3,8 @@
 // (`RowStore::nearest_rows`). No selection, no finalize: one pass over the rows per tile of
 // points, and three numbers back per point. The distance is summed in f32 from direct
 // differences, t = x - y then fmaf(t, t, acc) over the dimensions in order, so every term is
-// non-negative and the sum is within a relative gamma of the true one; the runner-up's distance
+// non-negative and the sum is within a relative gamma of the true one (plus a few subnormal
+// units where results fall below f32's normal range); the runner-up's distance
 // comes back with the pick, and the host (backend/gpu/nearest.rs) accepts a pick only where that
 // gap proves it, sending the other points through the exact k-NN.
 //
@@ -11,8 +12,8 @@
 // shared memory. rows: n f32 rows of dim values (slot stride dim), every one live; points:
 // count x dim f32. Writes, for each point p < count: nearest[p], the row of the smallest f32
 // distance (the lower row where two are equal); first[p], that distance; second[p], the smallest
-// f32 distance of any other row (+inf when n = 1). A point whose distances are all NaN gets
-// nearest[p] = 0xffffffff.
+// f32 distance of any other row (+inf when n = 1, or when every other row's sum overflowed). A
+// point whose distances are all NaN or +inf gets nearest[p] = 0xffffffff.
 
 #define HG_NEAREST_TILE 64
 #define HG_NEAREST_STEP 16
@@ -35,9 +36,11 @@ __device__ __forceinline__ void hg_nearest_take(float v, u32 row, float& best, f
 
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_nearest_rows(const float* rows, u32 n, u32 dim,
         const float* points, u32 count, u32* nearest, float* first, float* second) {
-    // One column of padding keeps the transposed stores free of bank conflicts.
-    __shared__ float ps[HG_NEAREST_STEP][HG_NEAREST_TILE + 1];
-    __shared__ float rs[HG_NEAREST_STEP][HG_NEAREST_TILE + 1];
+    // Two columns of padding: a warp's stores cover two tile lines (e / 16) of 16 steps each, at
+    // banks (d * 66 + r) mod 32, all 32 distinct (one column left the two lines 15 banks in
+    // common).
+    __shared__ float ps[HG_NEAREST_STEP][HG_NEAREST_TILE + 2];
+    __shared__ float rs[HG_NEAREST_STEP][HG_NEAREST_TILE + 2];
     u32 p0 = blockIdx.x * HG_NEAREST_TILE;
     // The 16 threads of one `ty` are consecutive lanes: they hold the same points, so their
     // picks merge by shuffles within 16 lanes at the end (on 32- and 64-wide warps alike).
