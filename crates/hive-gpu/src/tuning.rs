@@ -91,6 +91,10 @@ pub struct Tuning {
     /// (at least 1); fewer take the exact k-NN, which answers a few points sooner than the
     /// kernel's one pass over every row per 64 points. `HIVE_GPU_NEAREST_MIN_POINTS`.
     pub nearest_min_points: usize,
+    /// Bytes of points (and their results) per launch of the nearest-row kernel at most (at
+    /// least 1), bounding its staging and device buffers; larger calls go in pieces (tests use
+    /// a few KiB to cut every call). `HIVE_GPU_NEAREST_PIECE_BYTES`.
+    pub nearest_piece_bytes: usize,
     /// Queries per piece of a large batch (at least 1): a batch of at least twice as many is
     /// searched in pieces, `piece_workers` at a time, so that preparing queries and building
     /// results overlaps the device's work. `HIVE_GPU_PIECE_QUERIES`.
@@ -182,6 +186,8 @@ impl Default for Tuning {
             // "Builds faster than FAISS GPU"): the kernel lost at 1 to 1,000 queries a call (by
             // 3.9x at 1, 18-24% fewer queries a second at 1,000) and was level at 2,000.
             nearest_min_points: 2048,
+            // Three launches for a k-means sample of 262,144 points of 128 components.
+            nearest_piece_bytes: 64 << 20,
             // 2,048 queries are 16 x 245 blocks of the fused filter over a million rows: enough
             // to fill a big GPU, few enough that pieces overlap host and device work. Measured on
             // the H200 against 1,024, 1,536 and 3,334; 4 workers against 1 and 2 (slower) and 5
@@ -260,7 +266,7 @@ impl Tuning {
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_NEAREST_KERNEL", &mut t.nearest_kernel)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 23] = [
+        let sizes: [(&str, usize, &mut usize); 24] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -274,6 +280,7 @@ impl Tuning {
             ("HIVE_GPU_BATCH_GATHER_FRACTION", 0, &mut t.batch_gather_fraction),
             ("HIVE_GPU_PIECE_QUERIES", 1, &mut t.piece_queries),
             ("HIVE_GPU_NEAREST_MIN_POINTS", 1, &mut t.nearest_min_points),
+            ("HIVE_GPU_NEAREST_PIECE_BYTES", 1, &mut t.nearest_piece_bytes),
             ("HIVE_GPU_PIECE_WORKERS", 1, &mut t.piece_workers),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", 0, &mut t.refine_batch_candidates),
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", 1, &mut t.device_merge_min_queries),
@@ -325,6 +332,7 @@ mod tests {
             ("HIVE_GPU_CODE_SCAN", "0"),
             ("HIVE_GPU_NEAREST_KERNEL", "0"),
             ("HIVE_GPU_NEAREST_MIN_POINTS", "5"),
+            ("HIVE_GPU_NEAREST_PIECE_BYTES", "4096"),
             ("HIVE_GPU_REFINE_BATCH_CANDIDATES", "0"),
             ("HIVE_GPU_PIECE_QUERIES", "1000"),
             ("HIVE_GPU_PIECE_WORKERS", "8"),
@@ -341,7 +349,7 @@ mod tests {
         assert_eq!((t.device_merge, t.device_merge_min_queries), (false, 3));
         assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.code_scan);
         assert!(!t.nearest_kernel);
-        assert_eq!(t.nearest_min_points, 5);
+        assert_eq!((t.nearest_min_points, t.nearest_piece_bytes), (5, 4096));
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.fused_min_work, 77);

@@ -93,7 +93,7 @@ pub fn contexts() -> Vec<GpuContext> {
 /// [`contexts`], and on each GPU backend the same context once more for every engine path a
 /// [`Tuning`] can force, so the suites prove every path in one process (no process-global
 /// variables): on CUDA/ROCm the engine's own GEMM kernel (with the nearest-row kernel for a 1-NN
-/// of any number of points), the fused filter on every batch
+/// of any number of points, in pieces of a few dozen), the fused filter on every batch
 /// (f16 rows rounded into a copy, TF32, rounded inside the filter), the radix path's linear
 /// selection on every list (with every 1-NN assignment through the exact k-NN instead of the
 /// nearest-row kernel), the gather of a filter's passing rows on every filtered search
@@ -110,10 +110,12 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
         };
         let variants: Vec<Tuning> = match context.backend_type() {
             GpuBackendType::Cuda | GpuBackendType::Rocm => vec![
-                // The engine's own GEMM; and the nearest-row kernel for a call of any size.
+                // The engine's own GEMM; and the nearest-row kernel for a call of any size, in
+                // launches of a few dozen points.
                 tuned(|t| {
                     t.own_gemm = true;
                     t.nearest_min_points = 1;
+                    t.nearest_piece_bytes = 4096;
                 }),
                 tuned(fused),
                 tuned(|t| {

@@ -48,10 +48,6 @@ use crate::types::StoragePrecision;
 /// Points per block of `hg_nearest_rows` (`HG_NEAREST_TILE`).
 const TILE: usize = 64;
 
-/// Bytes of points and their three results per launch at most, bounding the staging and
-/// device buffers (three launches for a k-means sample of 262,144 points of 128 components).
-const PIECE_BYTES: usize = 64 << 20;
-
 /// Whether the kernel's `first` and `second` distances of a point prove its pick (the module
 /// docs give the argument): false for anything not proven, NaN and an overflowed `first`
 /// included. `rows` is the store's: with more than one, a `second` of +inf means every other
@@ -90,7 +86,8 @@ impl<D: Driver> GpuRows<D> {
             return nearest_by_knn(self, points);
         }
         let count = points.len() / dim;
-        let piece = (PIECE_BYTES / (dim * 4 + 12)).max(TILE);
+        // Points and their three results per launch within `nearest_piece_bytes`.
+        let piece = (self.tuning.nearest_piece_bytes / (dim * 4 + 12)).max(1);
         let mut nearest = Vec::with_capacity(count);
         let mut unproven: Vec<usize> = Vec::new();
         let mut ws = self.checkout()?;
