@@ -3,64 +3,82 @@
 // own candidate list as the single-query scan does (same distances, gate and merges); each
 // query's lists then go through the usual finalize (band check, f64 re-rank).
 
-// Raw distances (as hg_warp_distances computes them, in the same order of operations) of the
-// rows at positions [first, first + hg_warp_rows(dim)) below `end` of a list (position i is
-// the stored row map[i]) to `count` <= HG_LIST_GROUP queries, query j at qs + j * qstride
-// (16-byte aligned): each row is read once for all of them. Warp-cooperative; the lane that
-// owns a row gets its offset from `first` (else 0xffffffff) and its distances in out[j].
-template <typename T>
-__device__ __forceinline__ u32 hg_warp_distances_group(const T* rows, u32 dim, u32 first, u32 end, const u32* map,
-                                                       const float* qs, u32 qstride, u32 count, int metric,
-                                                       float* out) {
+#if HG_LIST_GROUP > HG_LPR
+#error "a group's queries are spread over the HG_LPR lanes of a row (hg_group_distances4)"
+#endif
+
+// Halves a lane's n values, summed with its partner's across lane bit `mask`: a lane with that
+// bit clear keeps v[0, n/2) and gives away v[n/2, n), its partner the other way round, so each
+// pair of lanes sums every value once with n/2 shuffles instead of n.
+template <int N>
+__device__ __forceinline__ void hg_fold(float* v, u32 lane, u32 mask) {
+    bool upper = (lane & mask) != 0;
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        float send = upper ? v[i] : v[i + N / 2];
+        float keep = upper ? v[i + N / 2] : v[i];
+        v[i] = keep + HG_SHFL_XOR(send, mask);
+    }
+}
+
+// Raw distances (sum of squares or dot product) of the rows at positions first + r * (HG_WARP /
+// HG_LPR) + g (r < HG_RPL) below `end` of a list (position i is the stored row map[i]) to
+// `count` <= HG_LIST_GROUP queries, query j at qs + j * qstride (16-byte aligned); dim is a
+// multiple of 4. Warp-cooperative: the HG_LPR lanes of lane group g = lane / HG_LPR read its
+// rows once for all the queries (4 components a lane a step), then three folds (hg_fold, 28
+// shuffles instead of 96) leave lane (g, s = lane % HG_LPR) with query s's distances to
+// those rows in d[r] (for s >= count, zeros). The terms are summed in another tree than
+// hg_warp_distances' but every one exactly once: the same error bound, gamma(dim).
+template <typename T, int metric>
+__device__ __forceinline__ void hg_group_distances4(const T* rows, u32 dim, u32 first, u32 end, const u32* map,
+                                                    const float* qs, u32 qstride, u32 count, float* d) {
+    const u32 groups = HG_WARP / HG_LPR;
+    u32 lane = threadIdx.x % HG_WARP;
+    u32 g = lane / HG_LPR, s = lane % HG_LPR;
+    // acc[j * HG_RPL + r]: query j against row r, query-major so each fold halves the queries.
+    float acc[HG_LPR * HG_RPL];
+    u64 at[HG_RPL];
+#pragma unroll
+    for (int r = 0; r < HG_RPL; r++) {
+        u32 row = first + r * groups + g;
+        at[r] = (u64)(row < end ? map[row] : 0u) * dim;
+    }
+#pragma unroll
+    for (int i = 0; i < HG_LPR * HG_RPL; i++) acc[i] = 0.0f;
+#pragma unroll 2
+    for (u32 c = s * 4; c < dim; c += HG_LPR * 4) {
+        float4 x[HG_RPL];
+#pragma unroll
+        for (int r = 0; r < HG_RPL; r++) {
+            u32 row = first + r * groups + g;
+            x[r] = row < end ? hg_load4<T>(rows, at[r] + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < HG_LIST_GROUP; j++) {
+            if ((u32)j < count) {
+                float4 qv = *(const float4*)(qs + j * qstride + c);
+#pragma unroll
+                for (int r = 0; r < HG_RPL; r++) acc[j * HG_RPL + r] = hg_accumulate4(acc[j * HG_RPL + r], qv, x[r], metric);
+            }
+        }
+    }
+    hg_fold<HG_LPR * HG_RPL>(acc, lane, HG_LPR / 2);
+    hg_fold<HG_LPR * HG_RPL / 2>(acc, lane, HG_LPR / 4);
+    hg_fold<HG_LPR * HG_RPL / 4>(acc, lane, HG_LPR / 8);
+#pragma unroll
+    for (int r = 0; r < HG_RPL; r++) d[r] = acc[r];
+}
+
+// The same for any dim, one component a lane a step (rows at positions [first, first +
+// HG_ROWS_PER_WARP) below `end`): the lane that owns a row gets its offset from `first` (else
+// 0xffffffff) and its distances to the queries in out[j].
+template <typename T, int metric>
+__device__ __forceinline__ u32 hg_group_distances1(const T* rows, u32 dim, u32 first, u32 end, const u32* map,
+                                                   const float* qs, u32 qstride, u32 count, float* out) {
     u32 lane = threadIdx.x % HG_WARP;
     u32 owned = 0xffffffffu;
 #pragma unroll
     for (int j = 0; j < HG_LIST_GROUP; j++) out[j] = 0.0f;
-    if ((dim & 3u) == 0) {
-        const u32 groups = HG_WARP / HG_LPR;
-        u32 g = lane / HG_LPR, s = lane % HG_LPR;
-        float acc[HG_LIST_GROUP][HG_RPL];
-        u64 at[HG_RPL];
-#pragma unroll
-        for (int r = 0; r < HG_RPL; r++) {
-            u32 row = first + r * groups + g;
-            at[r] = (u64)(row < end ? map[row] : 0u) * dim;
-#pragma unroll
-            for (int j = 0; j < HG_LIST_GROUP; j++) acc[j][r] = 0.0f;
-        }
-#pragma unroll 2
-        for (u32 c = s * 4; c < dim; c += HG_LPR * 4) {
-            float4 x[HG_RPL];
-#pragma unroll
-            for (int r = 0; r < HG_RPL; r++) {
-                u32 row = first + r * groups + g;
-                x[r] = row < end ? hg_load4<T>(rows, at[r] + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int j = 0; j < HG_LIST_GROUP; j++) {
-                if ((u32)j < count) {
-                    float4 qv = *(const float4*)(qs + j * qstride + c);
-#pragma unroll
-                    for (int r = 0; r < HG_RPL; r++) acc[j][r] = hg_accumulate4(acc[j][r], qv, x[r], metric);
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < HG_RPL; r++) {
-            u32 offset = r * groups + g;
-            bool mine = s == (u32)r && first + offset < end;
-#pragma unroll
-            for (int j = 0; j < HG_LIST_GROUP; j++) {
-                if ((u32)j < count) {
-                    float v = acc[j][r];
-                    for (int o = HG_LPR / 2; o > 0; o >>= 1) v = hg_combine(v, HG_SHFL_XOR(v, o), metric);
-                    if (mine) out[j] = v;
-                }
-            }
-            if (mine) owned = offset;
-        }
-        return owned;
-    }
     float acc[HG_LIST_GROUP][HG_ROWS_PER_WARP];
     u64 at[HG_ROWS_PER_WARP];
 #pragma unroll
@@ -89,7 +107,7 @@ __device__ __forceinline__ u32 hg_warp_distances_group(const T* rows, u32 dim, u
 #pragma unroll
         for (int j = 0; j < HG_LIST_GROUP; j++) {
             if ((u32)j < count) {
-                float total = metric == HG_LINF ? hg_warp_max(acc[j][r]) : hg_warp_sum(acc[j][r]);
+                float total = hg_warp_sum(acc[j][r]);
                 if (mine) out[j] = total;
             }
         }
@@ -116,6 +134,85 @@ __device__ __forceinline__ u32 hg_list_merges(const HgTopK* st, u32 count, u32 r
     return merges;
 }
 
+// hg_merge for every query j of the group with bit j of `merges` set (a block-uniform mask), in
+// one sorting network: query j's entries are smem[j * stride ..], and all the merged queries'
+// lists are sorted side by side in the same bitonic stages, each of the length the fullest of
+// them needs. The same sort and the same state updates as one hg_merge per query, with one
+// network's barriers instead of one per query (a group's queries tend to need their merges at
+// the same round, the first one most of all). Where every merged list is still empty (the
+// first merge), only the buffers are sorted and their first kcap entries moved into the lists:
+// the same result as sorting the empty lists with them, on a network half as wide. Every
+// thread of the block must call it.
+__device__ void hg_merge_group(u64* smem, u32 stride, HgTopK* st, u32 merges, u32 count, u32 k, u32 kcap,
+                               u32 sortn, const float* mul, const float* add) {
+    __shared__ u32 order[HG_LIST_GROUP];
+    __syncthreads();
+    u32 most = 0, segments = 0;
+    bool fresh = true;
+    for (u32 j = 0; j < count; j++) {
+        if ((merges >> j) & 1u) {
+            most = max(most, st[j].count);
+            fresh = fresh && smem[j * stride] == HG_NONE;
+            if (threadIdx.x == 0) order[segments] = j;
+            segments++;
+        }
+    }
+    u32 n = 1;
+    while (n < most) n <<= 1;
+    // Sorted entries start at `lo` of each query's memory: the buffer alone, or list and buffer.
+    u32 lo = kcap;
+    if (!fresh || kcap + n > sortn) {
+        lo = 0;
+        n = 1;
+        while (n < kcap + most + 1) n <<= 1;
+        if (n > sortn) n = sortn;
+    }
+    for (u32 j = 0; j < count; j++) {
+        if ((merges >> j) & 1u) {
+            u64* sh = smem + j * stride;
+            for (u32 i = kcap + st[j].count + threadIdx.x; i < lo + n; i += blockDim.x) sh[i] = HG_NONE;
+        }
+    }
+    __syncthreads();
+    // n / 2 compare-exchanges per segment and stage; half is a power of two.
+    u32 half = n / 2, shift = __ffs(half) - 1;
+    for (u32 size = 2; size <= n; size <<= 1) {
+        for (u32 step = size >> 1; step > 0; step >>= 1) {
+            for (u32 t = threadIdx.x; t < segments * half; t += blockDim.x) {
+                u64* keys = smem + order[t >> shift] * stride + lo;
+                u32 u = t & (half - 1);
+                u32 i = 2 * u - (u & (step - 1));
+                u32 o = i + step;
+                bool up = (i & size) == 0;
+                u64 a = keys[i], b = keys[o];
+                if ((a > b) == up) {
+                    keys[i] = b;
+                    keys[o] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (lo != 0) {
+        // Sorted buffers to the empty lists: reads [kcap, 2 kcap), writes [0, kcap).
+        for (u32 t = threadIdx.x; t < segments * kcap; t += blockDim.x) {
+            u64* sh = smem + order[t / kcap] * stride;
+            u32 i = t % kcap;
+            sh[i] = i < n ? sh[kcap + i] : HG_NONE;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x < segments) {
+        u32 j = order[threadIdx.x];
+        const u64* sh = smem + j * stride;
+        if (kcap < n && sh[lo + kcap] < st[j].evicted) st[j].evicted = sh[lo + kcap];
+        st[j].count = 0;
+        u64 kth = sh[k - 1];
+        st[j].thr = kth == HG_NONE ? __uint_as_float(0x7f800000u) : hg_band(hg_entry_dist(kth), mul[j], add[j]);
+    }
+    __syncthreads();
+}
+
 // grid (groups * splits), block HG_BLOCK. Group b is the pairs work[groups[2b] .. groups[2b + 1]]
 // (1 to HG_LIST_GROUP of them, all probing one list; the host orders `work` by list and the
 // groups by their list's length, longest first, so the longest scans start first): pair p
@@ -126,11 +223,11 @@ __device__ __forceinline__ u32 hg_list_merges(const HgTopK* st, u32 count, u32 r
 // (pair0: the first pair of this launch), so each query's splits * nprobe lists are side by
 // side. Dynamic shared memory: per query of the group, its sortn-entry candidate list then its
 // dim floats (rounded up to 16 bytes).
-template <typename T>
+template <typename T, int metric>
 __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead, u32 dim, const u32* offsets,
                              const u32* slots, const u32* probes, const u32* work, const u32* groups, u32 splits,
                              u32 nprobe, u32 pair0, const float* queries, const float* gate_mul, const float* gate_add,
-                             int metric, u32 k, u32 kcap, u32 sortn, u32 max_sub, u64* lists, u64* evicted) {
+                             u32 k, u32 kcap, u32 sortn, u32 max_sub, u64* lists, u64* evicted) {
     extern __shared__ __align__(16) u64 hg_smem[];
     __shared__ HgTopK st[HG_LIST_GROUP];
     __shared__ float mul[HG_LIST_GROUP], add[HG_LIST_GROUP];
@@ -164,18 +261,35 @@ __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead,
     u32 round = step * sub;
     for (u32 base = start; base < end; base += round) {
         u32 merges = hg_list_merges(st, count, round, bcap, k);
-        for (u32 j = 0; j < count; j++) {
-            if ((merges >> j) & 1u) hg_merge(hg_smem + j * stride, &st[j], k, kcap, sortn, mul[j], add[j]);
-        }
+        if (merges != 0) hg_merge_group(hg_smem, stride, st, merges, count, k, kcap, sortn, mul, add);
         // Every merge ended at a barrier: the thresholds read here are the merged ones.
+        u32 lane = threadIdx.x % HG_WARP;
+        float own_thr = lane % HG_LPR < count ? st[lane % HG_LPR].thr : 0.0f;
         float thr[HG_LIST_GROUP];
 #pragma unroll
         for (int j = 0; j < HG_LIST_GROUP; j++) thr[j] = (u32)j < count ? st[j].thr : 0.0f;
         for (u32 u = 0; u < sub; u++) {
             u32 first = base + u * step + warp * warp_rows;
-            if (first < end) {
+            if (first >= end) continue;
+            if ((dim & 3u) == 0) {
+                // Lane (g, s) pushes query s's candidates among its group's rows.
+                float d[HG_RPL];
+                hg_group_distances4<T, metric>(rows, dim, first, end, slots, qs, qstride, count, d);
+                u32 g = lane / HG_LPR, s = lane % HG_LPR;
+                if (s < count) {
+#pragma unroll
+                    for (int r = 0; r < HG_RPL; r++) {
+                        u32 at = first + r * (HG_WARP / HG_LPR) + g;
+                        if (at < end) {
+                            u32 slot = slots[at];
+                            float a = hg_finish(d[r], metric, norms, slot);
+                            if (a <= own_thr && !hg_dead(dead, slot)) hg_push(hg_smem + s * stride, &st[s], kcap, sortn, a, slot);
+                        }
+                    }
+                }
+            } else {
                 float raw[HG_LIST_GROUP];
-                u32 offset = hg_warp_distances_group<T>(rows, dim, first, end, slots, qs, qstride, count, metric, raw);
+                u32 offset = hg_group_distances1<T, metric>(rows, dim, first, end, slots, qs, qstride, count, raw);
                 if (offset != 0xffffffffu) {
                     u32 slot = slots[first + offset];
                     if (!hg_dead(dead, slot)) {
@@ -192,8 +306,11 @@ __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead,
         }
         __syncthreads();
     }
+    // Every thread reads the counts the last round left (its closing barrier is behind them).
+    u32 held = 0;
+    for (u32 j = 0; j < count; j++) held |= (st[j].count > 0 ? 1u : 0u) << j;
+    if (held != 0) hg_merge_group(hg_smem, stride, st, held, count, k, kcap, sortn, mul, add);
     for (u32 j = 0; j < count; j++) {
-        if (st[j].count > 0) hg_merge(hg_smem + j * stride, &st[j], k, kcap, sortn, mul[j], add[j]);
         u64 at = (u64)(work[head + j] - pair0) * splits + part;
         const u64* sh = hg_smem + j * stride;
         for (u32 i = threadIdx.x; i < kcap; i += blockDim.x) lists[at * kcap + i] = sh[i];
@@ -201,17 +318,24 @@ __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_list_topk_f32(const float* rows, const float* norms,
-        const u32* dead, u32 dim, const u32* offsets, const u32* slots, const u32* probes, const u32* work,
-        const u32* groups, u32 splits, u32 nprobe, u32 pair0, const float* queries, const float* gate_mul,
-        const float* gate_add, int metric, u32 k, u32 kcap, u32 sortn, u32 max_sub, u64* lists, u64* evicted) {
-    hg_list_topk<float>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe, pair0, queries,
-                        gate_mul, gate_add, metric, k, kcap, sortn, max_sub, lists, evicted);
-}
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_list_topk_f16(const u16* rows, const float* norms,
-        const u32* dead, u32 dim, const u32* offsets, const u32* slots, const u32* probes, const u32* work,
-        const u32* groups, u32 splits, u32 nprobe, u32 pair0, const float* queries, const float* gate_mul,
-        const float* gate_add, int metric, u32 k, u32 kcap, u32 sortn, u32 max_sub, u64* lists, u64* evicted) {
-    hg_list_topk<u16>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe, pair0, queries,
-                      gate_mul, gate_add, metric, k, kcap, sortn, max_sub, lists, evicted);
-}
+// The metric is a template argument, so the distance loop compiles to its own arithmetic:
+// decided per component at run time, the branches and selects were most of the instructions
+// the kernel issued (docs/PERFORMANCE.md, IVF-Flat list scan on the H100). The host sends only
+// L2, dot and cosine here (the difference norms are refined).
+#define HG_LIST_TOPK_ENTRY(NAME, T)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(HG_BLOCK) NAME(const T* rows, const float* norms, const u32* dead,   \
+            u32 dim, const u32* offsets, const u32* slots, const u32* probes, const u32* work, const u32* groups,    \
+            u32 splits, u32 nprobe, u32 pair0, const float* queries, const float* gate_mul, const float* gate_add,  \
+            int metric, u32 k, u32 kcap, u32 sortn, u32 max_sub, u64* lists, u64* evicted) {                        \
+        if (metric == HG_L2)                                                                                         \
+            hg_list_topk<T, HG_L2>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe,     \
+                                   pair0, queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);     \
+        else if (metric == HG_DOT)                                                                                   \
+            hg_list_topk<T, HG_DOT>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe,    \
+                                    pair0, queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);    \
+        else                                                                                                         \
+            hg_list_topk<T, HG_COS>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe,    \
+                                    pair0, queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);    \
+    }
+HG_LIST_TOPK_ENTRY(hg_list_topk_f32, float)
+HG_LIST_TOPK_ENTRY(hg_list_topk_f16, u16)
