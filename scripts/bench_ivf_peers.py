@@ -7,13 +7,16 @@ IndexIVFScalarQuantizer / GpuIndexIVFScalarQuantizer with QT_8bit codes of the r
 --kind pq --m M --bits B: hive-gpu's ivf-pq against FAISS's IndexIVFPQ / GpuIndexIVFPQ with the
 same sub-quantizers and bits (the same code size). Recall@k for both
 is against the same ground truth (the .ivecs given, else an exact f64 brute force here).
+hive-gpu returns each batch's results as flat arrays of ids and scores (`bench --columnar`), as
+FAISS returns its arrays of labels and distances; --lists takes a list of result structures per
+query instead (ids as strings: what `search_batch` builds).
 
 Run through scripts/bench-ivf-peers (it sets up .venv-bench with faiss-cpu, numpy, matplotlib).
 
     scripts/bench-ivf-peers --base B --query Q [--groundtruth G] --nlist 1024
         [--nprobe 1,2,4,8,16,32,64] [--kind flat|sq8|pq] [--m M] [--bits 8|4]
         [--refine R] [--faiss-refine R]
-        [--backend cpu] [--threads 2]
+        [--backend cpu] [--threads 2] [--lists]
         [--png out.png] [--json out]
 
 Prints one row per nprobe and, per target recall (0.9, 0.95, 0.99), the fastest setting of each
@@ -113,6 +116,8 @@ def hive_curve(args, k, gt_path):
         cmd += ["--nq", str(args.nq)]
     if args.batch:
         cmd += ["--batch", str(args.batch)]
+    if not args.lists:
+        cmd.append("--columnar")
     refine = f",refine={args.refine}" if args.refine else ""
     for p in args.nprobes:
         cmd += ["--search", f"nprobe={p}{refine}"]
@@ -162,6 +167,9 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--min-time", type=float, default=1.0)
     p.add_argument("--hive-bin", default=str(peers.ROOT / "target/release/hive-gpu"))
+    p.add_argument("--lists", action="store_true",
+                   help="hive-gpu returns a list of result structures per query (ids as strings) instead of flat "
+                        "arrays, the default and what FAISS returns")
     p.add_argument("--png", help="write the recall/QPS plot here")
     p.add_argument("--json", help="write every row here")
     p.add_argument("--replot", help="only draw --png from the rows of an earlier --json (title: --title)")
@@ -194,7 +202,8 @@ def main():
     faiss_rows = faiss_curve(args, xb, xq, gt, k)
     print(f"{hive_spec(args)}: {len(xb)} x {xb.shape[1]} base, {len(xq)} queries, k={k}, nlist={args.nlist}, "
           f"{args.threads} threads, hive-gpu --backend {args.backend}")
-    print(f"queries per call: {args.batch or len(xq)}")
+    print(f"queries per call: {args.batch or len(xq)}; hive-gpu results as "
+          f"{'lists of structures' if args.lists else 'flat arrays (--columnar)'}")
     print(f"{'nprobe':>6} {'hive recall':>11} {'hive QPS':>10} {'hive p50 ms':>11} {'faiss recall':>12} "
           f"{'faiss QPS':>10} {'faiss p50 ms':>12} {'ratio':>6}")
     for h, f in zip(hive, faiss_rows):

@@ -288,7 +288,11 @@ impl<'f> Plan<'f> {
         {
             Pieces::of_few_rows(nq, tuning)
         } else {
-            Pieces::of(nq, tuning)
+            let pieces = Pieces::of(nq, tuning);
+            match (collection.index(), &probe) {
+                (Some(index), Some(p)) => pieces.over_lists(nq, p.nprobe, index.nlist()),
+                _ => pieces,
+            }
         };
         Ok(Self { nq, k: k.min(searched), probe, allowed, others_allowed: Vec::new(), pieces, into: None })
     }
@@ -647,6 +651,23 @@ mod tests {
         let two = Pieces::across(10_000, &defaults, 2);
         assert_eq!((two.count, two.workers), (8, 2));
         assert!(!cut.prepare_here && !two.prepare_here);
+    }
+
+    #[test]
+    fn an_ivf_batch_stays_whole_where_its_pieces_would_probe_fewer_pairs_than_lists() {
+        let cut = Pieces::of(10_000, &Tuning::default());
+        // 2,000 queries a piece at nprobe 1 over 4,096 lists: most lists read for one query.
+        let whole = cut.over_lists(10_000, 1, 4096);
+        assert_eq!((whole.count, whole.workers), (1, 1));
+        assert_covered(&whole, 10_000, "whole");
+        // 2,000 x 4 pairs over 1,024 lists, 2,000 x 3 over 4,096, 2,000 x 1 over 2,000: cut.
+        for (nprobe, nlist) in [(4, 1024), (3, 4096), (1, 2000), (1, 1)] {
+            let kept = cut.over_lists(10_000, nprobe, nlist);
+            assert_eq!((kept.count, kept.workers), (5, 4), "nprobe {nprobe} nlist {nlist}");
+        }
+        // nprobe above nlist counts as nlist; a batch already whole stays so.
+        assert_eq!(cut.over_lists(10_000, 1 << 40, 4096).count, 5);
+        assert_eq!(Pieces::of(100, &Tuning::default()).over_lists(100, 1, 4096).count, 1);
     }
 
     #[test]
