@@ -216,15 +216,20 @@ impl Pieces {
         Self { count: nq.div_ceil(size), workers, prepare_here: false }
     }
 
-    /// These pieces for a batch through an inverted-file index of `nlist` lists probed
-    /// `nprobe` at a time, or the batch whole where a piece would hold fewer (query, list)
-    /// pairs than there are lists. An IVF scan reads each probed list once per piece, for the
-    /// piece's queries that probe it, so such pieces read most lists for one query each: on the
-    /// H100, 10,000 queries at nprobe 1 over 4,096 lists ran at 852k QPS in 5 pieces and at
-    /// 1.01M whole (docs/PERFORMANCE.md, IVF-Flat list scan).
-    pub(crate) fn over_lists(self, nq: usize, nprobe: usize, nlist: usize) -> Self {
+    /// These pieces for a batch through an inverted-file index of `nlist` lists whose scan reads
+    /// each probed list once per piece (IVF-Flat's), probed `nprobe` at a time: where a piece
+    /// would hold fewer (query, list) pairs than there are lists, the batch goes in pieces of
+    /// `most` queries (at least 1) instead, whole below that. Such small pieces read most lists
+    /// for one query each: on the H100, 10,000 queries at nprobe 1 over 4,096 lists ran at 852k
+    /// QPS in 5 pieces and at 1.01M whole (docs/PERFORMANCE.md, IVF-Flat list scan). `most`
+    /// bounds what one piece stages and allocates, as the pieces did.
+    pub(crate) fn over_lists(self, nq: usize, nprobe: usize, nlist: usize, most: usize) -> Self {
         let pairs = nq.div_ceil(self.count.max(1)).saturating_mul(nprobe.clamp(1, nlist.max(1)));
-        if self.count > 1 && pairs < nlist { Self::whole(nq, 1) } else { self }
+        if self.count <= 1 || pairs >= nlist {
+            return self;
+        }
+        let count = nq.div_ceil(most.max(1)).max(1);
+        Self { count, workers: self.workers.min(count), prepare_here: self.prepare_here }
     }
 
     /// [`Pieces::of`] with [`Tuning::small_piece_queries`] and [`Tuning::small_piece_workers`]:

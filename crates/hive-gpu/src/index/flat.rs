@@ -5,6 +5,7 @@ use crate::backend::{MergeBuffer, Neighbor, PARALLEL_RESULTS, profiling};
 use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
 use crate::exec::Pieces;
+use crate::index::spec::IndexSpec;
 use crate::payload::Payload;
 use crate::results::{RowsMut, SearchResults};
 use crate::slots::SlotSet;
@@ -161,6 +162,10 @@ pub(crate) struct Checked<'q> {
     pub(crate) nq: usize,
 }
 
+/// Query bytes (f32) an IVF-Flat piece holds at most where its batch is kept in few pieces
+/// (`Pieces::over_lists`): 65,536 queries of 1,024 components, 131,072 of 512.
+const WHOLE_LIST_PIECE_BYTES: usize = 256 << 20;
+
 /// Values from which a batch's check runs on the library's pool: below it, handing the check
 /// over costs more than it saves (about 2 ms for 10,000 x 128 serially, a chain of f64 adds per
 /// query; `hive-gpu bench-multi`, docs/PERFORMANCE.md, multi-GPU section).
@@ -290,7 +295,12 @@ impl<'f> Plan<'f> {
         } else {
             let pieces = Pieces::of(nq, tuning);
             match (collection.index(), &probe) {
-                (Some(index), Some(p)) => pieces.over_lists(nq, p.nprobe, index.nlist()),
+                // Only IVF-Flat's scan reads a list once per piece; the coded scans take a
+                // block per query.
+                (Some(index), Some(p)) if matches!(index.spec(), IndexSpec::IvfFlat { .. }) => {
+                    let most = (WHOLE_LIST_PIECE_BYTES / (collection.config().dimension.max(1) * 4)).max(1);
+                    pieces.over_lists(nq, p.nprobe, index.nlist(), most)
+                }
                 _ => pieces,
             }
         };
@@ -657,17 +667,24 @@ mod tests {
     fn an_ivf_batch_stays_whole_where_its_pieces_would_probe_fewer_pairs_than_lists() {
         let cut = Pieces::of(10_000, &Tuning::default());
         // 2,000 queries a piece at nprobe 1 over 4,096 lists: most lists read for one query.
-        let whole = cut.over_lists(10_000, 1, 4096);
+        let whole = cut.over_lists(10_000, 1, 4096, 65_536);
         assert_eq!((whole.count, whole.workers), (1, 1));
         assert_covered(&whole, 10_000, "whole");
+        // A batch larger than `most` queries goes in pieces of at most `most`, never more
+        // workers than pieces.
+        let bounded = cut.over_lists(10_000, 1, 4096, 3000);
+        assert_eq!((bounded.count, bounded.workers), (4, 4));
+        assert!((0..4).all(|i| bounded.range(i, 10_000).len() <= 3000));
+        assert_eq!(cut.over_lists(10_000, 1, 4096, 6000).workers, 2);
+        assert_eq!(cut.over_lists(10_000, 1, 4096, 0).count, 10_000);
         // 2,000 x 4 pairs over 1,024 lists, 2,000 x 3 over 4,096, 2,000 x 1 over 2,000: cut.
-        for (nprobe, nlist) in [(4, 1024), (3, 4096), (1, 2000), (1, 1)] {
-            let kept = cut.over_lists(10_000, nprobe, nlist);
+        for (nprobe, nlist) in [(4, 1024), (3, 4096), (1, 2000), (1, 1), (1, 0)] {
+            let kept = cut.over_lists(10_000, nprobe, nlist, 65_536);
             assert_eq!((kept.count, kept.workers), (5, 4), "nprobe {nprobe} nlist {nlist}");
         }
         // nprobe above nlist counts as nlist; a batch already whole stays so.
-        assert_eq!(cut.over_lists(10_000, 1 << 40, 4096).count, 5);
-        assert_eq!(Pieces::of(100, &Tuning::default()).over_lists(100, 1, 4096).count, 1);
+        assert_eq!(cut.over_lists(10_000, usize::MAX, 4096, 65_536).count, 5);
+        assert_eq!(Pieces::of(100, &Tuning::default()).over_lists(100, 1, 4096, 65_536).count, 1);
     }
 
     #[test]

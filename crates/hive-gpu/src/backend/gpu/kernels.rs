@@ -10,8 +10,9 @@ pub(crate) const BLOCK: u32 = 256;
 /// Queries that probe one inverted list scored together by one block of `hg_list_topk` (each
 /// row read once for all of them), at most.
 pub(crate) const LIST_GROUP: usize = 8;
-// The kernel keeps one bit per query of a group (`hg_list_merges`).
-const _: () = assert!(LIST_GROUP >= 1 && LIST_GROUP <= 32);
+// The kernel keeps one bit per query of a group (`hg_list_merges`, at most 32) and spreads a
+// group's queries over the 8 lanes that share a row (`hg_group_distances4`, at most 8).
+const _: () = assert!(LIST_GROUP >= 1 && LIST_GROUP <= 8);
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const SEARCH: &str = include_str!("kernels/search.cu");

@@ -284,6 +284,11 @@ impl<D: Driver> GpuRows<D> {
         } else {
             self.device.kernels.list_topk_f32
         };
+        // `hg_list_topk` has arithmetic for these three only (its last branch is cosine).
+        debug_assert!(matches!(
+            metric,
+            GpuDistanceMetric::Euclidean | GpuDistanceMetric::DotProduct | GpuDistanceMetric::Cosine
+        ));
         let offsets = lists.buffer.ptr();
         let slots = offsets + (lists.lists as u64 + 1) * 4;
         let shared = group * self.group_stride(k) * 8;

@@ -6,6 +6,9 @@
 #if HG_LIST_GROUP > HG_LPR
 #error "a group's queries are spread over the HG_LPR lanes of a row (hg_group_distances4)"
 #endif
+#if HG_LPR != 8
+#error "hg_group_distances4 folds across exactly three lane bits (4, 2, 1)"
+#endif
 
 // Halves a lane's n values, summed with its partner's across lane bit `mask`: a lane with that
 // bit clear keeps v[0, n/2) and gives away v[n/2, n), its partner the other way round, so each
@@ -27,8 +30,9 @@ __device__ __forceinline__ void hg_fold(float* v, u32 lane, u32 mask) {
 // multiple of 4. Warp-cooperative: the HG_LPR lanes of lane group g = lane / HG_LPR read its
 // rows once for all the queries (4 components a lane a step), then three folds (hg_fold, 28
 // shuffles instead of 96) leave lane (g, s = lane % HG_LPR) with query s's distances to
-// those rows in d[r] (for s >= count, zeros). The terms are summed in another tree than
-// hg_warp_distances' but every one exactly once: the same error bound, gamma(dim).
+// those rows in d[r] (for s >= count, zeros). Each fold adds the same pairs of partial sums
+// (lanes xor 4, then 2, then 1) as the all-lane butterfly it replaced and as hg_warp_distances,
+// so the distances are the same bit for bit, within the same error bound, gamma(dim).
 template <typename T, int metric>
 __device__ __forceinline__ void hg_group_distances4(const T* rows, u32 dim, u32 first, u32 end, const u32* map,
                                                     const float* qs, u32 qstride, u32 count, float* d) {
@@ -321,7 +325,8 @@ __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead,
 // The metric is a template argument, so the distance loop compiles to its own arithmetic:
 // decided per component at run time, the branches and selects were most of the instructions
 // the kernel issued (docs/PERFORMANCE.md, IVF-Flat list scan on the H100). The host sends only
-// L2, dot and cosine here (the difference norms are refined).
+// L2, dot and cosine here: the difference norms are refined (`scan_lists_on_device` checks, and
+// asserts at the launch), so the last branch is cosine.
 #define HG_LIST_TOPK_ENTRY(NAME, T)                                                                                  \
     extern "C" __global__ void __launch_bounds__(HG_BLOCK) NAME(const T* rows, const float* norms, const u32* dead,   \
             u32 dim, const u32* offsets, const u32* slots, const u32* probes, const u32* work, const u32* groups,    \
