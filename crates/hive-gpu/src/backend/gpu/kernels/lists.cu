@@ -327,20 +327,35 @@ __device__ void hg_list_topk(const T* rows, const float* norms, const u32* dead,
 // the kernel issued (docs/PERFORMANCE.md, IVF-Flat list scan on the H100). The host sends only
 // L2, dot and cosine here: the difference norms are refined (`scan_lists_on_device` checks, and
 // asserts at the launch), so the last branch is cosine.
-#define HG_LIST_TOPK_ENTRY(NAME, T)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(HG_BLOCK) NAME(const T* rows, const float* norms, const u32* dead,   \
-            u32 dim, const u32* offsets, const u32* slots, const u32* probes, const u32* work, const u32* groups,    \
-            u32 splits, u32 nprobe, u32 pair0, const float* queries, const float* gate_mul, const float* gate_add,  \
-            int metric, u32 k, u32 kcap, u32 sortn, u32 max_sub, u64* lists, u64* evicted) {                        \
-        if (metric == HG_L2)                                                                                         \
-            hg_list_topk<T, HG_L2>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe,     \
-                                   pair0, queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);     \
-        else if (metric == HG_DOT)                                                                                   \
-            hg_list_topk<T, HG_DOT>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe,    \
-                                    pair0, queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);    \
-        else                                                                                                         \
-            hg_list_topk<T, HG_COS>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe,    \
-                                    pair0, queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);    \
-    }
-HG_LIST_TOPK_ENTRY(hg_list_topk_f32, float)
-HG_LIST_TOPK_ENTRY(hg_list_topk_f16, u16)
+template <typename T>
+__device__ __forceinline__ void hg_list_topk_metric(const T* rows, const float* norms, const u32* dead, u32 dim,
+                                                    const u32* offsets, const u32* slots, const u32* probes,
+                                                    const u32* work, const u32* groups, u32 splits, u32 nprobe,
+                                                    u32 pair0, const float* queries, const float* gate_mul,
+                                                    const float* gate_add, int metric, u32 k, u32 kcap, u32 sortn,
+                                                    u32 max_sub, u64* lists, u64* evicted) {
+    if (metric == HG_L2)
+        hg_list_topk<T, HG_L2>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe, pair0,
+                               queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);
+    else if (metric == HG_DOT)
+        hg_list_topk<T, HG_DOT>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe, pair0,
+                                queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);
+    else
+        hg_list_topk<T, HG_COS>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe, pair0,
+                                queries, gate_mul, gate_add, k, kcap, sortn, max_sub, lists, evicted);
+}
+
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_list_topk_f32(const float* rows, const float* norms,
+        const u32* dead, u32 dim, const u32* offsets, const u32* slots, const u32* probes, const u32* work,
+        const u32* groups, u32 splits, u32 nprobe, u32 pair0, const float* queries, const float* gate_mul,
+        const float* gate_add, int metric, u32 k, u32 kcap, u32 sortn, u32 max_sub, u64* lists, u64* evicted) {
+    hg_list_topk_metric<float>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe, pair0,
+                               queries, gate_mul, gate_add, metric, k, kcap, sortn, max_sub, lists, evicted);
+}
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_list_topk_f16(const u16* rows, const float* norms,
+        const u32* dead, u32 dim, const u32* offsets, const u32* slots, const u32* probes, const u32* work,
+        const u32* groups, u32 splits, u32 nprobe, u32 pair0, const float* queries, const float* gate_mul,
+        const float* gate_add, int metric, u32 k, u32 kcap, u32 sortn, u32 max_sub, u64* lists, u64* evicted) {
+    hg_list_topk_metric<u16>(rows, norms, dead, dim, offsets, slots, probes, work, groups, splits, nprobe, pair0,
+                             queries, gate_mul, gate_add, metric, k, kcap, sortn, max_sub, lists, evicted);
+}
