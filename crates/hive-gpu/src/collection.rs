@@ -153,6 +153,9 @@ pub(crate) struct Stored<'a> {
     pub(crate) removed: &'a SlotSet,
     /// Every slot's order key, for a shard's file (see `Collection::order`).
     pub(crate) order: Option<&'a [u64]>,
+    /// The payload indexes the file stores, checked against its records (live file slots
+    /// only); None for a file of a format before 4 (or without fields): then they are built.
+    pub(crate) payload_index: Option<PayloadIndex>,
     /// Every slot's row as the file stores it (little-endian elements of the precision).
     pub(crate) rows: &'a [u8],
     /// The same rows in a mapping that may outlive the open, for a row store that searches
@@ -403,6 +406,11 @@ impl Collection {
     /// Live vectors.
     pub(crate) fn len(&self) -> usize {
         self.entries.len() - self.removed.count()
+    }
+
+    /// Every payload field's index (a save stores it).
+    pub(crate) fn payload_index(&self) -> &PayloadIndex {
+        &self.payloads
     }
 
     /// The removed slots.
@@ -673,7 +681,7 @@ impl Collection {
     /// before every check has passed, and an open costs the longer of the two, not their sum.
     pub(crate) fn restore(
         &mut self,
-        stored: Stored<'_>,
+        mut stored: Stored<'_>,
         progress: crate::persist::Progress<'_>,
     ) -> Result<()> {
         let config = self.config;
@@ -783,8 +791,23 @@ impl Collection {
             mark("ids mapped");
             mapped
         };
+        let stored_index = stored.payload_index.take();
         let payloads_indexed = || {
-            *payloads = PayloadIndex::build(entries.len(), |slot| entries[slot].as_ref().map(Entry::fields));
+            *payloads = match stored_index {
+                // The file's slots, renumbered as the rows are where removed ones are left out
+                // (kept slots stay in order, so every list stays ascending).
+                Some(mut index) => {
+                    if kept.len() != slots {
+                        let mut new_of = vec![u32::MAX; slots];
+                        for (new, &old) in kept.iter().enumerate() {
+                            new_of[old] = new as u32;
+                        }
+                        index.renumber(&new_of);
+                    }
+                    index
+                }
+                None => PayloadIndex::build(entries.len(), |slot| entries[slot].as_ref().map(Entry::fields)),
+            };
             mark("payloads indexed");
         };
         // A bad value is reported before a repeated id, as one pass would meet them.

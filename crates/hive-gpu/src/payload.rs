@@ -92,7 +92,7 @@ pub(crate) fn check_payload(id: &str, metadata: &Metadata, payload: &Payload) ->
 
 /// An f64 ordered by value (finite values only are stored; -0.0 is stored as 0.0).
 #[derive(Debug, Clone, Copy)]
-struct FloatKey(f64);
+pub(crate) struct FloatKey(pub(crate) f64);
 
 impl PartialEq for FloatKey {
     fn eq(&self, other: &Self) -> bool {
@@ -111,13 +111,14 @@ impl Ord for FloatKey {
     }
 }
 
-/// The slots of every value of one field.
+/// The slots of every value of one field (each list ascending).
 #[derive(Debug, Default, Clone, PartialEq)]
-struct FieldIndex {
-    strings: HashMap<SmolStr, Vec<u32>, foldhash::fast::RandomState>,
-    integers: BTreeMap<i64, Vec<u32>>,
-    floats: BTreeMap<FloatKey, Vec<u32>>,
-    bools: [Vec<u32>; 2],
+pub(crate) struct FieldIndex {
+    pub(crate) strings: HashMap<SmolStr, Vec<u32>, foldhash::fast::RandomState>,
+    pub(crate) integers: BTreeMap<i64, Vec<u32>>,
+    pub(crate) floats: BTreeMap<FloatKey, Vec<u32>>,
+    /// The slots of `false`, then of `true`.
+    pub(crate) bools: [Vec<u32>; 2],
 }
 
 /// The payload indexes of one collection: field name -> [`FieldIndex`].
@@ -205,6 +206,31 @@ impl PayloadIndex {
 
     fn field(&mut self, field: &str) -> &mut FieldIndex {
         self.fields.entry(SmolStr::new(field)).or_default()
+    }
+
+    /// Every field's index, in no particular order (a save sorts them).
+    pub(crate) fn fields(&self) -> impl Iterator<Item = (&str, &FieldIndex)> {
+        self.fields.iter().map(|(name, index)| (name.as_str(), index))
+    }
+
+    /// The index of these fields (a stored index, read back: `persist::payload_index`).
+    pub(crate) fn from_fields(fields: impl IntoIterator<Item = (SmolStr, FieldIndex)>) -> Self {
+        PayloadIndex { fields: fields.into_iter().collect() }
+    }
+
+    /// Renumbers every listed slot `s` to `new_of[s]`, on every thread. `new_of` must be
+    /// increasing over the listed slots (an open dropping removed slots keeps the live ones in
+    /// order), so every list stays ascending.
+    pub(crate) fn renumber(&mut self, new_of: &[u32]) {
+        let lists = self.fields.values_mut().flat_map(|f| {
+            f.strings
+                .values_mut()
+                .chain(f.integers.values_mut())
+                .chain(f.floats.values_mut())
+                .chain(f.bools.iter_mut())
+        });
+        let lists: Vec<&mut Vec<u32>> = lists.collect();
+        lists.into_par_iter().for_each(|list| list.iter_mut().for_each(|s| *s = new_of[*s as usize]));
     }
 
     /// The slots whose `field` equals `value` (integers and floats compare by value), out of

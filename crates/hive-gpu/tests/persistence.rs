@@ -159,6 +159,13 @@ const KEPT: &[Kept] = &[
         index: IndexSpec::IvfPq { nlist: 2, m: 19, bits: 8 },
     },
     Kept {
+        name: "collection-v4.hgc",
+        format: 4,
+        crc: 0xf8327dc3,
+        make: |c| populated(c, GpuDistanceMetric::Cosine, StoragePrecision::F16, 7, 60),
+        index: IndexSpec::IvfFlat { nlist: 4 },
+    },
+    Kept {
         name: "collection-v2-pq.hgc",
         format: 2,
         crc: 0x9ff42d66,
@@ -222,8 +229,15 @@ fn every_kept_file_of_a_released_format_opens_to_the_collection_that_wrote_it() 
         } else {
             expected.save(&now).expect("save");
         }
+        // This build writes a version some kept file holds: one that writes a newer one must
+        // add its kept files (older versions stay kept, and stay opened below).
         let written = hive_gpu::persist::inspect_file(&now).expect("header").format_version;
-        assert_eq!(written, kept.format, "{}: this build writes version {written}", kept.name);
+        assert!(
+            KEPT.iter().any(|k| k.format == written),
+            "{}: this build writes version {written}, which no kept file holds",
+            kept.name
+        );
+        assert!(written >= kept.format, "{}: this build writes an older version, {written}", kept.name);
         for context in contexts() {
             let what = format!("{} on {}", kept.name, describe(&context));
             let opened = context.open_storage(&path).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -379,10 +393,28 @@ fn damaged_files_are_refused_by_name_and_offset_never_with_a_panic() {
     wrong[0] = b'X';
     assert!(open_error(&cpu, &bad, &wrong).contains("magic"));
     let mut future = image.clone();
-    // The version after the newest this build reads (3: the order section of a shard's file).
-    future[8..12].copy_from_slice(&4u32.to_le_bytes());
+    // The version after the newest this build reads (4: the payload index section).
+    future[8..12].copy_from_slice(&5u32.to_le_bytes());
     reseal_header(&mut future);
-    assert!(open_error(&cpu, &bad, &future).contains("format version 4"));
+    assert!(open_error(&cpu, &bad, &future).contains("format version 5"));
+    // A payload index section in a file that says it is of an older version (a reader of
+    // that version would not know the section).
+    let mut older = image.clone();
+    older[8..12].copy_from_slice(&3u32.to_le_bytes());
+    reseal_header(&mut older);
+    let e = open_error(&cpu, &bad, &older);
+    assert!(e.contains("a payload index section in a format version 3 file"), "{e}");
+
+    // A payload record changed, every checksum resealed: the stored payload index no longer
+    // agrees with it, and the file is refused naming the index and the field (a filter would
+    // otherwise answer from a value no record holds).
+    let mut changed = image.clone();
+    let field = b"bucket\x01";
+    let at = changed.windows(field.len()).position(|w| w == field).expect("a bucket field") + field.len();
+    changed[at] = changed[at].wrapping_add(100);
+    reseal_section_of(&mut changed, at);
+    let e = open_error(&cpu, &bad, &changed);
+    assert!(e.contains("payload index") && e.contains("bucket"), "{e}");
 
     // An absurd slot count in a config whose checksums are all correct: refused by the vector
     // section's length, before anything is allocated for the slots.
@@ -391,7 +423,8 @@ fn damaged_files_are_refused_by_name_and_offset_never_with_a_panic() {
     absurd[config_at + 8..config_at + 16].copy_from_slice(&(u64::MAX / 3).to_le_bytes());
     let body_crc = crc32c::crc32c(&absurd[config_at..config_at + 32]);
     absurd[64 + 32..64 + 36].copy_from_slice(&body_crc.to_le_bytes());
-    let table_end = 64 + 6 * 40;
+    let sections = u32::from_le_bytes(image[16..20].try_into().unwrap()) as usize;
+    let table_end = 64 + sections * 40;
     let table_crc = crc32c::crc32c(&absurd[64..table_end]);
     absurd[56..60].copy_from_slice(&table_crc.to_le_bytes());
     reseal_header(&mut absurd);

@@ -17,11 +17,12 @@ use crate::types::{GpuDistanceMetric, Metadata, SearchPrecision, StorageConfig, 
 
 /// The first 8 bytes of every collection file.
 pub(crate) const MAGIC: [u8; 8] = *b"HIVEGPUC";
-/// The newest format version this build reads. It writes version 3 only for a file with an
-/// order section (a shard of a multi-device storage), version 2 for one with an index
+/// The newest format version this build reads. It writes version 4 only for a file with a
+/// payload index section (a collection with payload or metadata fields), version 3 for one
+/// with an order section (a shard of a multi-device storage), version 2 for one with an index
 /// section, version 1 otherwise, so that files stay readable by the oldest build that knows
 /// every section they hold.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+pub(crate) const FORMAT_VERSION: u32 = 4;
 /// Bytes of the file header.
 pub(crate) const HEADER_BYTES: usize = 64;
 /// Bytes of one section table entry.
@@ -50,10 +51,13 @@ pub(crate) enum Kind {
     Index = 7,
     /// Each slot's order key (format version 3): a shard's place in its storage's write order.
     Order = 8,
+    /// The payload fields' indexes (format version 4): value -> slots, per field
+    /// (`persist::payload_index`).
+    PayloadIndex = 9,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 8] = [
+    pub(crate) const ALL: [Kind; 9] = [
         Kind::Config,
         Kind::Ids,
         Kind::Vectors,
@@ -62,6 +66,7 @@ impl Kind {
         Kind::Payload,
         Kind::Index,
         Kind::Order,
+        Kind::PayloadIndex,
     ];
     /// The kinds every file has.
     pub(crate) const REQUIRED: usize = 6;
@@ -80,6 +85,7 @@ impl Kind {
             Kind::Payload => "payload",
             Kind::Index => "index",
             Kind::Order => "order",
+            Kind::PayloadIndex => "payload index",
         }
     }
 }
@@ -118,7 +124,9 @@ pub(crate) fn encode_header(sections: &[Section], file_bytes: u64) -> Vec<u8> {
     let table: Vec<u8> = sections.iter().flat_map(|s| s.encode()).collect();
     let mut header = vec![0u8; HEADER_BYTES];
     header[0..8].copy_from_slice(&MAGIC);
-    let version: u32 = if sections.iter().any(|s| s.kind == Kind::Order) {
+    let version: u32 = if sections.iter().any(|s| s.kind == Kind::PayloadIndex) {
+        4
+    } else if sections.iter().any(|s| s.kind == Kind::Order) {
         3
     } else if sections.iter().any(|s| s.kind == Kind::Index) {
         2
@@ -229,6 +237,8 @@ pub(crate) struct Snapshot<'a> {
     pub(crate) index: Option<StoredIndex>,
     /// Every slot's order key, for a shard's file.
     pub(crate) order: Option<Vec<u64>>,
+    /// Its payload indexes, checked against its records (in the file's slots, live slots only).
+    pub(crate) payload_index: Option<crate::payload::PayloadIndex>,
 }
 
 /// An index section's contents, checked against the file's slots.
@@ -758,6 +768,13 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         if kind == Kind::Order && version < 3 {
             return fail("section table", at, format!("an order section in a format version {version} file"));
         }
+        if kind == Kind::PayloadIndex && version < 4 {
+            return fail(
+                "section table",
+                at,
+                format!("a payload index section in a format version {version} file"),
+            );
+        }
         if !section.offset.is_multiple_of(ALIGN as u64) {
             return fail(
                 "section table",
@@ -913,6 +930,15 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         None => None,
     };
 
+    let payload_index = match sections.iter().find(|s| s.kind == Kind::PayloadIndex).copied() {
+        Some(section) => {
+            let (_, mut c) = body(Kind::PayloadIndex)?;
+            Some(super::payload_index::decode(section, &mut c, slots, &removed, &metadata, &payloads)?)
+        }
+        None => None,
+    };
+    mark("payload index checked");
+
     Ok(Snapshot {
         config,
         slots,
@@ -925,6 +951,7 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         version,
         index,
         order,
+        payload_index,
     })
 }
 

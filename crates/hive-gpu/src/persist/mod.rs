@@ -14,6 +14,7 @@ pub(crate) mod format;
 pub(crate) mod image;
 pub(crate) mod log;
 pub(crate) mod manifest;
+mod payload_index;
 mod writer;
 
 pub use durable::{Durability, DurableOptions, LogStats};
@@ -206,7 +207,9 @@ fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> R
     // checksums, so they are written over these bytes once every section is out.
     let index = collection.index();
     let order = collection.orders();
-    let optional = usize::from(index.is_some()) + usize::from(order.is_some());
+    let fields = payload_index::encode(collection.payload_index(), collection.removed());
+    let optional =
+        usize::from(index.is_some()) + usize::from(order.is_some()) + usize::from(fields.is_some());
     out.raw(&vec![0u8; format::bodies_start(Kind::REQUIRED + optional)]).map_err(&io)?;
     out.section(Kind::Config, 1, |w| w(&format::encode_config(&config, slots)).map_err(sink), path)?;
     out.section(Kind::Vectors, slots, |w| write_vectors(collection, w, progress), path)?;
@@ -255,6 +258,9 @@ fn write_file(collection: &Collection, path: &Path, progress: Progress<'_>) -> R
         },
         path,
     )?;
+    if let Some((body, count)) = &fields {
+        out.section(Kind::PayloadIndex, *count, |w| w(body).map_err(sink), path)?;
+    }
     if let Some(index) = index {
         let body = format::encode_index(
             index.spec(),
@@ -418,6 +424,7 @@ impl Checked<'_> {
             payloads: &mut snapshot.payloads,
             removed: &snapshot.removed,
             order: snapshot.order.as_deref(),
+            payload_index: snapshot.payload_index.take(),
             rows: snapshot.vectors,
             mapped,
         }
