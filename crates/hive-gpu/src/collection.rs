@@ -153,9 +153,10 @@ pub(crate) struct Stored<'a> {
     pub(crate) removed: &'a SlotSet,
     /// Every slot's order key, for a shard's file (see `Collection::order`).
     pub(crate) order: Option<&'a [u64]>,
-    /// The payload indexes the file stores, checked against its records (live file slots
-    /// only); None for a file of a format before 4 (or without fields): then they are built.
-    pub(crate) payload_index: Option<PayloadIndex>,
+    /// The file's payload index section, unread (the restore reads it and checks it against
+    /// the records); None for a file of a format before 4 (or without fields): then the index
+    /// is built.
+    pub(crate) payload_index: Option<(crate::persist::format::Section, &'a [u8])>,
     /// Every slot's row as the file stores it (little-endian elements of the precision).
     pub(crate) rows: &'a [u8],
     /// The same rows in a mapping that may outlive the open, for a row store that searches
@@ -792,16 +793,23 @@ impl Collection {
             mapped
         };
         let stored_index = stored.payload_index.take();
-        let payloads_indexed = || {
+        let payloads_indexed = || -> Result<()> {
             *payloads = match stored_index {
-                // The file's slots, renumbered as the rows are where removed ones are left out
-                // (kept slots stay in order, so every list stays ascending).
-                Some(mut index) => {
+                // Read and checked against the records (in the file's slots), then renumbered
+                // as the rows are where removed ones are left out (kept slots stay in order, so
+                // every list stays ascending).
+                Some((section, body)) => {
+                    let mut new_of = vec![u32::MAX; slots];
+                    for (new, &old) in kept.iter().enumerate() {
+                        new_of[old] = new as u32;
+                    }
+                    let records = |s: usize| {
+                        entries.get(new_of[s] as usize).and_then(Option::as_ref).map(Entry::fields)
+                    };
+                    let mut index =
+                        crate::persist::payload_index::decode(section, body, slots, removed, records)
+                            .map_err(|e| HiveGpuError::InvalidArgument(e.to_string()))?;
                     if kept.len() != slots {
-                        let mut new_of = vec![u32::MAX; slots];
-                        for (new, &old) in kept.iter().enumerate() {
-                            new_of[old] = new as u32;
-                        }
                         index.renumber(&new_of);
                     }
                     index
@@ -809,12 +817,14 @@ impl Collection {
                 None => PayloadIndex::build(entries.len(), |slot| entries[slot].as_ref().map(Entry::fields)),
             };
             mark("payloads indexed");
+            Ok(())
         };
-        // A bad value is reported before a repeated id, as one pass would meet them.
+        // A bad value is reported before a repeated id, as one pass would meet them, and both
+        // before a payload index that disagrees with the records.
         let checked = || -> Result<()> {
-            let (invalid, (ids, ())) =
+            let (invalid, (ids, indexed)) =
                 rayon::join(values_checked, || rayon::join(ids_mapped, payloads_indexed));
-            invalid.map_or(ids, Err)
+            invalid.map_or(ids, Err).and(indexed)
         };
         let appended = || -> Result<()> {
             if mapped {

@@ -237,8 +237,9 @@ pub(crate) struct Snapshot<'a> {
     pub(crate) index: Option<StoredIndex>,
     /// Every slot's order key, for a shard's file.
     pub(crate) order: Option<Vec<u64>>,
-    /// Its payload indexes, checked against its records (in the file's slots, live slots only).
-    pub(crate) payload_index: Option<crate::payload::PayloadIndex>,
+    /// Its payload index section, not yet read (`persist::payload_index::decode` checks it
+    /// against the records: an open does so beside its other checks).
+    pub(crate) payload_index: Option<(Section, &'a [u8])>,
 }
 
 /// An index section's contents, checked against the file's slots.
@@ -930,14 +931,9 @@ pub(crate) fn parse(file: &[u8]) -> Parsed<Snapshot<'_>> {
         None => None,
     };
 
-    let payload_index = match sections.iter().find(|s| s.kind == Kind::PayloadIndex).copied() {
-        Some(section) => {
-            let (_, mut c) = body(Kind::PayloadIndex)?;
-            Some(super::payload_index::decode(section, &mut c, slots, &removed, &metadata, &payloads)?)
-        }
-        None => None,
-    };
-    mark("payload index checked");
+    let payload_index = sections.iter().find(|s| s.kind == Kind::PayloadIndex).map(|&section| {
+        (section, &file[section.offset as usize..(section.offset + section.length) as usize])
+    });
 
     Ok(Snapshot {
         config,

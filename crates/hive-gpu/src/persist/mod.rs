@@ -14,7 +14,7 @@ pub(crate) mod format;
 pub(crate) mod image;
 pub(crate) mod log;
 pub(crate) mod manifest;
-mod payload_index;
+pub(crate) mod payload_index;
 mod writer;
 
 pub use durable::{Durability, DurableOptions, LogStats};
@@ -553,6 +553,10 @@ pub struct FileInfo {
 /// does) and describes it. This is what the fuzz target exercises.
 pub fn inspect(image: &[u8]) -> std::result::Result<FileInfo, FormatError> {
     let snapshot = format::parse(image)?;
+    if let Some((section, body)) = snapshot.payload_index {
+        let records = |s: usize| Some((&snapshot.metadata[s], &snapshot.payloads[s]));
+        payload_index::decode(section, body, snapshot.slots, &snapshot.removed, records)?;
+    }
     // What an open refuses, a description refuses too: an id on two live slots. (An open finds
     // it while building its id map, so the parse itself does not hash every id twice.)
     let mut first_slot: std::collections::HashMap<&str, usize> =

@@ -4,14 +4,16 @@
 //!
 //! A stored index is a second copy of what the payload and metadata records say, so a reader
 //! trusts it no more than any other part of the file: [`decode`] checks that it lists exactly
-//! the records' (field, value, slot) triples of the live slots, each once. The proof is in two
-//! parts, both linear in the entries with no sort and no map built:
-//! 1. every listed slot is in range, live, ascending within its list (so no slot twice under
-//!    one value), and its record has this field with this value and type; a record has one
-//!    value per field, so no slot is listed under two values of one field either: the listed
-//!    entries are distinct (slot, field) pairs of the records;
-//! 2. their number equals the records' (slot, field) pairs of the live slots, so none is
-//!    missing.
+//! the records' (field, value, slot) triples of the live slots, each once, in three steps:
+//! 1. every listed slot is in range, live and ascending within its value's list, and no field
+//!    lists a slot twice (under two values): a per-field map slot -> listing value;
+//! 2. the records are read once, in slot order, and each (field, value) of a live slot must be
+//!    what that map gives for the slot: every record pair is listed, with its value and type;
+//! 3. the entries number exactly those pairs, so by steps 1 and 2 nothing else is listed.
+//!
+//! Step 2 reads the records in slot order, as [`PayloadIndex::build`] does; checking each entry
+//! against its record in the index's order instead missed the cache once per entry and took
+//! longer than building the index (docs/PERFORMANCE.md, opening with payloads).
 
 use rayon::prelude::*;
 use smol_str::SmolStr;
@@ -99,18 +101,81 @@ enum Value<'a> {
     Bool(bool),
 }
 
-impl Value<'_> {
-    /// Whether the record of a slot gives `field` this value, of this type.
-    fn in_record(self, field: &str, metadata: &Metadata, payload: &Payload) -> bool {
-        match (self, payload.get(field)) {
-            (Value::String(v), None) => metadata.get(field).is_some_and(|m| m == v),
-            (Value::String(v), Some(PayloadValue::String(p))) => p == v,
-            (Value::Integer(v), Some(PayloadValue::Integer(p))) => *p == v,
-            // The index keys -0.0 as 0.0 (`FloatKey`), so the record's value is normalised the
-            // same way; compared bit for bit (a NaN record matches nothing).
-            (Value::Float(v), Some(PayloadValue::Float(p))) => (p + 0.0).to_bits() == v.to_bits(),
-            (Value::Bool(v), Some(PayloadValue::Bool(p))) => *p == v,
+impl<'a> Value<'a> {
+    /// A record's value as the index keys it.
+    fn of(value: &'a PayloadValue) -> Self {
+        match value {
+            PayloadValue::String(v) => Value::String(v),
+            PayloadValue::Integer(v) => Value::Integer(*v),
+            // The index keys -0.0 as 0.0 (`FloatKey`).
+            PayloadValue::Float(v) => Value::Float(v + 0.0),
+            PayloadValue::Bool(v) => Value::Bool(*v),
+        }
+    }
+
+    /// The same value of the same type (floats bit for bit: a NaN record matches nothing).
+    fn same(self, other: Value<'_>) -> bool {
+        match (self, other) {
+            (Value::String(a), Value::String(b)) => a == b,
+            (Value::Integer(a), Value::Integer(b)) => a == b,
+            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+            (Value::Bool(a), Value::Bool(b)) => a == b,
             _ => false,
+        }
+    }
+}
+
+/// Which run lists each slot, for one field: an array over every slot where the field lists at
+/// least one slot in 8 (at most 32 bytes per listed entry, so the section's size bounds it),
+/// else its (slot, run) pairs sorted by slot.
+enum Owners {
+    Dense(Vec<u32>),
+    Sparse(Vec<(u32, u32)>),
+}
+
+impl Owners {
+    /// The owners of field `name`, whose runs are `span` (slots checked in range); a slot
+    /// listed twice (under two values) is an error.
+    fn of(
+        name: &str,
+        span: std::ops::Range<usize>,
+        runs: &[Run<'_>],
+        lists: &[Vec<u32>],
+        slots: usize,
+    ) -> Parsed<Self> {
+        let entries: usize = lists[span.clone()].iter().map(Vec::len).sum();
+        let twice = |slot: u32, run: usize| {
+            fail(PART, runs[run].offset, format!("field {name:?} lists slot {slot} under two values"))
+        };
+        if entries.saturating_mul(8) >= slots {
+            let mut owner = vec![u32::MAX; slots];
+            for r in span {
+                for &slot in &lists[r] {
+                    if owner[slot as usize] != u32::MAX {
+                        return twice(slot, r);
+                    }
+                    owner[slot as usize] = r as u32;
+                }
+            }
+            Ok(Owners::Dense(owner))
+        } else {
+            let mut pairs: Vec<(u32, u32)> =
+                span.flat_map(|r| lists[r].iter().map(move |&slot| (slot, r as u32))).collect();
+            pairs.sort_unstable();
+            if let Some(w) = pairs.windows(2).find(|w| w[0].0 == w[1].0) {
+                return twice(w[1].0, w[1].1 as usize);
+            }
+            Ok(Owners::Sparse(pairs))
+        }
+    }
+
+    /// The run listing `slot`, if any.
+    fn run(&self, slot: u32) -> Option<usize> {
+        match self {
+            Owners::Dense(owner) => owner.get(slot as usize).filter(|&&r| r != u32::MAX).map(|&r| r as usize),
+            Owners::Sparse(pairs) => {
+                pairs.binary_search_by_key(&slot, |p| p.0).ok().map(|i| pairs[i].1 as usize)
+            }
         }
     }
 }
@@ -125,16 +190,19 @@ struct Run<'a> {
 }
 
 /// Reads a payload index section (`section`, the table's entry; `c`, its body) of a file of
-/// `slots` slots, checking it against the file's records as the module documentation says;
-/// the first error in the section's order is the one returned.
-pub(crate) fn decode(
+/// `slots` slots, checking it against the file's records as the module documentation says.
+/// Errors name the field, and the offset of the value's entry where one is at fault.
+///
+/// `records(s)` gives the metadata and payload of file slot `s`; it is asked only for slots
+/// that `removed` does not hold, and None there is an error too.
+pub(crate) fn decode<'r>(
     section: Section,
-    c: &mut Cursor<'_>,
+    body: &[u8],
     slots: usize,
     removed: &SlotSet,
-    metadata: &[Metadata],
-    payloads: &[Payload],
+    records: impl Fn(usize) -> Option<(&'r Metadata, &'r Payload)> + Sync,
 ) -> Parsed<PayloadIndex> {
+    let c = &mut Cursor::new(PART, body, section.offset);
     // Walk the section (no allocation beyond what its bytes can hold: every run takes at least
     // 12 bytes, every field name 4).
     let mut names: Vec<&str> = Vec::new();
@@ -217,38 +285,23 @@ pub(crate) fn decode(
     }
     c.finish()?;
 
-    // Part 1 of the proof, run by run on every thread; the first failing run in order wins.
+    // Step 1. Each run's slots: in range, live, ascending (run by run on every thread; the
+    // first failing run in the section's order is the one reported).
     let checked: Vec<Parsed<Vec<u32>>> = runs
         .par_iter()
         .map(|run| {
             let name = names[run.field];
             let mut out = Vec::with_capacity(run.slots.len() / 4);
-            for (i, b) in run.slots.chunks_exact(4).enumerate() {
+            for b in run.slots.chunks_exact(4) {
                 let slot = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                let at = run.offset;
-                let s = slot as usize;
                 if out.last().is_some_and(|&last| last >= slot) {
-                    return fail(
-                        PART,
-                        at,
-                        format!("field {name:?}: slot {slot} (entry {i}) is not ascending"),
-                    );
+                    return fail(PART, run.offset, format!("field {name:?}: slot {slot} is not ascending"));
                 }
-                if s >= slots || removed.contains(s) {
+                if slot as usize >= slots || removed.contains(slot as usize) {
                     return fail(
                         PART,
-                        at,
+                        run.offset,
                         format!("field {name:?} lists slot {slot}, which holds no live vector"),
-                    );
-                }
-                if !run.value.in_record(name, &metadata[s], &payloads[s]) {
-                    return fail(
-                        PART,
-                        at,
-                        format!(
-                            "field {name:?} lists slot {slot} under {:?}, which its record does not hold",
-                            run.value
-                        ),
                     );
                 }
                 out.push(slot);
@@ -260,38 +313,102 @@ pub(crate) fn decode(
     for list in checked {
         lists.push(list?);
     }
-    // Part 2: as many entries as the live records have (field, value) pairs.
-    let listed: usize = lists.iter().map(Vec::len).sum();
-    let held: usize = (0..slots)
+    // Who lists each slot, per field (no slot twice within a field).
+    let mut field_runs = vec![0..0; names.len()];
+    for (r, run) in runs.iter().enumerate() {
+        let span = &mut field_runs[run.field];
+        if span.end == 0 {
+            *span = r..r;
+        }
+        span.end = r + 1;
+    }
+    let owners: Vec<Parsed<Owners>> = field_runs
+        .par_iter()
+        .enumerate()
+        .map(|(f, span)| Owners::of(names[f], span.clone(), &runs, &lists, slots))
+        .collect();
+    let mut owner = Vec::with_capacity(owners.len());
+    for o in owners {
+        owner.push(o?);
+    }
+    let field_of: std::collections::HashMap<&str, usize, foldhash::fast::RandomState> =
+        names.iter().enumerate().map(|(f, name)| (*name, f)).collect();
+    // Step 2, in slot order on every thread.
+    let check_slot = |s: usize| -> Parsed<usize> {
+        let mut pairs = 0;
+        let Some((metadata, payload)) = records(s) else {
+            return fail(PART, section.offset, format!("slot {s} has no record"));
+        };
+        let strings = metadata.iter().map(|(name, value)| (name.as_str(), Value::String(value)));
+        let typed = payload.iter().map(|(name, value)| (name.as_str(), Value::of(value)));
+        for (name, value) in strings.chain(typed) {
+            let listed = field_of.get(name).and_then(|&f| owner[f].run(s as u32)).map(|r| runs[r].value);
+            if !listed.is_some_and(|listed| listed.same(value)) {
+                return fail(
+                    PART,
+                    section.offset,
+                    format!("field {name:?}: slot {s} holds {value:?}, which the index lists as {listed:?}"),
+                );
+            }
+            pairs += 1;
+        }
+        Ok(pairs)
+    };
+    let chunk = 1 << 14;
+    let held: Vec<Parsed<usize>> = (0..slots.div_ceil(chunk))
         .into_par_iter()
-        .with_min_len(4096)
-        .filter(|&s| !removed.contains(s))
-        .map(|s| metadata[s].len() + payloads[s].len())
-        .sum();
-    if listed != held {
+        .map(|c| {
+            let mut pairs = 0;
+            for s in c * chunk..((c + 1) * chunk).min(slots) {
+                if !removed.contains(s) {
+                    pairs += check_slot(s)?;
+                }
+            }
+            Ok(pairs)
+        })
+        .collect();
+    let mut held_pairs = 0;
+    for pairs in held {
+        held_pairs += pairs?;
+    }
+    // Step 3.
+    let listed: usize = lists.iter().map(Vec::len).sum();
+    if listed != held_pairs {
         return fail(
             PART,
             section.offset,
-            format!("the index lists {listed} field values where the live records hold {held}"),
+            format!("the index lists {listed} field values where the live records hold {held_pairs}"),
         );
     }
 
-    let mut indexes: Vec<FieldIndex> = vec![FieldIndex::default(); names.len()];
-    for (run, list) in runs.iter().zip(lists) {
-        let index = &mut indexes[run.field];
-        match run.value {
-            Value::String(v) => {
-                index.strings.insert(SmolStr::new(v), list);
+    // Each field's maps built from its runs in order (numbers ascending: built in bulk), the
+    // fields side by side.
+    let mut lists: Vec<Option<Vec<u32>>> = lists.into_iter().map(Some).collect();
+    let mut taken: Vec<Vec<(Value<'_>, Vec<u32>)>> = field_runs
+        .iter()
+        .map(|span| span.clone().map(|r| (runs[r].value, lists[r].take().unwrap_or_default())).collect())
+        .collect();
+    let indexes: Vec<FieldIndex> = taken
+        .par_iter_mut()
+        .map(|runs| {
+            let mut index = FieldIndex::default();
+            let mut integers = Vec::new();
+            let mut floats = Vec::new();
+            for (value, list) in runs.drain(..) {
+                match value {
+                    Value::String(v) => {
+                        index.strings.insert(SmolStr::new(v), list);
+                    }
+                    Value::Integer(v) => integers.push((v, list)),
+                    Value::Float(v) => floats.push((FloatKey(v), list)),
+                    Value::Bool(v) => index.bools[usize::from(v)] = list,
+                }
             }
-            Value::Integer(v) => {
-                index.integers.insert(v, list);
-            }
-            Value::Float(v) => {
-                index.floats.insert(FloatKey(v), list);
-            }
-            Value::Bool(v) => index.bools[usize::from(v)] = list,
-        }
-    }
+            index.integers = integers.into_iter().collect();
+            index.floats = floats.into_iter().collect();
+            index
+        })
+        .collect();
     Ok(PayloadIndex::from_fields(names.into_iter().map(SmolStr::new).zip(indexes)))
 }
 
@@ -359,8 +476,7 @@ mod tests {
         m: &[Metadata],
         p: &[Payload],
     ) -> Parsed<PayloadIndex> {
-        let mut c = Cursor::new(PART, bytes, 0);
-        decode(section(count, bytes), &mut c, m.len(), removed, m, p)
+        decode(section(count, bytes), bytes, m.len(), removed, |s| Some((&m[s], &p[s])))
     }
 
     #[test]
