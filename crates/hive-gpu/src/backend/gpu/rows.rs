@@ -20,6 +20,11 @@ use crate::types::{GpuDistanceMetric, SearchPrecision, StoragePrecision};
 /// overlap with converting the next chunk.
 const UPLOAD_CHUNK_BYTES: usize = 32 << 20;
 
+/// Appends of at most this many rows bound their norms on the host (from the staged values)
+/// instead of reading the device's norms back: one stream synchronisation per append instead
+/// of three, which is most of a single-vector upsert (docs/PERFORMANCE.md, durable writes).
+const HOST_NORM_BOUND_MAX_ROWS: usize = 64;
+
 /// Values converted per task when staging rows in parallel.
 const FILL_GRAIN: usize = 1 << 16;
 
@@ -37,6 +42,22 @@ fn fill_staging(staging: &mut [u8], values: &[f32], precision: StoragePrecision)
         .par_chunks_mut(FILL_GRAIN * size)
         .zip(values.par_chunks(FILL_GRAIN))
         .for_each(|(dst, src)| narrow(src, precision, dst));
+}
+
+/// A bound on the squared norm the device computes (in f32, in any order) for each of these
+/// stored rows, as `upload_rows` folds it into `max_sq_norm`: the largest exact squared norm
+/// (each square is exact in f64, and `dim` f64 additions err by under `dim * 2^-53`), times
+/// `1 + gamma(dim)` for the device's f32 sum of non-negative terms, widened as the device
+/// path widens its own maximum.
+fn stored_sq_norm_bound(stored: &[u8], precision: StoragePrecision, dim: usize) -> f32 {
+    let mut values = Vec::new();
+    crate::exact::elements::widen(stored, precision, &mut values);
+    let exact = values
+        .chunks_exact(dim)
+        .map(|row| row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>())
+        .fold(0f64, f64::max);
+    let gamma = f64::from(crate::exact::error::ErrorBound::gamma(dim));
+    (exact * (1.0 + gamma) * (1.0 + 1e-12)) as f32 * (1.0 + 1e-6)
 }
 
 /// The launch of `hg_gather` over `count` rows of `row_bytes`: a thread per unit it copies (4,
@@ -271,6 +292,7 @@ impl<D: Driver> GpuRows<D> {
         let Maintenance { stream, upload_stream, staging } = &mut *guard;
         let streams = [&*stream, &*upload_stream];
         let rows_per_chunk = (UPLOAD_CHUNK_BYTES / row_bytes).max(1);
+        let mut host_bound = None;
         for (i, start) in (0..count).step_by(rows_per_chunk).enumerate() {
             let end = (start + rows_per_chunk).min(count);
             let bytes = (end - start) * row_bytes;
@@ -289,11 +311,17 @@ impl<D: Driver> GpuRows<D> {
                     copy_staging(&mut buffer[..bytes], &stored[start * row_bytes..end * row_bytes])
                 }
             }
+            if count <= HOST_NORM_BOUND_MAX_ROWS {
+                host_bound = Some(stored_sq_norm_bound(&buffer[..bytes], precision, dim));
+            }
             let offset = (first + start) * row_bytes;
             driver.upload(streams[side], rows_ptr + offset as u64, buffer, bytes)?;
         }
-        // The norms read every uploaded row: both streams' uploads finish first.
-        driver.synchronize(streams[1])?;
+        // The norms read every uploaded row: both streams' uploads finish first (one chunk
+        // went up on `stream`, which the norms' launch follows anyway).
+        if count > rows_per_chunk {
+            driver.synchronize(streams[1])?;
+        }
         let kernel = self.device.kernels.norms().get(precision);
         let warps_per_block = (BLOCK / driver.warp_size()) as usize;
         let grid = count.div_ceil(warps_per_block).min(65535) as u32;
@@ -309,8 +337,14 @@ impl<D: Driver> GpuRows<D> {
                 norms: norms_ptr,
             },
         )?;
-        // The uploads from both staging buffers finish before one is reused (or regrown).
+        // The uploads from both staging buffers finish before one is reused (or regrown), and
+        // the norms before any search reads them (on another stream).
         driver.synchronize(stream)?;
+        if let Some(bound) = host_bound {
+            drop(guard);
+            self.max_sq_norm = self.max_sq_norm.max(bound);
+            return Ok(());
+        }
         let host = staging[0].get(&driver, count * 4)?;
         driver.download(stream, host, norms_ptr + (first * 4) as u64, count * 4)?;
         driver.synchronize(stream)?;
@@ -938,6 +972,43 @@ impl<D: Driver> RowStore for GpuRows<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_norm_bound_is_above_every_f32_sum_a_device_may_compute() {
+        // Rows whose squares span many exponents, so that f32 sums in any order round; each
+        // order's sum must stay under the bound (it is what every gate over the rows rests on).
+        let mut state = 12345u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi((state % 13) as i32 - 6)
+        };
+        for precision in StoragePrecision::ALL {
+            for dim in [1, 3, 19, 128, 1000] {
+                let values: Vec<f32> = (0..dim * 5).map(|_| next() * 100.0).collect();
+                let values: Vec<f32> = match precision {
+                    StoragePrecision::I8 | StoragePrecision::U8 => {
+                        values.iter().map(|v| v.abs().clamp(0.0, 127.0).round()).collect()
+                    }
+                    _ => values,
+                };
+                let mut stored = vec![0u8; values.len() * precision.element_bytes()];
+                crate::exact::elements::narrow_into(&values, precision, &mut stored);
+                let bound = stored_sq_norm_bound(&stored, precision, dim);
+                let mut widened = Vec::new();
+                crate::exact::elements::widen(&stored, precision, &mut widened);
+                for row in widened.chunks_exact(dim) {
+                    let forward: f32 = row.iter().map(|v| v * v).sum();
+                    let backward: f32 = row.iter().rev().map(|v| v * v).sum();
+                    let mut sorted: Vec<f32> = row.iter().map(|v| v * v).collect();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    let largest_first: f32 = sorted.iter().sum();
+                    for sum in [forward, backward, largest_first] {
+                        assert!(sum <= bound, "{precision:?} dim {dim}: {sum} over {bound}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn staging_holds_the_little_endian_stored_bytes_of_every_value() {
