@@ -113,6 +113,17 @@ impl<'a> Value<'a> {
         }
     }
 
+    /// Whether this value comes strictly before `other` of the same type, in the order a field's
+    /// values are stored (strings by bytes, numbers by value).
+    fn below(self, other: Value<'_>) -> bool {
+        match (self, other) {
+            (Value::String(a), Value::String(b)) => a < b,
+            (Value::Integer(a), Value::Integer(b)) => a < b,
+            (Value::Float(a), Value::Float(b)) => a < b,
+            _ => false,
+        }
+    }
+
     /// The same value of the same type (floats bit for bit: a NaN record matches nothing).
     fn same(self, other: Value<'_>) -> bool {
         match (self, other) {
@@ -220,39 +231,10 @@ pub(crate) fn decode<'r>(
         let field = names.len();
         names.push(name);
         let first_run = runs.len();
-        let count = c.count("a field's string values", 12)?;
-        let mut last: Option<&str> = None;
-        for _ in 0..count {
-            let at = c.offset();
-            let value = c.text("a string value")?;
-            if last.is_some_and(|l| l >= value) {
-                return fail(
-                    PART,
-                    at,
-                    format!("field {name:?}: string {value:?} is out of order or listed twice"),
-                );
-            }
-            last = Some(value);
-            runs.push(Run { field, value: Value::String(value), slots: listed(c, false)?, offset: at });
-        }
-        let count = c.count("a field's integer values", 16)?;
-        let mut last: Option<i64> = None;
-        for _ in 0..count {
-            let at = c.offset();
-            let value = c.u64("an integer value")? as i64;
-            if last.is_some_and(|l| l >= value) {
-                return fail(
-                    PART,
-                    at,
-                    format!("field {name:?}: integer {value} is out of order or listed twice"),
-                );
-            }
-            last = Some(value);
-            runs.push(Run { field, value: Value::Integer(value), slots: listed(c, false)?, offset: at });
-        }
-        let count = c.count("a field's float values", 16)?;
-        let mut last: Option<f64> = None;
-        for _ in 0..count {
+        let mut run = |value, slots, offset| runs.push(Run { field, value, slots, offset });
+        values(c, name, "string", 12, &mut run, |c| c.text("a string value").map(Value::String))?;
+        values(c, name, "integer", 16, &mut run, |c| Ok(Value::Integer(c.u64("an integer value")? as i64)))?;
+        values(c, name, "float", 16, &mut run, |c| {
             let at = c.offset();
             let value = f64::from_bits(c.u64("a float value")?);
             if !value.is_finite() || value.to_bits() == (-0.0f64).to_bits() {
@@ -262,16 +244,8 @@ pub(crate) fn decode<'r>(
                     format!("field {name:?}: float {value} is not a finite value as indexed"),
                 );
             }
-            if last.is_some_and(|l| l >= value) {
-                return fail(
-                    PART,
-                    at,
-                    format!("field {name:?}: float {value} is out of order or listed twice"),
-                );
-            }
-            last = Some(value);
-            runs.push(Run { field, value: Value::Float(value), slots: listed(c, false)?, offset: at });
-        }
+            Ok(Value::Float(value))
+        })?;
         for flag in [false, true] {
             let at = c.offset();
             let slots = listed(c, true)?;
@@ -410,6 +384,35 @@ pub(crate) fn decode<'r>(
         })
         .collect();
     Ok(PayloadIndex::from_fields(names.into_iter().map(SmolStr::new).zip(indexes)))
+}
+
+/// Reads one field's values of one type (a u32 count, then per value the value as `read` reads
+/// it and its slot list), each strictly above the one before, handing each to `run` with its
+/// raw slots and offset. `min_bytes`: the least a value and its list take.
+fn values<'a>(
+    c: &mut Cursor<'a>,
+    name: &str,
+    kind: &str,
+    min_bytes: usize,
+    run: &mut impl FnMut(Value<'a>, &'a [u8], u64),
+    read: impl Fn(&mut Cursor<'a>) -> Parsed<Value<'a>>,
+) -> Parsed<()> {
+    let count = c.count(&format!("a field's {kind} values"), min_bytes)?;
+    let mut last: Option<Value<'a>> = None;
+    for _ in 0..count {
+        let at = c.offset();
+        let value = read(c)?;
+        if last.is_some_and(|last| !last.below(value)) {
+            return fail(
+                PART,
+                at,
+                format!("field {name:?}: {kind} {value:?} is out of order or listed twice"),
+            );
+        }
+        last = Some(value);
+        run(value, listed(c, false)?, at);
+    }
+    Ok(())
 }
 
 /// One slot list's raw slots (a u32 count, then the slots), at least one unless `may_be_empty`.
