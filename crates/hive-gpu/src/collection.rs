@@ -799,17 +799,22 @@ impl Collection {
                 // as the rows are where removed ones are left out (kept slots stay in order, so
                 // every list stays ascending).
                 Some((section, body)) => {
-                    let mut new_of = vec![u32::MAX; slots];
-                    for (new, &old) in kept.iter().enumerate() {
-                        new_of[old] = new as u32;
+                    // Kept slot of each file slot (the identity where every slot is kept).
+                    let compacted = kept.len() != slots;
+                    let mut new_of = Vec::new();
+                    if compacted {
+                        new_of = vec![u32::MAX; slots];
+                        for (new, &old) in kept.iter().enumerate() {
+                            new_of[old] = new as u32;
+                        }
                     }
-                    let records = |s: usize| {
-                        entries.get(new_of[s] as usize).and_then(Option::as_ref).map(Entry::fields)
-                    };
+                    let kept_slot = |s: usize| if compacted { new_of[s] as usize } else { s };
+                    let records =
+                        |s: usize| entries.get(kept_slot(s)).and_then(Option::as_ref).map(Entry::fields);
                     let mut index =
                         crate::persist::payload_index::decode(section, body, slots, removed, records)
                             .map_err(|e| HiveGpuError::InvalidArgument(e.to_string()))?;
-                    if kept.len() != slots {
+                    if compacted {
                         index.renumber(&new_of);
                     }
                     index

@@ -8,7 +8,9 @@
 //! 1. every listed slot is in range, live and ascending within its value's list, and no field
 //!    lists a slot twice (under two values): a per-field map slot -> listing value;
 //! 2. the records are read once, in slot order, and each (field, value) of a live slot must be
-//!    what that map gives for the slot: every record pair is listed, with its value and type;
+//!    what that map gives for the slot: every record pair is listed, with its value and type
+//!    (a record may not name a field both in its metadata and its payload, so it has one value
+//!    per field);
 //! 3. the entries number exactly those pairs, so by steps 1 and 2 nothing else is listed.
 //!
 //! Step 2 reads the records in slot order, as [`PayloadIndex::build`] does; checking each entry
@@ -313,6 +315,15 @@ pub(crate) fn decode<'r>(
         let Some((metadata, payload)) = records(s) else {
             return fail(PART, section.offset, format!("slot {s} has no record"));
         };
+        // A name in both would count two pairs against one entry (step 3's count relies on
+        // one value per field and record; an add refuses such a vector too).
+        if let Some(name) = metadata.keys().find(|name| payload.contains_key(*name)) {
+            return fail(
+                PART,
+                section.offset,
+                format!("slot {s}: field {name:?} is both metadata and payload"),
+            );
+        }
         let strings = metadata.iter().map(|(name, value)| (name.as_str(), Value::String(value)));
         let typed = payload.iter().map(|(name, value)| (name.as_str(), Value::of(value)));
         for (name, value) in strings.chain(typed) {
@@ -540,6 +551,15 @@ mod tests {
             let error = read(&good, count, &removed, &m2, &p2).expect_err(field).to_string();
             assert!(error.contains("payload index"), "{error}");
         }
+        // One pair too few (slot 7 lost "n", which the index still lists) made up by a name in
+        // both the metadata and the payload of slot 3 (counted twice against one entry): the
+        // counts balance, so only the refusal of such a record catches it.
+        let (mut m2, mut p2) = (m.clone(), p.clone());
+        p2[7].remove("n");
+        m2[3].insert("word".into(), "w0".into());
+        assert_eq!(p2[3].get("word"), Some(&PayloadValue::String("w0".into())));
+        let error = read(&good, count, &removed, &m2, &p2).expect_err("a name in both").to_string();
+        assert!(error.contains("both metadata and payload"), "{error}");
         // A slot removed after the index was written; the index read against fewer slots.
         let mut more_removed = removed.clone();
         more_removed.set(8, true);

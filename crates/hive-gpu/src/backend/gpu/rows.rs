@@ -44,11 +44,11 @@ fn fill_staging(staging: &mut [u8], values: &[f32], precision: StoragePrecision)
         .for_each(|(dst, src)| narrow(src, precision, dst));
 }
 
-/// A bound on the squared norm the device computes (in f32, in any order) for each of these
-/// stored rows, as `upload_rows` folds it into `max_sq_norm`: the largest exact squared norm
-/// (each square is exact in f64, and `dim` f64 additions err by under `dim * 2^-53`), times
-/// `1 + gamma(dim)` for the device's f32 sum of non-negative terms, widened as the device
-/// path widens its own maximum.
+/// A bound on the squared norm the device computes for each of these stored rows, as
+/// `upload_rows` folds it into `max_sq_norm`: the largest exact squared norm (each square is
+/// exact in f64, and `dim` f64 additions err by under `dim * 2^-53`), times `1 + gamma(dim)`,
+/// which covers a sum in f32 in any order (the norms kernel sums in f64 and rounds once, well
+/// inside it), widened as the device path widens its own maximum.
 fn stored_sq_norm_bound(stored: &[u8], precision: StoragePrecision, dim: usize) -> f32 {
     let mut values = Vec::new();
     crate::exact::elements::widen(stored, precision, &mut values);
@@ -311,7 +311,9 @@ impl<D: Driver> GpuRows<D> {
                     copy_staging(&mut buffer[..bytes], &stored[start * row_bytes..end * row_bytes])
                 }
             }
-            if count <= HOST_NORM_BOUND_MAX_ROWS {
+            // Only for an append that goes up in one chunk: the bound is of this chunk's rows
+            // (rows of over 512 KiB make several chunks of a few rows).
+            if count <= HOST_NORM_BOUND_MAX_ROWS && count <= rows_per_chunk {
                 host_bound = Some(stored_sq_norm_bound(&buffer[..bytes], precision, dim));
             }
             let offset = (first + start) * row_bytes;
