@@ -275,8 +275,8 @@ fn sorted_map<K: Ord + Copy + Send>(mut pairs: Vec<(K, u32)>) -> BTreeMap<K, Vec
 
 /// One indexed value of a vector: metadata values are keywords; a float is keyed by its value,
 /// with -0.0 stored as 0.0.
-#[derive(Clone, Copy)]
-enum Indexed<'a> {
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Indexed<'a> {
     String(&'a str),
     Integer(i64),
     Float(FloatKey),
@@ -284,7 +284,7 @@ enum Indexed<'a> {
 }
 
 /// Calls `f` with every field of a vector and its indexed value.
-fn each_value(metadata: &Metadata, payload: &Payload, mut f: impl FnMut(&str, Indexed<'_>)) {
+pub(crate) fn each_value(metadata: &Metadata, payload: &Payload, mut f: impl FnMut(&str, Indexed<'_>)) {
     for (field, value) in metadata {
         f(field, Indexed::String(value));
     }

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use smol_str::SmolStr;
 
 use super::format::{Cursor, Parsed, Section, fail};
-use crate::payload::{FieldIndex, FloatKey, Payload, PayloadIndex, PayloadValue};
+use crate::payload::{FieldIndex, FloatKey, Indexed, Payload, PayloadIndex, each_value};
 use crate::slots::SlotSet;
 use crate::types::Metadata;
 
@@ -94,45 +94,28 @@ fn put_slots(out: &mut Vec<u8>, slots: &[u32]) {
     }
 }
 
-/// One listed value of one field, as the section holds it.
-#[derive(Debug, Clone, Copy)]
-enum Value<'a> {
-    String(&'a str),
-    Integer(i64),
-    Float(f64),
-    Bool(bool),
-}
-
-impl<'a> Value<'a> {
-    /// A record's value as the index keys it.
-    fn of(value: &'a PayloadValue) -> Self {
-        match value {
-            PayloadValue::String(v) => Value::String(v),
-            PayloadValue::Integer(v) => Value::Integer(*v),
-            // The index keys -0.0 as 0.0 (`FloatKey`).
-            PayloadValue::Float(v) => Value::Float(v + 0.0),
-            PayloadValue::Bool(v) => Value::Bool(*v),
-        }
-    }
-
-    /// Whether this value comes strictly before `other` of the same type, in the order a field's
-    /// values are stored (strings by bytes, numbers by value).
-    fn below(self, other: Value<'_>) -> bool {
+/// The order a field's values are stored in and the equality the check uses, over the values
+/// as the index keys them ([`Indexed`]: a record's -0.0 already as 0.0).
+impl Indexed<'_> {
+    /// Whether this value comes strictly before `other` of the same type (strings by bytes,
+    /// numbers by value).
+    fn below(self, other: Indexed<'_>) -> bool {
         match (self, other) {
-            (Value::String(a), Value::String(b)) => a < b,
-            (Value::Integer(a), Value::Integer(b)) => a < b,
-            (Value::Float(a), Value::Float(b)) => a < b,
+            (Indexed::String(a), Indexed::String(b)) => a < b,
+            (Indexed::Integer(a), Indexed::Integer(b)) => a < b,
+            (Indexed::Float(a), Indexed::Float(b)) => a.0 < b.0,
             _ => false,
         }
     }
 
-    /// The same value of the same type (floats bit for bit: a NaN record matches nothing).
-    fn same(self, other: Value<'_>) -> bool {
+    /// The same value of the same type (floats bit for bit: a NaN record matches nothing,
+    /// since no index value is one).
+    fn same(self, other: Indexed<'_>) -> bool {
         match (self, other) {
-            (Value::String(a), Value::String(b)) => a == b,
-            (Value::Integer(a), Value::Integer(b)) => a == b,
-            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
-            (Value::Bool(a), Value::Bool(b)) => a == b,
+            (Indexed::String(a), Indexed::String(b)) => a == b,
+            (Indexed::Integer(a), Indexed::Integer(b)) => a == b,
+            (Indexed::Float(a), Indexed::Float(b)) => a.0.to_bits() == b.0.to_bits(),
+            (Indexed::Bool(a), Indexed::Bool(b)) => a == b,
             _ => false,
         }
     }
@@ -197,7 +180,7 @@ impl Owners {
 /// the run starts in the file.
 struct Run<'a> {
     field: usize,
-    value: Value<'a>,
+    value: Indexed<'a>,
     slots: &'a [u8],
     offset: u64,
 }
@@ -234,8 +217,10 @@ pub(crate) fn decode<'r>(
         names.push(name);
         let first_run = runs.len();
         let mut run = |value, slots, offset| runs.push(Run { field, value, slots, offset });
-        values(c, name, "string", 12, &mut run, |c| c.text("a string value").map(Value::String))?;
-        values(c, name, "integer", 16, &mut run, |c| Ok(Value::Integer(c.u64("an integer value")? as i64)))?;
+        values(c, name, "string", 12, &mut run, |c| c.text("a string value").map(Indexed::String))?;
+        values(c, name, "integer", 16, &mut run, |c| {
+            Ok(Indexed::Integer(c.u64("an integer value")? as i64))
+        })?;
         values(c, name, "float", 16, &mut run, |c| {
             let at = c.offset();
             let value = f64::from_bits(c.u64("a float value")?);
@@ -246,13 +231,13 @@ pub(crate) fn decode<'r>(
                     format!("field {name:?}: float {value} is not a finite value as indexed"),
                 );
             }
-            Ok(Value::Float(value))
+            Ok(Indexed::Float(FloatKey(value)))
         })?;
         for flag in [false, true] {
             let at = c.offset();
             let slots = listed(c, true)?;
             if !slots.is_empty() {
-                runs.push(Run { field, value: Value::Bool(flag), slots, offset: at });
+                runs.push(Run { field, value: Indexed::Bool(flag), slots, offset: at });
             }
         }
         if runs.len() == first_run {
@@ -324,20 +309,22 @@ pub(crate) fn decode<'r>(
                 format!("slot {s}: field {name:?} is both metadata and payload"),
             );
         }
-        let strings = metadata.iter().map(|(name, value)| (name.as_str(), Value::String(value)));
-        let typed = payload.iter().map(|(name, value)| (name.as_str(), Value::of(value)));
-        for (name, value) in strings.chain(typed) {
+        // Each value as the index keys it (the same walk `PayloadIndex::build` makes).
+        let mut wrong = None;
+        each_value(metadata, payload, |name, value| {
             let listed = field_of.get(name).and_then(|&f| owner[f].run(s as u32)).map(|r| runs[r].value);
-            if !listed.is_some_and(|listed| listed.same(value)) {
-                return fail(
-                    PART,
-                    section.offset,
-                    format!("field {name:?}: slot {s} holds {value:?}, which the index lists as {listed:?}"),
-                );
+            if listed.is_some_and(|listed| listed.same(value)) {
+                pairs += 1;
+            } else if wrong.is_none() {
+                wrong = Some(format!(
+                    "field {name:?}: slot {s} holds {value:?}, which the index lists as {listed:?}"
+                ));
             }
-            pairs += 1;
+        });
+        match wrong {
+            Some(reason) => fail(PART, section.offset, reason),
+            None => Ok(pairs),
         }
-        Ok(pairs)
     };
     let chunk = 1 << 14;
     let held: Vec<Parsed<usize>> = (0..slots.div_ceil(chunk))
@@ -369,7 +356,7 @@ pub(crate) fn decode<'r>(
     // Each field's maps built from its runs in order (numbers ascending: built in bulk), the
     // fields side by side.
     let mut lists: Vec<Option<Vec<u32>>> = lists.into_iter().map(Some).collect();
-    let mut taken: Vec<Vec<(Value<'_>, Vec<u32>)>> = field_runs
+    let mut taken: Vec<Vec<(Indexed<'_>, Vec<u32>)>> = field_runs
         .iter()
         .map(|span| span.clone().map(|r| (runs[r].value, lists[r].take().unwrap_or_default())).collect())
         .collect();
@@ -381,12 +368,12 @@ pub(crate) fn decode<'r>(
             let mut floats = Vec::new();
             for (value, list) in runs.drain(..) {
                 match value {
-                    Value::String(v) => {
+                    Indexed::String(v) => {
                         index.strings.insert(SmolStr::new(v), list);
                     }
-                    Value::Integer(v) => integers.push((v, list)),
-                    Value::Float(v) => floats.push((FloatKey(v), list)),
-                    Value::Bool(v) => index.bools[usize::from(v)] = list,
+                    Indexed::Integer(v) => integers.push((v, list)),
+                    Indexed::Float(v) => floats.push((v, list)),
+                    Indexed::Bool(v) => index.bools[usize::from(v)] = list,
                 }
             }
             index.integers = integers.into_iter().collect();
@@ -405,11 +392,11 @@ fn values<'a>(
     name: &str,
     kind: &str,
     min_bytes: usize,
-    run: &mut impl FnMut(Value<'a>, &'a [u8], u64),
-    read: impl Fn(&mut Cursor<'a>) -> Parsed<Value<'a>>,
+    run: &mut impl FnMut(Indexed<'a>, &'a [u8], u64),
+    read: impl Fn(&mut Cursor<'a>) -> Parsed<Indexed<'a>>,
 ) -> Parsed<()> {
     let count = c.count(&format!("a field's {kind} values"), min_bytes)?;
-    let mut last: Option<Value<'a>> = None;
+    let mut last: Option<Indexed<'a>> = None;
     for _ in 0..count {
         let at = c.offset();
         let value = read(c)?;
@@ -439,6 +426,7 @@ fn listed<'a>(c: &mut Cursor<'a>, may_be_empty: bool) -> Parsed<&'a [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::payload::PayloadValue;
     use crate::persist::format::{Kind, Section};
 
     fn section(count: usize, bytes: &[u8]) -> Section {

@@ -45,19 +45,29 @@ fn fill_staging(staging: &mut [u8], values: &[f32], precision: StoragePrecision)
 }
 
 /// A bound on the squared norm the device computes for each of these stored rows, as
-/// `upload_rows` folds it into `max_sq_norm`: the largest exact squared norm (each square is
-/// exact in f64, and `dim` f64 additions err by under `dim * 2^-53`), times `1 + gamma(dim)`,
-/// which covers a sum in f32 in any order (the norms kernel sums in f64 and rounds once, well
-/// inside it), widened as the device path widens its own maximum.
+/// `upload_rows` folds it into `max_sq_norm` (the streamed store bounds its rows the same way).
 fn stored_sq_norm_bound(stored: &[u8], precision: StoragePrecision, dim: usize) -> f32 {
-    let mut values = Vec::new();
-    crate::exact::elements::widen(stored, precision, &mut values);
-    let exact = values
-        .chunks_exact(dim)
-        .map(|row| row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>())
-        .fold(0f64, f64::max);
-    let gamma = f64::from(crate::exact::error::ErrorBound::gamma(dim));
-    (exact * (1.0 + gamma) * (1.0 + 1e-12)) as f32 * (1.0 + 1e-6)
+    device_sq_norm_bound(largest_squared_norm(stored, precision, dim), dim)
+}
+
+/// The largest f64 squared norm of the whole rows of stored elements in `bytes`.
+pub(super) fn largest_squared_norm(bytes: &[u8], precision: StoragePrecision, dim: usize) -> f64 {
+    let mut row = Vec::with_capacity(dim);
+    bytes
+        .chunks_exact(dim * precision.element_bytes())
+        .map(|stored| {
+            row.clear();
+            crate::exact::elements::widen(stored, precision, &mut row);
+            crate::exact::squared_norm_f64(&row)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `largest` (an f64 squared norm) widened into a bound on what any device computes for it: a
+/// device sums a norm in f32 (or in f64, rounding once), within `dim * 2^-24` of the f64 sum
+/// relatively, so this widening keeps the bound above it, rounding to f32 included.
+pub(super) fn device_sq_norm_bound(largest: f64, dim: usize) -> f32 {
+    (largest * (1.0 + (dim as f64 + 2.0) * f64::powi(2.0, -22))) as f32
 }
 
 /// The launch of `hg_gather` over `count` rows of `row_bytes`: a thread per unit it copies (4,

@@ -216,7 +216,7 @@ impl<D: Driver> HostRows<D> {
                         dst.copy_from_slice(&bytes[first * row_bytes..(first + n) * row_bytes])
                     }
                 }
-                largest_squared_norm(dst, precision, dim)
+                super::rows::largest_squared_norm(dst, precision, dim)
             };
             let chunk = ROWS_PER_TASK * row_bytes;
             // One task's worth on this thread; more on the library's pool, never on a pool of
@@ -231,10 +231,7 @@ impl<D: Driver> HostRows<D> {
             written += rows;
         }
         self.len += count;
-        // A device sums a norm in f32: within dim * 2^-24 of the f64 sum relatively, so this
-        // widening keeps the bound above what any device computes, rounding to f32 included.
-        let widened = max * (1.0 + (dim as f64 + 2.0) * f64::powi(2.0, -22));
-        self.max_sq_norm = self.max_sq_norm.max(widened as f32);
+        self.max_sq_norm = self.max_sq_norm.max(super::rows::device_sq_norm_bound(max, dim));
         Ok(())
     }
 
@@ -356,19 +353,6 @@ impl<D: Driver> HostRows<D> {
 enum Incoming<'a> {
     Values(&'a [f32]),
     Stored(&'a [u8]),
-}
-
-/// The largest f64 squared norm of the whole rows of stored elements in `bytes`.
-fn largest_squared_norm(bytes: &[u8], precision: StoragePrecision, dim: usize) -> f64 {
-    let mut row = Vec::with_capacity(dim);
-    bytes
-        .chunks_exact(dim * precision.element_bytes())
-        .map(|stored| {
-            row.clear();
-            crate::exact::elements::widen(stored, precision, &mut row);
-            crate::exact::squared_norm_f64(&row)
-        })
-        .fold(0.0, f64::max)
 }
 
 /// Merges `found` (a later window's list, best first) into `best` (the lists of the windows
