@@ -105,9 +105,11 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
         std::iter::once(None).chain(args.filter_selectivity.iter().map(|&s| Some(s))).collect();
 
     for &selectivity in &selectivities {
-        let filter = selectivity.map(|s| FilterCase::new(&storage, data.base.rows, s)).transpose()?;
+        let filter = selectivity
+            .map(|s| FilterCase::new(&storage, data.base.rows, s, args.filter_per_search))
+            .transpose()?;
         let filtered = match &filter {
-            Some(case) => SearchOptions::default().with_filter(Filter::Prepared(case.prepared.clone())),
+            Some(case) => SearchOptions::default().with_filter(case.filter.clone()),
             None => SearchOptions::default(),
         };
         for (setting, params) in &settings_list {
@@ -152,6 +154,13 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                                     Value::Str(if args.columnar { "columns" } else { "lists" }.into())
                                 ),
                                 ("selectivity", selectivity.map_or(Value::Null, Value::Num)),
+                                (
+                                    "filter_prepared",
+                                    match selectivity {
+                                        Some(_) => Value::Bool(!args.filter_per_search),
+                                        None => Value::Null,
+                                    }
+                                ),
                                 (
                                     "passing",
                                     Value::Int(
@@ -201,8 +210,9 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                     out!("  index     {} ({setting}), {bytes_per_vector:.1} bytes per vector", args.index);
                     if let (Some(s), Some(case)) = (selectivity, &filter) {
                         out!(
-                            "  filter    an allow-list of {} ids (selectivity {s}), prepared once",
-                            case.passing.len()
+                            "  filter    an allow-list of {} ids (selectivity {s}), {}",
+                            case.passing.len(),
+                            FilterCase::how(args.filter_per_search)
                         );
                     }
                     out!();
@@ -347,18 +357,34 @@ fn report_target(target: f64, reached: &[(String, f64, f64)], json: bool) -> Res
     Ok(())
 }
 
-/// One `--filter-selectivity` setting: the passing rows and the filter prepared from them.
+/// One `--filter-selectivity` setting: the passing rows and the filter searched with, prepared
+/// from them once, or (`--filter-per-search`) the allow-list of ids itself, which every search
+/// call resolves to slots and sends to the device again.
 struct FilterCase {
     passing: Vec<usize>,
-    prepared: hive_gpu::PreparedFilter,
+    filter: Filter,
 }
 
 impl FilterCase {
-    fn new(storage: &GpuVectorStorage, rows: usize, selectivity: f64) -> Result<Self, HiveGpuError> {
+    fn new(
+        storage: &GpuVectorStorage,
+        rows: usize,
+        selectivity: f64,
+        per_search: bool,
+    ) -> Result<Self, HiveGpuError> {
         let passing: Vec<usize> = (0..rows).filter(|&i| passes(i, selectivity)).collect();
         let ids: Vec<String> = passing.iter().map(|i| i.to_string()).collect();
-        let prepared = storage.prepare_filter(&Filter::ids(&ids))?;
-        Ok(Self { passing, prepared })
+        let filter = if per_search {
+            Filter::ids(&ids)
+        } else {
+            Filter::Prepared(storage.prepare_filter(&Filter::ids(&ids))?)
+        };
+        Ok(Self { passing, filter })
+    }
+
+    /// How the filter reaches a search, in words.
+    fn how(per_search: bool) -> &'static str {
+        if per_search { "evaluated by every search call" } else { "prepared once" }
     }
 }
 

@@ -8,6 +8,8 @@ pub enum Value {
     Int(u64),
     /// A number; NaN and infinities become `null`.
     Num(f64),
+    /// `true` or `false`.
+    Bool(bool),
     /// `null`: a value that was not measured.
     Null,
     /// An array of values.
@@ -33,6 +35,7 @@ fn write_value(out: &mut String, value: &Value) {
     match value {
         Value::Str(s) => out.push_str(&quote(s)),
         Value::Int(n) => out.push_str(&n.to_string()),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Num(x) if x.is_finite() => out.push_str(&format!("{x}")),
         Value::Num(_) | Value::Null => out.push_str("null"),
         Value::List(items) => {

@@ -291,6 +291,11 @@ struct BenchArgs {
     /// comma list measures each S in turn after the unfiltered search, on the same collection.
     #[arg(long, value_delimiter = ',')]
     filter_selectivity: Vec<f64>,
+    /// With --filter-selectivity: pass the allow-list of ids itself to every search call
+    /// instead of a filter prepared once, so that each call resolves the ids to slots and sends
+    /// its set to the device (what a request that brings its own filter costs).
+    #[arg(long, requires = "filter_selectivity")]
+    filter_per_search: bool,
     /// Take each batch's results as flat arrays (`search_batch_results`) instead of a list of
     /// structures per query (`search_batch`), to measure what building them costs.
     #[arg(long)]

@@ -32,6 +32,17 @@ pub(crate) fn distances_f64(
     let n = q.len();
     // Re-sliced to exactly `n` values, so that `row[d]` with `d < n` needs no check in the loop.
     let rows: [&[f32]; LANES] = std::array::from_fn(|l| &rows.get(l).unwrap_or(&rows[0])[..n]);
+    #[cfg(target_arch = "x86_64")]
+    if !metric.is_difference_norm() && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above.
+        return unsafe { x86::distances_avx2(metric, q, q_norm, &rows) };
+    }
+    portable(metric, q, q_norm, &rows)
+}
+
+/// [`distances_f64`] without vector instructions: the lanes side by side in plain code (SSE2's
+/// two f64 lanes at most, on x86-64).
+fn portable(metric: GpuDistanceMetric, q: &[f32], q_norm: f64, rows: &[&[f32]; LANES]) -> [f64; LANES] {
     // `Iterator::sum` of f64 starts from -0.0; the lanes start where it does.
     let mut sum = [-0.0f64; LANES];
     match metric {
@@ -46,7 +57,7 @@ pub(crate) fn distances_f64(
             sum
         }
         GpuDistanceMetric::DotProduct => {
-            lane_dots(q, &rows, &mut sum);
+            lane_dots(q, rows, &mut sum);
             sum.map(|dot| -dot)
         }
         GpuDistanceMetric::Cosine => {
@@ -59,10 +70,7 @@ pub(crate) fn distances_f64(
                     norms[l] += b * b;
                 }
             }
-            std::array::from_fn(|l| {
-                let norm = norms[l].sqrt();
-                if norm == 0.0 || q_norm == 0.0 { 0.0 } else { -sum[l] / (norm * q_norm) }
-            })
+            std::array::from_fn(|l| cosine(sum[l], norms[l], q_norm))
         }
         GpuDistanceMetric::Manhattan => {
             for (d, &a) in q.iter().enumerate() {
@@ -87,11 +95,151 @@ pub(crate) fn distances_f64(
     }
 }
 
+/// The cosine distance from a dot product, the row's squared norm and the query's norm.
+fn cosine(dot: f64, squared_norm: f64, q_norm: f64) -> f64 {
+    let norm = squared_norm.sqrt();
+    if norm == 0.0 || q_norm == 0.0 { 0.0 } else { -dot / (norm * q_norm) }
+}
+
 fn lane_dots(q: &[f32], rows: &[&[f32]; LANES], sum: &mut [f64; LANES]) {
     for (d, &a) in q.iter().enumerate() {
         let a = f64::from(a);
         for l in 0..LANES {
             sum[l] += a * f64::from(rows[l][d]);
+        }
+    }
+}
+
+/// The lanes on AVX2: each run of 8 components of the 8 rows is loaded a row at a time
+/// (contiguous loads) and transposed in registers, so that one vector holds one component of
+/// every row; each lane then takes the very operations of [`portable`], in component order (no
+/// fused multiply-add: the product rounds before the sum, as there). The rows' scattered
+/// scalar loads were most of the portable version's time (60 ns a 128-component row on the
+/// 2-core VM; docs/PERFORMANCE.md, small searches).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{LANES, cosine};
+    use crate::types::GpuDistanceMetric;
+
+    /// Components per transposed block.
+    const BLOCK: usize = 8;
+
+    /// `rows[l][at..at + 8]`, one vector.
+    #[target_feature(enable = "avx2")]
+    fn load8(row: &[f32], at: usize) -> __m256 {
+        let v: &[f32; BLOCK] = row[at..at + BLOCK].try_into().expect("8 components");
+        // SAFETY: `v` is 8 readable f32 and the load needs no alignment.
+        unsafe { _mm256_loadu_ps(v.as_ptr()) }
+    }
+
+    /// The 8 x 8 block of `rows` at components `at..at + 8`, transposed: entry `j` holds
+    /// component `at + j` of rows 0 to 7, lane `l` row `l`.
+    #[target_feature(enable = "avx2")]
+    fn transposed(rows: &[&[f32]; LANES], at: usize) -> [__m256; BLOCK] {
+        let r: [__m256; LANES] = std::array::from_fn(|l| load8(rows[l], at));
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        // Per 128-bit half: rows 0-3 (and 4-7) of components 0 and 4, 1 and 5, 2 and 6, 3 and 7.
+        let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(s0, s4),
+            _mm256_permute2f128_ps::<0x20>(s1, s5),
+            _mm256_permute2f128_ps::<0x20>(s2, s6),
+            _mm256_permute2f128_ps::<0x20>(s3, s7),
+            _mm256_permute2f128_ps::<0x31>(s0, s4),
+            _mm256_permute2f128_ps::<0x31>(s1, s5),
+            _mm256_permute2f128_ps::<0x31>(s2, s6),
+            _mm256_permute2f128_ps::<0x31>(s3, s7),
+        ]
+    }
+
+    /// Component `d` of rows 0-3 and 4-7, widened.
+    #[target_feature(enable = "avx2")]
+    fn column(rows: &[&[f32]; LANES], d: usize) -> (__m256d, __m256d) {
+        let x = |l: usize| f64::from(rows[l][d]);
+        (_mm256_setr_pd(x(0), x(1), x(2), x(3)), _mm256_setr_pd(x(4), x(5), x(6), x(7)))
+    }
+
+    /// One component's step for every lane: `a` the query's component, `x` the rows' (rows
+    /// 0-3 or 4-7), into the sums (and, for cosine, the squared norms).
+    #[target_feature(enable = "avx2")]
+    fn step(metric: GpuDistanceMetric, a: __m256d, x: __m256d, sum: &mut __m256d, norm: &mut __m256d) {
+        match metric {
+            GpuDistanceMetric::Euclidean => {
+                let diff = _mm256_sub_pd(a, x);
+                *sum = _mm256_add_pd(*sum, _mm256_mul_pd(diff, diff));
+            }
+            GpuDistanceMetric::Cosine => {
+                *sum = _mm256_add_pd(*sum, _mm256_mul_pd(a, x));
+                *norm = _mm256_add_pd(*norm, _mm256_mul_pd(x, x));
+            }
+            _ => *sum = _mm256_add_pd(*sum, _mm256_mul_pd(a, x)),
+        }
+    }
+
+    /// [`super::distances_f64`] for L2, the dot product and cosine (`rows` already `q.len()`
+    /// long, missing lanes repeating row 0).
+    #[target_feature(enable = "avx2")]
+    pub(super) fn distances_avx2(
+        metric: GpuDistanceMetric,
+        q: &[f32],
+        q_norm: f64,
+        rows: &[&[f32]; LANES],
+    ) -> [f64; LANES] {
+        let n = q.len();
+        let whole = n / BLOCK * BLOCK;
+        // Lanes 0-3 and 4-7; `Iterator::sum` of f64 starts from -0.0, and so do they.
+        let mut sum = [_mm256_set1_pd(-0.0); 2];
+        let mut norm = [_mm256_set1_pd(-0.0); 2];
+        for at in (0..whole).step_by(BLOCK) {
+            let block = transposed(rows, at);
+            for (j, x) in block.into_iter().enumerate() {
+                let a = _mm256_set1_pd(f64::from(q[at + j]));
+                let low = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+                let high = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x));
+                let [s0, s1] = &mut sum;
+                let [n0, n1] = &mut norm;
+                step(metric, a, low, s0, n0);
+                step(metric, a, high, s1, n1);
+            }
+        }
+        for (d, &component) in q.iter().enumerate().skip(whole) {
+            let a = _mm256_set1_pd(f64::from(component));
+            let (low, high) = column(rows, d);
+            let [s0, s1] = &mut sum;
+            let [n0, n1] = &mut norm;
+            step(metric, a, low, s0, n0);
+            step(metric, a, high, s1, n1);
+        }
+        let mut sums = [0f64; LANES];
+        let mut norms = [0f64; LANES];
+        let (sums_low, sums_high) = sums.split_at_mut(4);
+        let (norms_low, norms_high) = norms.split_at_mut(4);
+        for (out, v) in [(sums_low, sum[0]), (sums_high, sum[1]), (norms_low, norm[0]), (norms_high, norm[1])]
+        {
+            let out: &mut [f64; 4] = out.try_into().expect("4 lanes");
+            // SAFETY: `out` is 4 writable f64 and the store needs no alignment.
+            unsafe { _mm256_storeu_pd(out.as_mut_ptr(), v) };
+        }
+        match metric {
+            GpuDistanceMetric::Euclidean => sums,
+            GpuDistanceMetric::Cosine => std::array::from_fn(|l| cosine(sums[l], norms[l], q_norm)),
+            _ => sums.map(|dot| -dot),
         }
     }
 }
@@ -134,7 +282,7 @@ mod tests {
             let x = ((state >> 11) as f32 / (1u64 << 53) as f32 - 0.5) * scale;
             if state.is_multiple_of(17) { -0.0 } else { x }
         };
-        for dim in [1, 3, 8, 25, 128, 131] {
+        for dim in [1, 3, 7, 8, 9, 16, 25, 128, 131] {
             let q: Vec<f32> = (0..dim).map(|_| next()).collect();
             let q_norm = crate::exact::squared_norm_f64(&q).sqrt();
             let rows: Vec<Vec<f32>> = (0..LANES + 3)
@@ -144,13 +292,17 @@ mod tests {
                 for count in 1..=LANES {
                     let picked: Vec<&[f32]> = rows[3..3 + count].iter().map(Vec::as_slice).collect();
                     let got = distances_f64(metric, &q, q_norm, &picked);
+                    let full: [&[f32]; LANES] = std::array::from_fn(|l| *picked.get(l).unwrap_or(&picked[0]));
+                    let plain = portable(metric, &q, q_norm, &full);
                     for (l, row) in picked.iter().enumerate() {
                         let want = reference(metric, &q, q_norm, row);
-                        assert_eq!(
-                            got[l].to_bits(),
-                            want.to_bits(),
-                            "{metric:?} dim {dim} lane {l} of {count}"
-                        );
+                        for (version, got) in [("dispatched", got[l]), ("portable", plain[l])] {
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{metric:?} dim {dim} lane {l} of {count}, {version}"
+                            );
+                        }
                     }
                 }
                 let zero = distances_f64(metric, &q, q_norm, &[&rows[2]])[0];

@@ -269,8 +269,15 @@ impl<'f> Plan<'f> {
             return Err(HiveGpuError::EmptyCollection);
         }
         // A filter becomes the live slots that pass it, read by every kernel of the search.
+        let began = std::time::Instant::now();
         let allowed = options.filter.as_ref().map(|f| collection.allowed(f)).transpose()?;
         let searched = allowed.as_ref().map_or(collection.len(), |a| a.count());
+        if profiling() && allowed.is_some() {
+            eprintln!(
+                "hive-gpu profile (filter to {searched} slots, ms): {:.3}",
+                began.elapsed().as_secs_f64() * 1e3
+            );
+        }
         if options.nprobe == Some(0) || options.refine_factor == Some(0) {
             return Err(HiveGpuError::InvalidArgument(format!(
                 "nprobe and refine_factor must be at least 1 (nprobe {:?}, refine_factor {:?})",

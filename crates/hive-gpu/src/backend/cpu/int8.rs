@@ -29,9 +29,19 @@ pub fn available() -> bool {
     }
 }
 
-/// Whether `x` is an integer in 0..=255.
+/// Whether `x` is an integer in 0..=255. In that range the cast truncates toward zero, so it
+/// gives `x` back exactly when `x` has no fraction; `f32::fract` is a call into libm's
+/// `truncf` without SSE4.1, which took 8% of a 100-query search over 100 rows (the IVF probe
+/// of SIFT10K; docs/PERFORMANCE.md, small searches).
 pub fn is_byte(x: f32) -> bool {
-    (0.0..=255.0).contains(&x) && x.fract() == 0.0
+    (0.0..=255.0).contains(&x) && f32::from(x as u8) == x
+}
+
+/// Whether every value is an integer in 0..=255 ([`is_byte`]). Each run of 32 values is tested
+/// without an early exit, which the compiler vectorizes (a test that stops at the first miss
+/// cannot be); the runs stop at the first one with a miss.
+pub fn all_bytes(values: &[f32]) -> bool {
+    values.chunks(32).all(|run| run.iter().fold(true, |all, &x| all & is_byte(x)))
 }
 
 /// Four-component groups per vector (the last padded with zeros).
@@ -233,6 +243,13 @@ mod tests {
     fn byte_detection() {
         assert!(is_byte(0.0) && is_byte(255.0) && is_byte(17.0));
         assert!(!is_byte(-1.0) && !is_byte(256.0) && !is_byte(0.5) && !is_byte(f32::NAN));
+        assert!(all_bytes(&[7.0; 70]) && all_bytes(&[]));
+        for miss in [0, 31, 32, 69] {
+            let mut values = [3.0f32; 70];
+            values[miss] = 0.5;
+            assert!(!all_bytes(&values), "a fraction at {miss}");
+        }
+        assert!(is_byte(-0.0) && !is_byte(254.99998) && !is_byte(f32::INFINITY) && !is_byte(1e-45));
     }
 
     #[test]

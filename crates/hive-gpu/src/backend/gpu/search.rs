@@ -333,6 +333,7 @@ impl<D: Driver> GpuRows<D> {
         allowed: &SlotSet,
         sink: Option<&Sink<'_, D>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
+        let mut profile = Profiler::new();
         let key = self.filter_key(allowed);
         let kept_gather = ws.gathered.as_ref().filter(|g| g.key == key);
         let kept_skip = ws.skip_for.filter(|(of, _)| *of == key);
@@ -352,6 +353,8 @@ impl<D: Driver> GpuRows<D> {
         if live == self.live() {
             return self.search_in(ws, queries, k, metric, None, sink);
         }
+        profile.mark(&**self.driver(), &ws.stream, "mask")?;
+        profile.report(&format!("filtered search among {live} rows"));
         if self.gathers(queries.len() / self.dim, live) {
             match self.search_gathered(ws, queries, k, metric, allowed, key, live, mask.as_ref()) {
                 // No room on the device for a copy of the passing rows: the masked scan needs none.
@@ -413,11 +416,15 @@ impl<D: Driver> GpuRows<D> {
             let found = gathered.rows.search_in(ws, queries, k, metric, None, None);
             return found.map(|found| crate::backend::ungather(found, &gathered.passing));
         }
+        let mut profile = Profiler::new();
         let gathered = match ws.gathered.take() {
             Some(kept) if kept.key == key => kept,
             earlier => {
                 let passing = passing_slots();
+                profile.mark(&**self.driver(), &ws.stream, "passing slots")?;
                 let rows = self.gathered(&passing, earlier.map(|e| e.rows), &mut ws.gather_slots)?;
+                profile.mark(&**self.driver(), &ws.stream, "gather")?;
+                profile.report(&format!("gather of {live} rows"));
                 Gathered { rows, passing, key }
             }
         };

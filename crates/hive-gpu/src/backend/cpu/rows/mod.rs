@@ -225,7 +225,7 @@ impl CpuRows {
         RowStats {
             norm: simd::squared_norm_f64(row),
             residual: bf16::residual(row),
-            bytes: row.iter().all(|&x| int8::is_byte(x)),
+            bytes: int8::all_bytes(row),
         }
     }
 
@@ -532,7 +532,7 @@ impl CpuRows {
             && !metric.is_difference_norm()
             && dim <= int8::MAX_DIM
             && int8::available()
-            && queries.iter().all(|&x| int8::is_byte(x));
+            && int8::all_bytes(queries);
         let collectors = if nq >= BF16_MIN_QUERIES && bytes {
             // Exact integer products; only the f32 conversion rounds, well inside the f32 bound.
             let bounds = self.f32_bounds(queries, metric);
