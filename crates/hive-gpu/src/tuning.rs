@@ -135,6 +135,13 @@ pub struct Tuning {
     /// kernel's looser error bound sends more candidates to the exact re-rank than its speed
     /// saves. `HIVE_GPU_CPU_BF16_MIN_ROWS`.
     pub cpu_bf16_min_rows: usize,
+    /// The CPU backend searches an unfiltered batch of queries x rows x dimension up to this
+    /// many products on the caller's thread instead of handing it to the library's pool (0:
+    /// every search goes to the pool, as tests use to cover the pool's paths with small data).
+    /// A hand-over costs a thread's wake-up each way: on the 2-core VM a fifth of a 100-query
+    /// search over 100 rows of 128 dimensions (SIFT10K's IVF probe; docs/PERFORMANCE.md, small
+    /// searches). `HIVE_GPU_CPU_HERE_PRODUCTS`.
+    pub cpu_here_products: usize,
     /// The most bytes of rows one CUDA/ROCm collection keeps in device memory, where set (else
     /// as much as the device has). A collection that outgrows it, or the device, moves its
     /// rows to page-locked host memory and streams them through the device for each search
@@ -208,6 +215,7 @@ impl Default for Tuning {
             device_merge_min_queries: 128,
             // See docs/PERFORMANCE.md, "IVF-Flat on small collections".
             cpu_bf16_min_rows: 4096,
+            cpu_here_products: 1 << 21,
             device_rows_bytes: None,
             // 1 GiB uploads in about 40 ms at 25 GB/s, so a window's fixed search costs (well
             // under a millisecond) stay small beside its copy (docs/PERFORMANCE.md, streaming).
@@ -266,7 +274,7 @@ impl Tuning {
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_NEAREST_KERNEL", &mut t.nearest_kernel)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 24] = [
+        let sizes: [(&str, usize, &mut usize); 25] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -286,6 +294,7 @@ impl Tuning {
             ("HIVE_GPU_DEVICE_MERGE_MIN_QUERIES", 1, &mut t.device_merge_min_queries),
             ("HIVE_GPU_STREAM_WINDOW_BYTES", 1, &mut t.stream_window_bytes),
             ("HIVE_GPU_CPU_BF16_MIN_ROWS", 0, &mut t.cpu_bf16_min_rows),
+            ("HIVE_GPU_CPU_HERE_PRODUCTS", 0, &mut t.cpu_here_products),
             ("HIVE_GPU_SMALL_SEARCH_ROWS", 0, &mut t.small_search_rows),
             ("HIVE_GPU_SMALL_SEARCH_MAX_K", 0, &mut t.small_search_max_k),
             ("HIVE_GPU_SMALL_PIECE_QUERIES", 1, &mut t.small_piece_queries),
@@ -341,6 +350,7 @@ mod tests {
             ("HIVE_GPU_DEVICE_ROWS_BYTES", "4096"),
             ("HIVE_GPU_STREAM_WINDOW_BYTES", "1024"),
             ("HIVE_GPU_CPU_BF16_MIN_ROWS", "0"),
+            ("HIVE_GPU_CPU_HERE_PRODUCTS", "0"),
             ("HIVE_GPU_SMALL_SEARCH_ROWS", "0"),
             ("HIVE_GPU_SMALL_PIECE_WORKERS", "6"),
         ])
@@ -354,7 +364,7 @@ mod tests {
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!(t.fused_min_work, 77);
         assert_eq!((t.device_rows_bytes, t.stream_window_bytes), (Some(4096), 1024));
-        assert_eq!(t.cpu_bf16_min_rows, 0);
+        assert_eq!((t.cpu_bf16_min_rows, t.cpu_here_products), (0, 0));
         assert_eq!((t.small_search_rows, t.small_piece_workers), (0, 6));
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);
     }

@@ -158,10 +158,14 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
             GpuBackendType::Vulkan if !context.device_info().software => {
                 vec![tuned(|t| t.fused_min_rows = 1)]
             }
-            // Batches over small collections multiply in f32 by default; this takes them
-            // through the bf16 kernel (where the CPU has AVX512-BF16), which the suites'
-            // small data would otherwise never reach.
-            GpuBackendType::Cpu => vec![tuned(|t| t.cpu_bf16_min_rows = 0)],
+            // Batches over small collections multiply in f32 by default, and small searches
+            // run on the caller's thread; this takes them through the bf16 kernel (where the
+            // CPU has AVX512-BF16) and the pool's paths, which the suites' small data would
+            // otherwise never reach.
+            GpuBackendType::Cpu => vec![tuned(|t| {
+                t.cpu_bf16_min_rows = 0;
+                t.cpu_here_products = 0;
+            })],
             _ => Vec::new(),
         };
         let forced: Vec<GpuContext> = variants.into_iter().map(|t| context.clone().with_tuning(t)).collect();

@@ -74,7 +74,9 @@ impl GpuBackend for CpuBackend {
     ) -> Result<Box<dyn RowStore>> {
         crate::backend::check_new_rows(dim)?;
         Ok(Box::new(
-            rows::CpuRows::new(dim, precision, self.simd).with_bf16_min_rows(tuning.cpu_bf16_min_rows),
+            rows::CpuRows::new(dim, precision, self.simd)
+                .with_bf16_min_rows(tuning.cpu_bf16_min_rows)
+                .with_here_products(tuning.cpu_here_products),
         ))
     }
 }

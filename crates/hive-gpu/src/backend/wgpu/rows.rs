@@ -156,7 +156,8 @@ impl WgpuRows {
         Ok(Self {
             device,
             host: CpuRows::new(dim, precision, SimdLevel::detect())
-                .with_bf16_min_rows(tuning.cpu_bf16_min_rows),
+                .with_bf16_min_rows(tuning.cpu_bf16_min_rows)
+                .with_here_products(tuning.cpu_here_products),
             dim,
             precision,
             rows_per_chunk,

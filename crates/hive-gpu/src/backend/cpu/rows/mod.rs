@@ -140,6 +140,9 @@ pub struct CpuRows {
     simd: SimdLevel,
     /// Batches over fewer rows stay off the bf16 kernel ([`crate::Tuning::cpu_bf16_min_rows`]).
     bf16_min_rows: usize,
+    /// Unfiltered searches of at most this many products run on the caller's thread
+    /// ([`crate::Tuning::cpu_here_products`]).
+    here_products: usize,
 }
 
 impl CpuRows {
@@ -162,6 +165,7 @@ impl CpuRows {
             dead: SlotSet::default(),
             simd,
             bf16_min_rows: crate::tuning::Tuning::default().cpu_bf16_min_rows,
+            here_products: crate::tuning::Tuning::default().cpu_here_products,
         }
     }
 
@@ -169,6 +173,13 @@ impl CpuRows {
     /// ([`crate::Tuning::cpu_bf16_min_rows`]).
     pub(crate) fn with_bf16_min_rows(mut self, rows: usize) -> Self {
         self.bf16_min_rows = rows;
+        self
+    }
+
+    /// These rows with unfiltered searches of at most `products` on the caller's thread
+    /// ([`crate::Tuning::cpu_here_products`]).
+    pub(crate) fn with_here_products(mut self, products: usize) -> Self {
+        self.here_products = products;
         self
     }
 
@@ -283,6 +294,7 @@ impl CpuRows {
             dead,
             simd: self.simd,
             bf16_min_rows: self.bf16_min_rows,
+            here_products: self.here_products,
         }
     }
 
@@ -496,12 +508,7 @@ impl CpuRows {
         let dim = self.dim;
         let mask = SearchMask::new(&self.dead, self.len_slots(), allowed);
         let live = mask.live;
-        if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
-            return Err(HiveGpuError::InvalidArgument(format!(
-                "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
-                queries.len()
-            )));
-        }
+        check_knn(queries, dim, k, live)?;
         let skip: &SlotSet = &mask.skip;
         // Few rows pass the filter: search a copy of just those rows, whose slots keep their
         // order (so ties still go to the lower slot), where the host has the memory for it.
@@ -816,8 +823,12 @@ impl RowStore for CpuRows {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        // Every CPU search is parallel: on the library's pool, since the caller may hold a
+        // A small unfiltered search runs on the caller's thread, without a parallel section;
+        // every other is parallel: on the library's pool, since the caller may hold a
         // collection's lock (`crate::exec`).
+        if allowed.is_none() && self.searches_here(queries.len() / self.dim.max(1)) {
+            return self.knn_here(queries, k, metric);
+        }
         crate::exec::run(|| self.knn_on_pool(queries, k, metric, allowed))?
     }
 
@@ -883,11 +894,57 @@ impl RowStore for CpuRows {
 /// kernels and their error bound (below that, scoring all of them in f64 is as cheap).
 const REFINE_FILTER_SLACK: usize = 16;
 
+/// The knn request's shape, checked: `1 <= k <= live` and whole `dim`-long queries.
+fn check_knn(queries: &[f32], dim: usize, k: usize, live: usize) -> Result<()> {
+    if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
+        return Err(HiveGpuError::InvalidArgument(format!(
+            "knn needs 1 <= k <= {live} live rows (k = {k}) and whole {dim}-dimensional queries ({} values)",
+            queries.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Values (candidates x dimension, or scores) from which a refine or a selection spreads its
 /// queries over threads.
 const PARALLEL_REFINE_VALUES: usize = 1 << 16;
 
 impl CpuRows {
+    /// Whether an unfiltered search of `nq` queries is small enough for [`CpuRows::knn_here`].
+    fn searches_here(&self, nq: usize) -> bool {
+        nq.saturating_mul(self.len_slots()).saturating_mul(self.dim) <= self.here_products
+            && nq <= paths::QUERY_BLOCK
+    }
+
+    /// An unfiltered search on this thread, with no parallel section (so it may run under a
+    /// collection's lock outside the pool: `crate::exec`): f32 products of every query with
+    /// every row in one GEMM task, the bounded selection, the exact re-rank. The same
+    /// candidates and re-rank as [`CpuRows::knn_on_pool`]'s GEMM path, so the same results.
+    fn knn_here(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        let dim = self.dim;
+        check_knn(queries, dim, k, self.len_slots() - self.dead.count())?;
+        // Cosine ignores the query's scale: the kernels get unit queries, as on the pool.
+        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
+        let unit: Vec<f32>;
+        let kernel_queries = if metric == GpuDistanceMetric::Cosine {
+            unit = queries
+                .chunks_exact(dim)
+                .zip(&q_norms)
+                .flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32))
+                .collect();
+            &unit[..]
+        } else {
+            queries
+        };
+        let bounds = self.f32_bounds(kernel_queries, metric);
+        let collectors = self.gemm_task(&self.dead, kernel_queries, metric, k, &bounds, 0..self.len_slots());
+        Ok(collectors
+            .into_iter()
+            .zip(queries.chunks_exact(dim))
+            .map(|(collector, q)| self.rerank(q, &collector.into_slots(), k, metric))
+            .collect())
+    }
+
     /// Candidates from the floating-point kernels: the scan, f32 GEMM tiles or bf16 tiles.
     fn approximate_collect(
         &self,
@@ -941,6 +998,33 @@ impl CpuRows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_small_search_on_the_callers_thread_returns_what_the_pool_returns() {
+        // Rows with exact ties (repeated rows), removed rows and every metric: the caller's
+        // thread takes one GEMM task where the pool splits the work and may take other
+        // kernels, and both must end in the same exact re-rank.
+        let dim = 19;
+        let mut state = 7u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        };
+        let mut values: Vec<f32> = (0..150 * dim).map(|_| next()).collect();
+        values.extend_from_within(10 * dim..20 * dim);
+        let queries: Vec<f32> = (0..7 * dim).map(|_| next()).collect();
+        for metric in GpuDistanceMetric::ALL {
+            let searches = [usize::MAX, 0].map(|here| {
+                let mut rows =
+                    CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect()).with_here_products(here);
+                rows.append(&values).expect("rows");
+                rows.tombstone(&[3, 11, 159]);
+                assert_eq!(rows.searches_here(7), here > 0);
+                rows.knn(&queries, 12, metric, None).expect("search")
+            });
+            assert_eq!(searches[0], searches[1], "{metric:?}");
+        }
+    }
 
     #[test]
     fn more_rows_than_u32_slots_is_refused() {

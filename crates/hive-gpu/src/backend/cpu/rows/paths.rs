@@ -251,7 +251,9 @@ impl CpuRows {
         out
     }
 
-    fn gemm_task(
+    /// One task's candidates: `queries` against the rows in `rows`, a tile at a time, on
+    /// this thread (no parallel section).
+    pub(super) fn gemm_task(
         &self,
         skip: &SlotSet,
         queries: &[f32],
