@@ -17,7 +17,6 @@ use super::paths::{GEMM_MIN_QUERIES, QUERY_BLOCK, ROW_TILE, inner_products};
 use super::{CpuRows, Elements};
 use crate::backend::Neighbor;
 use crate::backend::candidates::{ListProbes, check_scan};
-use crate::backend::cpu::simd;
 use crate::backend::cpu::topk::{Collector, ErrorBound};
 use crate::backend::cpu::{few, filter};
 use crate::error::{HiveGpuError, Result};
@@ -57,18 +56,8 @@ impl CpuRows {
                 .collect();
         }
         // Cosine ignores the query's scale: the tiles get unit queries, as in the flat search.
-        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
-        let unit: Vec<f32>;
-        let kernel_queries = if metric == GpuDistanceMetric::Cosine {
-            unit = queries
-                .chunks_exact(dim)
-                .zip(&q_norms)
-                .flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32))
-                .collect();
-            &unit[..]
-        } else {
-            queries
-        };
+        let kernel_queries = super::kernel_queries(queries, dim, metric);
+        let kernel_queries = &kernel_queries[..];
         let bounds = self.f32_bounds(kernel_queries, metric);
         // The queries of each list (a counting sort keeps them ascending).
         let lists = probes.lists.len();

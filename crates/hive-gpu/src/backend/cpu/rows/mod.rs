@@ -894,6 +894,26 @@ impl RowStore for CpuRows {
 /// kernels and their error bound (below that, scoring all of them in f64 is as cheap).
 const REFINE_FILTER_SLACK: usize = 16;
 
+/// The queries as the product kernels take them: unit queries under cosine, which ignores a
+/// query's scale (so a tiny or huge query cannot underflow or overflow the products), else the
+/// queries themselves.
+pub(super) fn kernel_queries(
+    queries: &[f32],
+    dim: usize,
+    metric: GpuDistanceMetric,
+) -> std::borrow::Cow<'_, [f32]> {
+    if metric != GpuDistanceMetric::Cosine {
+        return std::borrow::Cow::Borrowed(queries);
+    }
+    queries
+        .chunks_exact(dim)
+        .flat_map(|q| {
+            let norm = simd::squared_norm_f64(q).sqrt();
+            q.iter().map(move |&x| (f64::from(x) / norm) as f32)
+        })
+        .collect()
+}
+
 /// The knn request's shape, checked: `1 <= k <= live` and whole `dim`-long queries.
 fn check_knn(queries: &[f32], dim: usize, k: usize, live: usize) -> Result<()> {
     if k == 0 || k > live || !queries.len().is_multiple_of(dim) {
@@ -923,21 +943,9 @@ impl CpuRows {
     fn knn_here(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
         let dim = self.dim;
         check_knn(queries, dim, k, self.len_slots() - self.dead.count())?;
-        // Cosine ignores the query's scale: the kernels get unit queries, as on the pool.
-        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
-        let unit: Vec<f32>;
-        let kernel_queries = if metric == GpuDistanceMetric::Cosine {
-            unit = queries
-                .chunks_exact(dim)
-                .zip(&q_norms)
-                .flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32))
-                .collect();
-            &unit[..]
-        } else {
-            queries
-        };
-        let bounds = self.f32_bounds(kernel_queries, metric);
-        let collectors = self.gemm_task(&self.dead, kernel_queries, metric, k, &bounds, 0..self.len_slots());
+        let kernel_queries = kernel_queries(queries, dim, metric);
+        let bounds = self.f32_bounds(&kernel_queries, metric);
+        let collectors = self.gemm_task(&self.dead, &kernel_queries, metric, k, &bounds, 0..self.len_slots());
         Ok(collectors
             .into_iter()
             .zip(queries.chunks_exact(dim))
