@@ -188,6 +188,7 @@ mod x86 {
                 *sum = _mm256_add_pd(*sum, _mm256_mul_pd(a, x));
                 *norm = _mm256_add_pd(*norm, _mm256_mul_pd(x, x));
             }
+            // The dot product (L1 and L-infinity never come here: `distances_f64`).
             _ => *sum = _mm256_add_pd(*sum, _mm256_mul_pd(a, x)),
         }
     }
@@ -201,6 +202,7 @@ mod x86 {
         q_norm: f64,
         rows: &[&[f32]; LANES],
     ) -> [f64; LANES] {
+        debug_assert!(!metric.is_difference_norm(), "the AVX2 lanes have no {metric:?}");
         let n = q.len();
         let whole = n / BLOCK * BLOCK;
         // Lanes 0-3 and 4-7; `Iterator::sum` of f64 starts from -0.0, and so do they.

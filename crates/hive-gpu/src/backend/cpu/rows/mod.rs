@@ -930,16 +930,21 @@ fn check_knn(queries: &[f32], dim: usize, k: usize, live: usize) -> Result<()> {
 const PARALLEL_REFINE_VALUES: usize = 1 << 16;
 
 impl CpuRows {
-    /// Whether an unfiltered search of `nq` queries is small enough for [`CpuRows::knn_here`].
+    /// Whether an unfiltered search of `nq` queries is small enough for [`CpuRows::knn_here`]:
+    /// at most `here_products` products (queries x slots, removed ones included, x dimension;
+    /// none at 0) and at most one query block ([`paths::QUERY_BLOCK`], 192 queries).
     fn searches_here(&self, nq: usize) -> bool {
-        nq.saturating_mul(self.len_slots()).saturating_mul(self.dim) <= self.here_products
+        self.here_products > 0
+            && nq.saturating_mul(self.len_slots()).saturating_mul(self.dim) <= self.here_products
             && nq <= paths::QUERY_BLOCK
     }
 
     /// An unfiltered search on this thread, with no parallel section (so it may run under a
     /// collection's lock outside the pool: `crate::exec`): f32 products of every query with
-    /// every row in one GEMM task, the bounded selection, the exact re-rank. The same
-    /// candidates and re-rank as [`CpuRows::knn_on_pool`]'s GEMM path, so the same results.
+    /// every row in one GEMM task, the bounded selection, the exact re-rank. Its candidates
+    /// may differ from [`CpuRows::knn_on_pool`]'s (which scans for fewer than 4 queries and
+    /// may take the byte or bf16 kernels), but both hold every row within their error bound of
+    /// the k-th and end in the same exact re-rank, so the results are the same.
     fn knn_here(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
         let dim = self.dim;
         check_knn(queries, dim, k, self.len_slots() - self.dead.count())?;
@@ -964,19 +969,15 @@ impl CpuRows {
     ) -> Vec<topk::Collector> {
         let dim = self.dim;
         let nq = queries.len() / dim;
-        // Cosine ignores the query's scale, so the kernels get unit queries: a tiny or huge
-        // query cannot underflow or overflow their products. The re-rank uses the caller's.
-        let unit: Vec<f32>;
-        let (queries, unit_norms): (&[f32], Vec<f64>) = if metric == GpuDistanceMetric::Cosine {
-            unit = queries
-                .chunks_exact(dim)
-                .zip(q_norms)
-                .flat_map(|(q, &n)| q.iter().map(move |&x| (f64::from(x) / n) as f32))
-                .collect();
-            let norms = unit.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
-            (&unit, norms)
-        } else {
-            (queries, q_norms.to_vec())
+        // The kernels get unit queries under cosine ([`kernel_queries`]); the re-rank uses the
+        // caller's.
+        let unit = kernel_queries(queries, dim, metric);
+        let queries = &unit[..];
+        let unit_norms: Vec<f64> = match unit {
+            std::borrow::Cow::Owned(_) => {
+                queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect()
+            }
+            std::borrow::Cow::Borrowed(_) => q_norms.to_vec(),
         };
         let q_norms = &unit_norms;
         if nq >= BF16_MIN_QUERIES
@@ -1009,28 +1010,46 @@ mod tests {
 
     #[test]
     fn a_small_search_on_the_callers_thread_returns_what_the_pool_returns() {
-        // Rows with exact ties (repeated rows), removed rows and every metric: the caller's
-        // thread takes one GEMM task where the pool splits the work and may take other
-        // kernels, and both must end in the same exact re-rank.
-        let dim = 19;
+        // More rows than a GEMM tile, 1 to 20 queries (the pool scans below 4 and may take the
+        // bf16 kernel from 16), f32 and byte-valued data (the pool's byte kernel), f16 storage,
+        // repeated rows (exact ties) and removed rows, every metric, k up to every live row:
+        // the caller's thread takes one GEMM task instead, and both must end in the same exact
+        // re-rank, or the same error.
+        let (dim, n) = (19, 1300);
         let mut state = 7u64;
         let mut next = || {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+            (state >> 40) as f32 / (1u64 << 24) as f32
         };
-        let mut values: Vec<f32> = (0..150 * dim).map(|_| next()).collect();
-        values.extend_from_within(10 * dim..20 * dim);
-        let queries: Vec<f32> = (0..7 * dim).map(|_| next()).collect();
-        for metric in GpuDistanceMetric::ALL {
-            let searches = [usize::MAX, 0].map(|here| {
-                let mut rows =
-                    CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect()).with_here_products(here);
-                rows.append(&values).expect("rows");
-                rows.tombstone(&[3, 11, 159]);
-                assert_eq!(rows.searches_here(7), here > 0);
-                rows.knn(&queries, 12, metric, None).expect("search")
-            });
-            assert_eq!(searches[0], searches[1], "{metric:?}");
+        let mut floats: Vec<f32> = (0..n * dim).map(|_| (next() - 0.5) * 8.0).collect();
+        floats.extend_from_within(10 * dim..20 * dim);
+        let bytes: Vec<f32> = floats.iter().map(|x| ((x + 4.0) * 31.0).floor()).collect();
+        let removed = [3, 11, n + 9];
+        let live = n + 10 - removed.len();
+        for (values, precision) in [
+            (&floats, StoragePrecision::F32),
+            (&bytes, StoragePrecision::F32),
+            (&floats, StoragePrecision::F16),
+        ] {
+            for nq in [1, 3, 7, 20] {
+                let queries: Vec<f32> = values[..nq * dim].iter().map(|x| x + 1.0).collect();
+                for metric in GpuDistanceMetric::ALL {
+                    for k in [12, live, live + 1] {
+                        let searches = [(usize::MAX, 4096), (0, 4096), (0, 0)].map(|(here, bf16_rows)| {
+                            let mut rows = CpuRows::new(dim, precision, SimdLevel::detect())
+                                .with_here_products(here)
+                                .with_bf16_min_rows(bf16_rows);
+                            rows.append(values).expect("rows");
+                            rows.tombstone(&removed);
+                            assert_eq!(rows.searches_here(nq), here > 0);
+                            rows.knn(&queries, k, metric, None).map_err(|e| e.to_string())
+                        });
+                        assert_eq!(searches[0], searches[1], "{precision:?} nq {nq} {metric:?} k {k}");
+                        assert_eq!(searches[0], searches[2], "{precision:?} nq {nq} {metric:?} k {k}, bf16");
+                        assert_eq!(searches[0].is_err(), k > live);
+                    }
+                }
+            }
         }
     }
 
