@@ -50,6 +50,11 @@ pub struct Tuning {
     /// Blocks per multiprocessor of the single-query scan (at least 1).
     /// `HIVE_GPU_SCAN_BLOCKS_PER_SM`.
     pub scan_blocks_per_sm: usize,
+    /// A CUDA/ROCm single query over at most this many stored values (rows x dimension, at
+    /// most 16,384 rows) computes every row's exact distance in one pass (`kernels/few.cu`)
+    /// instead of the scan's approximate pass, band and re-rank (0: never; tests use 0 in one
+    /// variant to keep the scan covered on small collections). `HIVE_GPU_FEW_VALUES`.
+    pub few_values: usize,
     /// Scan passes between merge checks, at most (the kernel caps it further so the buffer
     /// stays half free; at least 1). `HIVE_GPU_SCAN_SUBROUNDS`.
     pub scan_subrounds: usize,
@@ -172,6 +177,9 @@ impl Default for Tuning {
             tile_bytes: 256 << 20,
             tile_rows: None,
             scan_blocks_per_sm: 4,
+            // 16,384 rows of 128: a prepared filter's 10,253 gathered rows in one query
+            // (docs/PERFORMANCE.md, "One exact pass for a query over few rows").
+            few_values: 1 << 21,
             scan_subrounds: 64,
             wgpu_coop: true,
             wgpu_subgroups: true,
@@ -274,7 +282,7 @@ impl Tuning {
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
         switch("HIVE_GPU_NEAREST_KERNEL", &mut t.nearest_kernel)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 25] = [
+        let sizes: [(&str, usize, &mut usize); 26] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
@@ -284,6 +292,7 @@ impl Tuning {
             ("HIVE_GPU_TILE_BYTES", 1, &mut t.tile_bytes),
             ("HIVE_GPU_SCAN_BLOCKS_PER_SM", 1, &mut t.scan_blocks_per_sm),
             ("HIVE_GPU_SCAN_SUBROUNDS", 1, &mut t.scan_subrounds),
+            ("HIVE_GPU_FEW_VALUES", 0, &mut t.few_values),
             ("HIVE_GPU_GATHER_FRACTION", 0, &mut t.gather_fraction),
             ("HIVE_GPU_BATCH_GATHER_FRACTION", 0, &mut t.batch_gather_fraction),
             ("HIVE_GPU_PIECE_QUERIES", 1, &mut t.piece_queries),
@@ -353,6 +362,7 @@ mod tests {
             ("HIVE_GPU_CPU_HERE_PRODUCTS", "0"),
             ("HIVE_GPU_SMALL_SEARCH_ROWS", "0"),
             ("HIVE_GPU_SMALL_PIECE_WORKERS", "6"),
+            ("HIVE_GPU_FEW_VALUES", "0"),
         ])
         .expect("valid");
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
@@ -366,6 +376,7 @@ mod tests {
         assert_eq!((t.device_rows_bytes, t.stream_window_bytes), (Some(4096), 1024));
         assert_eq!((t.cpu_bf16_min_rows, t.cpu_here_products), (0, 0));
         assert_eq!((t.small_search_rows, t.small_piece_workers), (0, 6));
+        assert_eq!(t.few_values, 0);
         assert_eq!(t.tile_queries, Tuning::default().tile_queries);
     }
 

@@ -126,7 +126,11 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
                     fused(t);
                     t.rounded_copy_bytes = 0;
                 }),
+                // The selection kernels for any number of candidates, every query through the
+                // re-rank alone, the host's code scan and nearest rows; and single queries over
+                // small collections through the scan rather than the few-rows pass.
                 tuned(|t| {
+                    t.few_values = 0;
                     t.select_min_candidates = 1;
                     t.refine_batch_candidates = 0;
                     t.code_scan = false;

@@ -217,6 +217,15 @@ kernel_params! {
         q_norms: Ptr, metric: I32, out_slots: Ptr, out_dist: Ptr, flags: Ptr, stage_bytes: U32,
     }
 
+    /// One query's exact distance to each of few rows, each block's best kept in order
+    /// (`hg_few_topk`).
+    struct FewTopk for [
+        "hg_few_topk_f32", "hg_few_topk_f16", "hg_few_topk_bf16", "hg_few_topk_i8", "hg_few_topk_u8",
+    ] {
+        rows: Ptr, dead: Ptr, n: U32, dim: U32, q: Ptr, q_norm: F64, metric: I32, kb: U32,
+        keys: Ptr, slots: Ptr,
+    }
+
     /// One radix pass's histogram over approximate distances (`hg_radix_hist`).
     struct RadixHist for ["hg_radix_hist"] {
         dist: Ptr, n: U32, state: Ptr, shift: U32, hist: Ptr,

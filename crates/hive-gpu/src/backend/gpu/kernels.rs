@@ -23,6 +23,7 @@ const LISTS: &str = include_str!("kernels/lists.cu");
 const CODES: &str = include_str!("kernels/codes.cu");
 const MERGE: &str = include_str!("kernels/merge.cu");
 const NEAREST: &str = include_str!("kernels/nearest.cu");
+const FEW: &str = include_str!("kernels/few.cu");
 
 /// Kernels only devices with [`Driver::tensor_cores`] compile (`kernels/fused.cu`).
 pub(crate) const TENSOR_NAMES: &[&str] = &[
@@ -58,7 +59,7 @@ pub(crate) const MMA_TILE: usize = 128;
 pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
     let fused = if tensor { FUSED } else { "" };
     format!(
-        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n#define HG_MERGE_LISTS {MERGE_LISTS}\n{prelude}\n{COMMON}\n{SEARCH}\n{LISTS}\n{CODES}\n{MERGE}\n{NEAREST}\n{ROWS}\n{GEMM}\n{fused}\n"
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n#define HG_MERGE_LISTS {MERGE_LISTS}\n{prelude}\n{COMMON}\n{SEARCH}\n{FEW}\n{LISTS}\n{CODES}\n{MERGE}\n{NEAREST}\n{ROWS}\n{GEMM}\n{fused}\n"
     )
 }
 
@@ -154,6 +155,11 @@ kernel_table!(
     finalize_bf16: Finalize,
     finalize_i8: Finalize,
     finalize_u8: Finalize,
+    few_topk_f32: FewTopk,
+    few_topk_f16: FewTopk,
+    few_topk_bf16: FewTopk,
+    few_topk_i8: FewTopk,
+    few_topk_u8: FewTopk,
     radix_hist: RadixHist,
     radix_pick: RadixPick,
     radix_collect: RadixCollect,
@@ -248,6 +254,17 @@ impl<D: Driver> Kernels<D> {
             bf16: self.finalize_bf16,
             i8: self.finalize_i8,
             u8: self.finalize_u8,
+        }
+    }
+
+    /// `hg_few_topk` for each stored element type.
+    pub(crate) fn few_topk(&self) -> PerElement<Kernel<D::Function, FewTopk>> {
+        PerElement {
+            f32: self.few_topk_f32,
+            f16: self.few_topk_f16,
+            bf16: self.few_topk_bf16,
+            i8: self.few_topk_i8,
+            u8: self.few_topk_u8,
         }
     }
 

@@ -31,7 +31,7 @@ const STAGED_SHARED_BYTES: usize = 48 << 10;
 
 /// The sortable key of an f64 distance, as `hg_f64_key` in `kernels/common.cuh` computes it:
 /// unsigned order is numeric order (with -0 before +0, as `f64::total_cmp`).
-fn f64_key(distance: f64) -> u64 {
+pub(super) fn f64_key(distance: f64) -> u64 {
     let bits = distance.to_bits();
     if bits >> 63 == 1 { !bits } else { bits | 1 << 63 }
 }

@@ -14,7 +14,7 @@
 use rayon::prelude::*;
 
 use super::abi::{
-    Finalize, Launch, MmaFilter, RadixCollect, RadixHist, RadixPick, RadixState, RoundRows, ScanAll,
+    FewTopk, Finalize, Launch, MmaFilter, RadixCollect, RadixHist, RadixPick, RadixState, RoundRows, ScanAll,
     ScanTopk, SelectCollect, SelectHist, SelectPick, SelectState, StridedNorms, TileTopk, WidenBytes,
     read_back,
 };
@@ -62,6 +62,50 @@ pub(super) fn list_size(k: usize) -> usize {
 
 /// Results up to this size are written by the kernels into mapped host memory.
 const MAPPED_RESULTS_BYTES: usize = 256 << 10;
+
+/// Rows per block of the few-rows pass (`kernels/few.cu`, `HG_FEW_ROWS`).
+const FEW_ROWS: usize = 64;
+
+/// Largest k of the few-rows pass: each block keeps its best min(k, 64) rows in order by
+/// ranking each against all the others, and the host merges the blocks' lists.
+const FEW_MAX_K: usize = 128;
+
+/// The k least (key, slot) pairs of the few-rows pass's block lists (`kb` pairs each, ascending,
+/// all ones where a list has no more rows), ascending; `None` where they hold fewer than k.
+///
+/// Every block's list is its kb best in order (kb = min(k, the block's rows)), so the k best of
+/// their union are the query's. The k-th least of the blocks' heads bounds them: those k heads
+/// are k distinct rows at or under it, so a pair above it loses to all of them. Each list is
+/// read only up to that bound: a few dozen pairs instead of every block's kb (reading and
+/// selecting all 1,610 of 10,253 rows at k = 10 took 13-15 us on the H200 machine).
+fn merge_block_lists(keys: &[u64], slots: &[u32], kb: usize, k: usize) -> Option<Vec<(u64, u32)>> {
+    if kb == 0 || k == 0 {
+        return None;
+    }
+    let mut heads: Vec<u64> = keys.iter().step_by(kb).copied().filter(|&key| key != u64::MAX).collect();
+    let bound = if heads.len() >= k { *heads.select_nth_unstable(k - 1).1 } else { u64::MAX - 1 };
+    let mut found: Vec<(u64, u32)> = Vec::with_capacity(2 * k);
+    for (list_keys, list_slots) in keys.chunks_exact(kb).zip(slots.chunks_exact(kb)) {
+        for (&key, &slot) in list_keys.iter().zip(list_slots) {
+            if key > bound {
+                break;
+            }
+            found.push((key, slot));
+        }
+    }
+    if found.len() < k {
+        return None;
+    }
+    found.select_nth_unstable(k - 1);
+    found.truncate(k);
+    found.sort_unstable();
+    Some(found)
+}
+
+/// The f64 distance of a sortable key (`hg_key_f64` in `kernels/common.cuh`).
+fn key_f64(key: u64) -> f64 {
+    f64::from_bits(if key >> 63 == 1 { key & !(1 << 63) } else { !key })
+}
 
 /// Most blocks along a grid's y dimension (queries) in one launch.
 const MAX_GRID_Y: usize = 65_535;
@@ -749,6 +793,13 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let dim = self.dim;
         let nq = queries.len() / dim;
+        if forced.is_none()
+            && sink.is_none()
+            && self.few_rows(nq, k)
+            && let Some(found) = self.few_path(ws, queries, k, metric)?
+        {
+            return Ok(found);
+        }
         let mut path = forced.unwrap_or_else(|| self.approximation(nq, k, metric));
         let mut profile = Profiler::new();
         // Lists too large for on-chip memory (k beyond about 3,000, or less on devices with
@@ -921,6 +972,91 @@ impl<D: Driver> GpuRows<D> {
             Some(sink) => sink.write_host(&self.device, ws, &results, k).map(|()| Vec::new()),
             None => Ok(results),
         }
+    }
+
+    /// Whether a search of `nq` queries for `k` takes [`Self::few_path`]: one query, k at most
+    /// [`FEW_MAX_K`], at most `Tuning::few_values` stored values, and the blocks' lists small
+    /// enough to come back through mapped host memory.
+    fn few_rows(&self, nq: usize, k: usize) -> bool {
+        let blocks = self.len.div_ceil(FEW_ROWS);
+        nq == 1
+            && (1..=FEW_MAX_K).contains(&k)
+            && self.len.saturating_mul(self.dim) <= self.tuning.few_values
+            && blocks >= 1
+            && Self::few_list_bytes(blocks, k.min(FEW_ROWS)).1 <= MAPPED_RESULTS_BYTES
+    }
+
+    /// Where the slots start in the few-rows pass's lists of `blocks * kb` pairs, and their
+    /// bytes in all.
+    fn few_list_bytes(blocks: usize, kb: usize) -> (usize, usize) {
+        let keys = align(blocks * kb * 8);
+        (keys, keys + align(blocks * kb * 4))
+    }
+
+    /// One query over few rows: every row's exact distance in one pass, each block's best kept
+    /// in order (`hg_few_topk`, written into mapped host memory), and the blocks' lists merged
+    /// here (a few hundred pairs). One upload and one launch, against the scan's approximate
+    /// pass, in-block merges, band check and re-rank in two. `None` where it cannot run (no
+    /// mapped memory) or found fewer than k rows: the caller then takes the other paths, whose
+    /// checks name the problem.
+    fn few_path(
+        &self,
+        ws: &mut Workspace<D>,
+        query: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Option<Vec<Vec<Neighbor>>>> {
+        let driver = self.driver().clone();
+        let mut profile = Profiler::new();
+        let blocks = self.len.div_ceil(FEW_ROWS);
+        let kb = k.min(FEW_ROWS);
+        let entries = blocks * kb;
+        let (slots_at, bytes) = Self::few_list_bytes(blocks, kb);
+        let Some(lists) = ws.results.device_address(&*driver, bytes)? else { return Ok(None) };
+        // The canonical distance's query norm, as `prepare` computes it (cosine only).
+        let q_norm = crate::exact::squared_norm_f64(query).sqrt();
+        let base = ws.inputs.get(&driver, align(self.dim * 4))?;
+        let staging = ws.staging.get(&*driver, self.dim * 4)?;
+        copy_bytes(&mut staging[..self.dim * 4], bytemuck::cast_slice(query))?;
+        driver.upload(&ws.stream, base, staging, self.dim * 4)?;
+        let (rows, _, dead) = self.arrays_ptrs(ws)?;
+        self.device.launch(
+            &ws.stream,
+            self.device.kernels.few_topk().get(self.precision),
+            Launch::new((blocks as u32, 1), BLOCK),
+            &FewTopk {
+                rows,
+                dead,
+                n: self.len as u32,
+                dim: self.dim as u32,
+                q: base,
+                q_norm,
+                metric: metric_code(metric),
+                kb: kb as u32,
+                keys: lists,
+                slots: lists + slots_at as u64,
+            },
+        )?;
+        driver.synchronize(&ws.stream)?;
+        profile.mark(&*driver, &ws.stream, "few rows")?;
+        let host: &[u8] = ws.results.get(&*driver, bytes)?;
+        let keys: &[u64] = typed(host, 0, entries)?;
+        let slots: &[u32] = typed(host, slots_at, entries)?;
+        let Some(found) = merge_block_lists(keys, slots, kb, k) else { return Ok(None) };
+        let len = self.len;
+        let row = found
+            .into_iter()
+            .map(|(key, slot)| {
+                let slot = slot as usize;
+                if slot >= len {
+                    return Err(HiveGpuError::Internal(format!("the device returned slot {slot} of {len}")));
+                }
+                Ok(Neighbor { slot, distance: key_f64(key) })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        profile.mark(&*driver, &ws.stream, "merge")?;
+        profile.report(&format!("nq 1 k {k} over {len} rows"));
+        Ok(Some(vec![row]))
     }
 
     /// Writes lists the host holds into `sink`'s merge buffer (a gathered filtered search's).
@@ -1640,5 +1776,54 @@ impl<D: Driver> GpuRows<D> {
         let query = inputs.exact + (q * dim * 4) as u64;
         self.rerank_keys(ws, cand, count, query, q_norm, metric, pairs)?;
         self.write_top_k(ws, pairs, k, radix, ResultSlot::of(outputs, q, k))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_f64;
+    use crate::backend::gpu::primitives::f64_key;
+
+    #[test]
+    fn the_block_lists_merge_to_the_k_least_pairs_reading_each_only_to_the_heads_bound() {
+        // Lists of ascending (key, slot) pairs with many equal keys across and within blocks,
+        // short lists padded with empty pairs, and k below, at and above kb.
+        let mut seed = 7u64;
+        let mut next = move |below: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % below
+        };
+        for case in 0..300 {
+            let blocks = 1 + next(12) as usize;
+            let rows_per_block = 1 + next(64) as usize;
+            let k = 1 + next(40) as usize;
+            let kb = k.min(64);
+            let mut all = Vec::new();
+            let (mut keys, mut slots) = (Vec::new(), Vec::new());
+            for b in 0..blocks {
+                let rows = if next(4) == 0 { next(rows_per_block as u64) as usize } else { rows_per_block };
+                let mut list: Vec<(u64, u32)> = (0..rows).map(|r| (next(20), (b * 64 + r) as u32)).collect();
+                list.sort_unstable();
+                all.extend_from_slice(&list);
+                list.truncate(kb);
+                list.resize(kb, (u64::MAX, u32::MAX));
+                keys.extend(list.iter().map(|p| p.0));
+                slots.extend(list.iter().map(|p| p.1));
+            }
+            all.sort_unstable();
+            let got = super::merge_block_lists(&keys, &slots, kb, k);
+            if all.len() < k {
+                assert_eq!(got, None, "case {case}");
+            } else {
+                assert_eq!(got, Some(all[..k].to_vec()), "case {case}: {blocks} blocks, k {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_sortable_key_turns_back_into_its_distance_bit_for_bit() {
+        for d in [f64::NEG_INFINITY, -3.5, -1e-300, -0.0, 0.0, 5e-324, 1e-300, 2.0, 1e300, f64::INFINITY] {
+            assert_eq!(key_f64(f64_key(d)).to_bits(), d.to_bits(), "{d}");
+        }
     }
 }
