@@ -70,20 +70,26 @@ const FEW_ROWS: usize = 64;
 /// ranking each against all the others, and the host merges the blocks' lists.
 const FEW_MAX_K: usize = 128;
 
+/// Most rows of the few-rows pass (256 blocks), whatever their dimension: measured over 1,024
+/// to 10,253 rows of 128 (docs/PERFORMANCE.md, "One exact pass for a query over few rows"); a
+/// low dimension would otherwise let a million rows in, each block's list coming back to the
+/// host.
+const FEW_MAX_ROWS: usize = 16_384;
+
 /// The k least (key, slot) pairs of the few-rows pass's block lists (`kb` pairs each, ascending,
-/// all ones where a list has no more rows), ascending; `None` where they hold fewer than k.
+/// padded with all ones where a block has fewer rows), ascending; `None` where they hold fewer
+/// than k.
 ///
-/// Every block's list is its kb best in order (kb = min(k, the block's rows)), so the k best of
-/// their union are the query's. The k-th least of the blocks' heads bounds them: those k heads
-/// are k distinct rows at or under it, so a pair above it loses to all of them. Each list is
-/// read only up to that bound: a few dozen pairs instead of every block's kb (reading and
-/// selecting all 1,610 of 10,253 rows at k = 10 took 13-15 us on the H200 machine).
+/// Every block's list is its min(k, 64) best in order, and a block holds at most 64 rows, so a
+/// list holds either the block's k best or all of its rows: the k best of their union are the
+/// query's. Each list is read only up to [`heads_bound`]: a few dozen pairs at k = 10 instead of
+/// every block's kb where at least k blocks have a row (reading and selecting all 1,610 listed
+/// pairs of 10,253 rows took 13-15 us on the H200 machine).
 fn merge_block_lists(keys: &[u64], slots: &[u32], kb: usize, k: usize) -> Option<Vec<(u64, u32)>> {
     if kb == 0 || k == 0 {
         return None;
     }
-    let mut heads: Vec<u64> = keys.iter().step_by(kb).copied().filter(|&key| key != u64::MAX).collect();
-    let bound = if heads.len() >= k { *heads.select_nth_unstable(k - 1).1 } else { u64::MAX - 1 };
+    let bound = heads_bound(keys, kb, k);
     let mut found: Vec<(u64, u32)> = Vec::with_capacity(2 * k);
     for (list_keys, list_slots) in keys.chunks_exact(kb).zip(slots.chunks_exact(kb)) {
         for (&key, &slot) in list_keys.iter().zip(list_slots) {
@@ -100,6 +106,17 @@ fn merge_block_lists(keys: &[u64], slots: &[u32], kb: usize, k: usize) -> Option
     found.truncate(k);
     found.sort_unstable();
     Some(found)
+}
+
+/// A key no pair of the query's k best exceeds: the k-th least of the lists' first keys, which
+/// are k distinct rows at or under it (a pair above it loses to all of them); all ones less one
+/// (every real key) where fewer than k lists have a row. `kb` >= 1.
+fn heads_bound(keys: &[u64], kb: usize, k: usize) -> u64 {
+    let mut heads: Vec<u64> = keys.iter().step_by(kb).copied().filter(|&key| key != u64::MAX).collect();
+    match k.checked_sub(1) {
+        Some(at) if at < heads.len() => *heads.select_nth_unstable(at).1,
+        _ => u64::MAX - 1,
+    }
 }
 
 /// The f64 distance of a sortable key (`hg_key_f64` in `kernels/common.cuh`).
@@ -975,13 +992,15 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// Whether a search of `nq` queries for `k` takes [`Self::few_path`]: one query, k at most
-    /// [`FEW_MAX_K`], at most `Tuning::few_values` stored values, and the blocks' lists small
+    /// [`FEW_MAX_K`], at most `Tuning::few_values` stored values over at most [`FEW_MAX_ROWS`]
+    /// rows, and the blocks' lists small
     /// enough to come back through mapped host memory.
     fn few_rows(&self, nq: usize, k: usize) -> bool {
         let blocks = self.len.div_ceil(FEW_ROWS);
         nq == 1
             && (1..=FEW_MAX_K).contains(&k)
             && self.len.saturating_mul(self.dim) <= self.tuning.few_values
+            && (1..=FEW_MAX_ROWS).contains(&self.len)
             && blocks >= 1
             && Self::few_list_bytes(blocks, k.min(FEW_ROWS)).1 <= MAPPED_RESULTS_BYTES
     }
@@ -995,7 +1014,7 @@ impl<D: Driver> GpuRows<D> {
 
     /// One query over few rows: every row's exact distance in one pass, each block's best kept
     /// in order (`hg_few_topk`, written into mapped host memory), and the blocks' lists merged
-    /// here (a few hundred pairs). One upload and one launch, against the scan's approximate
+    /// here (at most 16,384 pairs; see [`merge_block_lists`] for how few it reads). One upload and one launch, against the scan's approximate
     /// pass, in-block merges, band check and re-rank in two. `None` where it cannot run (no
     /// mapped memory) or found fewer than k rows: the caller then takes the other paths, whose
     /// checks name the problem.
@@ -1010,6 +1029,8 @@ impl<D: Driver> GpuRows<D> {
         let mut profile = Profiler::new();
         let blocks = self.len.div_ceil(FEW_ROWS);
         let kb = k.min(FEW_ROWS);
+        // The kernel writes ranks below its 64 rows only: a longer list would keep stale pairs.
+        debug_assert!(kb <= FEW_ROWS);
         let entries = blocks * kb;
         let (slots_at, bytes) = Self::few_list_bytes(blocks, kb);
         let Some(lists) = ws.results.device_address(&*driver, bytes)? else { return Ok(None) };
@@ -1786,23 +1807,26 @@ mod tests {
 
     #[test]
     fn the_block_lists_merge_to_the_k_least_pairs_reading_each_only_to_the_heads_bound() {
-        // Lists of ascending (key, slot) pairs with many equal keys across and within blocks,
-        // short lists padded with empty pairs, and k below, at and above kb.
+        // Blocks of up to 64 rows as the kernel lists them: each block's min(k, 64) best
+        // ascending, padded with empty pairs; many equal keys across and within blocks, blocks
+        // with few or no rows, k up to 128 (above 64 a list is its whole block), and up to 200
+        // blocks so that the heads' bound is at work in most cases.
         let mut seed = 7u64;
         let mut next = move |below: u64| {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (seed >> 33) % below
         };
-        for case in 0..300 {
-            let blocks = 1 + next(12) as usize;
-            let rows_per_block = 1 + next(64) as usize;
-            let k = 1 + next(40) as usize;
+        let mut bounded = 0;
+        for case in 0..400 {
+            let blocks = 1 + next(200) as usize;
+            let full = 1 + next(64) as usize;
+            let k = 1 + next(128) as usize;
             let kb = k.min(64);
             let mut all = Vec::new();
             let (mut keys, mut slots) = (Vec::new(), Vec::new());
             for b in 0..blocks {
-                let rows = if next(4) == 0 { next(rows_per_block as u64) as usize } else { rows_per_block };
-                let mut list: Vec<(u64, u32)> = (0..rows).map(|r| (next(20), (b * 64 + r) as u32)).collect();
+                let rows = if next(4) == 0 { next(full as u64 + 1) as usize } else { full };
+                let mut list: Vec<(u64, u32)> = (0..rows).map(|r| (next(50), (b * 64 + r) as u32)).collect();
                 list.sort_unstable();
                 all.extend_from_slice(&list);
                 list.truncate(kb);
@@ -1811,13 +1835,30 @@ mod tests {
                 slots.extend(list.iter().map(|p| p.1));
             }
             all.sort_unstable();
+            let what = format!("case {case}: {blocks} blocks of {full}, k {k}");
+            let bound = super::heads_bound(&keys, kb, k);
+            if all.len() >= k {
+                // Sound: no pair of the k best lies above it.
+                assert!(all[k - 1].0 <= bound, "{what}");
+            }
+            let mut heads: Vec<u64> =
+                keys.iter().step_by(kb).copied().filter(|&key| key != u64::MAX).collect();
+            heads.sort_unstable();
+            if heads.len() >= k {
+                // Tight: the k-th least head, below every empty pair.
+                assert_eq!(bound, heads[k - 1], "{what}");
+                bounded += 1;
+            } else {
+                assert_eq!(bound, u64::MAX - 1, "{what}");
+            }
             let got = super::merge_block_lists(&keys, &slots, kb, k);
             if all.len() < k {
-                assert_eq!(got, None, "case {case}");
+                assert_eq!(got, None, "{what}");
             } else {
-                assert_eq!(got, Some(all[..k].to_vec()), "case {case}: {blocks} blocks, k {k}");
+                assert_eq!(got, Some(all[..k].to_vec()), "{what}");
             }
         }
+        assert!(bounded >= 100, "only {bounded} cases had a bound below every pair");
     }
 
     #[test]

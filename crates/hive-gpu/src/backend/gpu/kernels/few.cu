@@ -7,13 +7,15 @@
 //
 // Launch contract (the host's `GpuRows::few_path`): grid (ceil(n / HG_FEW_ROWS)), block
 // HG_BLOCK; kb <= HG_FEW_ROWS; keys / slots hold kb entries per block (the host merges the
-// blocks' lists: a few hundred pairs, read from mapped host memory).
+// blocks' lists from mapped host memory, reading each only up to the k-th least list head).
 
 // Rows per block, and components staged per pass: a pass holds HG_FEW_ROWS * HG_FEW_CHUNK
 // floats in flight for the block, so that over 10,253 rows of 128 (161 blocks) every row is
 // asked for at once. Smaller passes over blocks of 256 rows left most multiprocessors idle and
 // waited on memory once per pass: 17 us a query under ncu on the H100 (docs/PERFORMANCE.md,
 // "One exact pass for a query over few rows").
+// The block takes 34 KB of shared memory: on ROCm devices with 64 KiB of LDS one block fits a
+// compute unit at a time (not measured there).
 #define HG_FEW_ROWS 64
 #define HG_FEW_CHUNK 128
 // Rows one thread stages per pass, HG_FEW_STEP rows apart.
@@ -38,10 +40,10 @@ __device__ __forceinline__ void hg_few_stage(const T* rows, u32 row0, u32 count,
 
 // Block b takes rows [b * HG_FEW_ROWS, ...), one per thread of its first HG_FEW_ROWS. The
 // rows' components are staged in shared memory HG_FEW_CHUNK at a time by the whole block
-// (each warp reads 128-byte runs of one row, and the next pass's loads are in flight while
-// this one is summed), then each row's thread adds its terms in component order with the host
-// reference's arithmetic (hg_exact_term): the distance is bit for bit the one every backend's
-// re-rank computes. The block's kb best (key, slot) pairs go to keys / slots[b * kb ...] in
+// (each warp reads 32 consecutive components of one row at a time, 128 bytes of f32, and the
+// next pass's loads are in flight while this one is summed), then each row's thread adds its
+// terms in component order with the host reference's arithmetic (hg_exact_term): the distance
+// is bit for bit the one every backend's re-rank computes. The block's kb best (key, slot) pairs go to keys / slots[b * kb ...] in
 // ascending order, each pair at its rank (every pair differs: slots are distinct); a removed
 // row or a thread past the rows holds HG_NONE.
 //
