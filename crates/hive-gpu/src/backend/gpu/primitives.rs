@@ -31,9 +31,15 @@ const STAGED_SHARED_BYTES: usize = 48 << 10;
 
 /// The sortable key of an f64 distance, as `hg_f64_key` in `kernels/common.cuh` computes it:
 /// unsigned order is numeric order (with -0 before +0, as `f64::total_cmp`).
-pub(super) fn f64_key(distance: f64) -> u64 {
+fn f64_key(distance: f64) -> u64 {
     let bits = distance.to_bits();
     if bits >> 63 == 1 { !bits } else { bits | 1 << 63 }
+}
+
+/// The f64 distance of a sortable key: [`f64_key`] undone (`hg_key_f64` in
+/// `kernels/common.cuh`).
+pub(super) fn key_f64(key: u64) -> f64 {
+    f64::from_bits(if key >> 63 == 1 { key & !(1 << 63) } else { !key })
 }
 
 /// A list of (key, slot) pairs on the device: `count` real ones, padded with empty pairs
@@ -583,7 +589,14 @@ impl<D: Driver> GpuRows<D> {
 
 #[cfg(test)]
 mod tests {
-    use super::f64_key;
+    use super::{f64_key, key_f64};
+
+    #[test]
+    fn a_sortable_key_turns_back_into_its_distance_bit_for_bit() {
+        for d in [f64::NEG_INFINITY, -3.5, -1e-300, -0.0, 0.0, 5e-324, 1e-300, 2.0, 1e300, f64::INFINITY] {
+            assert_eq!(key_f64(f64_key(d)).to_bits(), d.to_bits(), "{d}");
+        }
+    }
 
     #[test]
     fn f64_keys_order_as_total_cmp() {
