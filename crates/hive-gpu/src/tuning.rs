@@ -50,10 +50,12 @@ pub struct Tuning {
     /// Blocks per multiprocessor of the single-query scan (at least 1).
     /// `HIVE_GPU_SCAN_BLOCKS_PER_SM`.
     pub scan_blocks_per_sm: usize,
-    /// A CUDA/ROCm single query over at most this many stored values (rows x dimension, at
-    /// most 16,384 rows of at most 128 components) computes every row's exact distance in one pass (`kernels/few.cu`)
-    /// instead of the scan's approximate pass, band and re-rank (0: never; tests use 0 in one
-    /// variant to keep the scan covered on small collections). `HIVE_GPU_FEW_VALUES`.
+    /// A CUDA single query over at most this many stored values (rows x dimension, at most
+    /// 16,384 rows) computes every row's exact distance in one pass (`kernels/few.cu`) instead
+    /// of the scan's approximate pass, band and re-rank (0: never; tests use 0 in one variant
+    /// to keep the scan covered on small collections). The pass returns its lists through
+    /// mapped host memory, which the HIP driver does not map yet: ROCm keeps the scan.
+    /// `HIVE_GPU_FEW_VALUES`.
     pub few_values: usize,
     /// Scan passes between merge checks, at most (the kernel caps it further so the buffer
     /// stays half free; at least 1). `HIVE_GPU_SCAN_SUBROUNDS`.

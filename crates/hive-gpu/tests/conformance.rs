@@ -1,5 +1,5 @@
 //! Conformance suite: every available backend against an f64 brute force on fresh random
-//! data (all metrics, k in {1, 10, 100, 1000}, dims {1, 3, 31, 63, 128, 784, 1536}, n up to 100k,
+//! data (all metrics, k in {1, 10, 100, 1000}, dims {1, 3, 31, 63, 128, 300, 784, 1536}, n up to 100k,
 //! every storage type), on near-duplicates that break norm-based L2, on exact ties, and on
 //! real data with published ground truth.
 
@@ -148,6 +148,10 @@ const SMALL_DIMS: &[Case] = &[
 ];
 
 const LARGE_DIMS: &[Case] = &[
+    // 600,000 values: a single query over them takes the CUDA/ROCm few-rows pass, whose rows of
+    // 300 go in ten chunks of 32 components (the last one partial), more than the four it holds
+    // in flight at once.
+    Case { dim: 300, n: 2000, nq: 17, ks: &[1, 10, 100] },
     Case { dim: 784, n: 3000, nq: 20, ks: &[1, 10, 100, 1000] },
     Case { dim: 1536, n: 2000, nq: 17, ks: &[1, 10, 100, 1000] },
 ];

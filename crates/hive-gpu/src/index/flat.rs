@@ -12,7 +12,7 @@ use crate::slots::SlotSet;
 use crate::tuning::Tuning;
 use crate::types::{GpuDistanceMetric, GpuSearchResult, Metadata, SearchOptions, SmolStr, StorageConfig};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The public score of a canonical distance (see [`GpuSearchResult`] for the meanings).
@@ -364,9 +364,15 @@ fn search_pieces<T: Send + Sync>(
         *members.first().ok_or_else(|| HiveGpuError::Internal("a search over no collection".into()))?;
     let dim = first.config().dimension;
     let (nq, pieces) = (plan.nq, &plan.pieces);
+    let timeline = Timeline::new();
     if pieces.count == 1 {
         let neighbours = plan.search_piece(0, first, 0..nq, queries)?;
-        return Ok(vec![assemble(0, first, neighbours)?]);
+        timeline.searched();
+        let began = timeline.began();
+        let built = assemble(0, first, neighbours)?;
+        timeline.assembled(began);
+        timeline.report(nq, 1, 1);
+        return Ok(vec![built]);
     }
     // Pieces are searched by `pieces.workers` threads per member, each taking the next piece
     // left, and each piece's results are built on other threads while its worker searches the
@@ -383,6 +389,13 @@ fn search_pieces<T: Send + Sync>(
     let done: Vec<OnceLock<Result<T>>> = (0..pieces.count).map(|_| OnceLock::new()).collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
+    let timeline = &timeline;
+    let assemble = |i: usize, member: &Collection, neighbours: Vec<Vec<Neighbor>>| {
+        let began = timeline.began();
+        let built = assemble(i, member, neighbours);
+        timeline.assembled(began);
+        built
+    };
     let assemble = &assemble;
     // The pieces' results are built on the library's pool (`crate::exec`: the caller holds the
     // collections' locks), while this thread only waits for the workers, off the pool.
@@ -400,6 +413,7 @@ fn search_pieces<T: Send + Sync>(
             } else {
                 plan.search_piece(m, member, range, piece)
             };
+            timeline.searched();
             match searched {
                 Ok(neighbours) => {
                     let slot = &done[i];
@@ -431,6 +445,7 @@ fn search_pieces<T: Send + Sync>(
             }
         });
     })?;
+    timeline.report(nq, pieces.count, pieces.workers * members.len());
     let mut results = Vec::with_capacity(pieces.count);
     for (i, piece) in done.into_iter().enumerate() {
         let found = match piece.into_inner() {
@@ -449,6 +464,66 @@ fn search_pieces<T: Send + Sync>(
         results.push(found);
     }
     Ok(results)
+}
+
+/// Where a batch's wall time went between searching its pieces and building their results,
+/// under `HIVE_GPU_PROFILE` (a no-op otherwise): the building overlaps the next pieces' searches,
+/// so its summed time overstates what it costs the batch; what it adds to the wall time is the
+/// part after the last piece's search returned.
+struct Timeline {
+    enabled: bool,
+    start: std::time::Instant,
+    /// Nanoseconds from `start` to the end of the last search of a piece.
+    searched: AtomicU64,
+    /// Nanoseconds of building results, summed over the pieces.
+    building: AtomicU64,
+}
+
+impl Timeline {
+    fn new() -> Self {
+        Self {
+            enabled: profiling(),
+            start: std::time::Instant::now(),
+            searched: AtomicU64::new(0),
+            building: AtomicU64::new(0),
+        }
+    }
+
+    fn since_start(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn began(&self) -> u64 {
+        if self.enabled { self.since_start() } else { 0 }
+    }
+
+    fn searched(&self) {
+        if self.enabled {
+            self.searched.fetch_max(self.since_start(), Ordering::Relaxed);
+        }
+    }
+
+    fn assembled(&self, began: u64) {
+        if self.enabled {
+            self.building.fetch_add(self.since_start().saturating_sub(began), Ordering::Relaxed);
+        }
+    }
+
+    fn report(&self, nq: usize, pieces: usize, workers: usize) {
+        if self.enabled {
+            let ms = |ns: u64| ns as f64 / 1e6;
+            let (wall, searched) = (self.since_start(), self.searched.load(Ordering::Relaxed));
+            eprintln!(
+                "hive-gpu profile (batch of {nq} in {pieces} pieces on {workers} workers, ms): wall {:.3}, \
+                 searches done {:.3}, results after them {:.3} ({:.1}% of the wall), results built {:.3} summed",
+                ms(wall),
+                ms(searched),
+                ms(wall.saturating_sub(searched)),
+                100.0 * wall.saturating_sub(searched) as f64 / wall.max(1) as f64,
+                ms(self.building.load(Ordering::Relaxed)),
+            );
+        }
+    }
 }
 
 /// The public results of one piece's neighbours.

@@ -223,7 +223,7 @@ kernel_params! {
         "hg_few_topk_f32", "hg_few_topk_f16", "hg_few_topk_bf16", "hg_few_topk_i8", "hg_few_topk_u8",
     ] {
         rows: Ptr, dead: Ptr, n: U32, dim: U32, q: Ptr, q_norm: F64, metric: I32, kb: U32,
-        keys: Ptr, slots: Ptr,
+        heads: Ptr, keys: Ptr, slots: Ptr,
     }
 
     /// One radix pass's histogram over approximate distances (`hg_radix_hist`).

@@ -51,6 +51,12 @@ pub(crate) fn mma_shared_bytes(row_element: usize, operand_element: usize, dim: 
 /// Most lists `hg_merge_lists` merges (`kernels/merge.cu`'s `HG_MERGE_LISTS`).
 pub(crate) const MERGE_LISTS: usize = 64;
 
+/// Rows one `hg_few_topk` block covers (`kernels/few.cu`'s `HG_FEW_ROWS`).
+pub(crate) const FEW_ROWS: usize = 32;
+
+/// Threads of one `hg_few_topk` block (`kernels/few.cu`'s `HG_FEW_THREADS`).
+pub(crate) const FEW_THREADS: u32 = 128;
+
 /// Rows (and queries) one `hg_mma_filter` block covers.
 pub(crate) const MMA_TILE: usize = 128;
 
@@ -59,7 +65,7 @@ pub(crate) const MMA_TILE: usize = 128;
 pub(crate) fn source(prelude: &str, warp: u32, tensor: bool) -> String {
     let fused = if tensor { FUSED } else { "" };
     format!(
-        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n#define HG_MERGE_LISTS {MERGE_LISTS}\n{prelude}\n{COMMON}\n{SEARCH}\n{FEW}\n{LISTS}\n{CODES}\n{MERGE}\n{NEAREST}\n{ROWS}\n{GEMM}\n{fused}\n"
+        "#define HG_WARP {warp}\n#define HG_BLOCK {BLOCK}\n#define HG_LIST_GROUP {LIST_GROUP}\n#define HG_MERGE_LISTS {MERGE_LISTS}\n#define HG_FEW_ROWS {FEW_ROWS}\n#define HG_FEW_THREADS {FEW_THREADS}\n{prelude}\n{COMMON}\n{SEARCH}\n{FEW}\n{LISTS}\n{CODES}\n{MERGE}\n{NEAREST}\n{ROWS}\n{GEMM}\n{fused}\n"
     )
 }
 

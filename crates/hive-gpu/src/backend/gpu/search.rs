@@ -19,7 +19,7 @@ use super::abi::{
     read_back,
 };
 use super::driver::{DevicePtr, Driver, GemmInputs, GemmTn};
-use super::kernels::{BLOCK, MMA_TILE, mma_shared_bytes};
+use super::kernels::{BLOCK, FEW_ROWS, FEW_THREADS, MMA_TILE, mma_shared_bytes};
 use super::memory::{FilterKey, Filtered, Gathered, Workspace};
 use super::prepare::{Prepared, prepare};
 use super::primitives::{Pairs, ResultSlot, key_f64};
@@ -63,41 +63,42 @@ pub(super) fn list_size(k: usize) -> usize {
 /// Results up to this size are written by the kernels into mapped host memory.
 const MAPPED_RESULTS_BYTES: usize = 256 << 10;
 
-/// Rows per block of the few-rows pass (`kernels/few.cu`, `HG_FEW_ROWS`).
-const FEW_ROWS: usize = 64;
-
-/// Largest k of the few-rows pass: each block keeps its best min(k, 64) rows in order by
+/// Largest k of the few-rows pass: each block keeps its best min(k, 32) rows in order by
 /// ranking each against all the others, and the host merges the blocks' lists.
 const FEW_MAX_K: usize = 128;
 
-/// Most rows of the few-rows pass (256 blocks), whatever their dimension: measured over 1,024
+/// Most rows of the few-rows pass (512 blocks), whatever their dimension: measured over 1,024
 /// to 10,253 rows of 128 (docs/PERFORMANCE.md, "One exact pass for a query over few rows"); a
 /// low dimension would otherwise let a million rows in, each block's list coming back to the
 /// host.
 const FEW_MAX_ROWS: usize = 16_384;
 
-/// Largest dimension of the few-rows pass: one staging pass of `HG_FEW_CHUNK` components. The
-/// kernel's later passes (the next pass's loads in flight while one is summed) have not run on
-/// a GPU yet: the device suites reach the pass at dimensions 1 to 128 only, so larger rows keep
-/// the scan until they do.
-const FEW_MAX_DIM: usize = 128;
-
-/// The k least (key, slot) pairs of the few-rows pass's block lists (`kb` pairs each, ascending,
-/// padded with all ones where a block has fewer rows), ascending; `None` where they hold fewer
-/// than k.
+/// The k least (key, slot) pairs of the few-rows pass's block lists, ascending; `None` where
+/// they hold fewer than k. `heads` holds each block's least key (all ones where it has no
+/// row), `keys` / `slots` each block's list (`kb` pairs, ascending, padded with all ones).
 ///
-/// Every block's list is its min(k, 64) best in order, and a block holds at most 64 rows, so a
+/// Every block's list is its min(k, 32) best in order, and a block holds at most 32 rows, so a
 /// list holds either the block's k best or all of its rows: the k best of their union are the
-/// query's. Each list is read only up to [`heads_bound`]: a few dozen pairs at k = 10 instead of
-/// every block's kb where at least k blocks have a row (reading and selecting all 1,610 listed
-/// pairs of 10,253 rows took 13-15 us on the H200 machine).
-fn merge_block_lists(keys: &[u64], slots: &[u32], kb: usize, k: usize) -> Option<Vec<(u64, u32)>> {
+/// query's. The heads are read first, one contiguous run, and then only the lists whose head
+/// is at or under [`heads_bound`], each up to the bound: a few dozen pairs at k = 10. Reading
+/// and selecting all 1,610 listed pairs of 10,253 rows took 13-15 us on the H200 machine.
+fn merge_block_lists(
+    heads: &[u64],
+    keys: &[u64],
+    slots: &[u32],
+    kb: usize,
+    k: usize,
+) -> Option<Vec<(u64, u32)>> {
     if kb == 0 || k == 0 {
         return None;
     }
-    let bound = heads_bound(keys, kb, k);
+    let bound = heads_bound(heads, k);
     let mut found: Vec<(u64, u32)> = Vec::with_capacity(2 * k);
-    for (list_keys, list_slots) in keys.chunks_exact(kb).zip(slots.chunks_exact(kb)) {
+    let lists = keys.chunks_exact(kb).zip(slots.chunks_exact(kb));
+    for (&head, (list_keys, list_slots)) in heads.iter().zip(lists) {
+        if head > bound {
+            continue;
+        }
         for (&key, &slot) in list_keys.iter().zip(list_slots) {
             if key > bound {
                 break;
@@ -114,14 +115,32 @@ fn merge_block_lists(keys: &[u64], slots: &[u32], kb: usize, k: usize) -> Option
     Some(found)
 }
 
-/// A key no pair of the query's k best exceeds: the k-th least of the lists' first keys, which
-/// are k distinct rows at or under it (a pair above it loses to all of them); all ones less one
-/// (every real key) where fewer than k lists have a row. `kb` >= 1.
-fn heads_bound(keys: &[u64], kb: usize, k: usize) -> u64 {
-    let mut heads: Vec<u64> = keys.iter().step_by(kb).copied().filter(|&key| key != u64::MAX).collect();
+/// A key no pair of the query's k best exceeds: the k-th least of the lists' first keys
+/// (`heads`), which are k distinct rows at or under it (a pair above it loses to all of them);
+/// all ones less one (every real key) where fewer than k lists have a row.
+fn heads_bound(heads: &[u64], k: usize) -> u64 {
+    let mut heads: Vec<u64> = heads.iter().copied().filter(|&key| key != u64::MAX).collect();
     match k.checked_sub(1) {
         Some(at) if at < heads.len() => *heads.select_nth_unstable(at).1,
         _ => u64::MAX - 1,
+    }
+}
+
+/// Where the few-rows pass writes its lists of `blocks` blocks of `kb` pairs in mapped host
+/// memory: the blocks' heads (one key each) first, so that the host reads them as one
+/// contiguous run, then the keys and the slots of the lists; byte offsets.
+#[derive(Debug, Clone, Copy)]
+struct FewLists {
+    keys: usize,
+    slots: usize,
+    bytes: usize,
+}
+
+impl FewLists {
+    fn of(blocks: usize, kb: usize) -> Self {
+        let keys = align(blocks * 8);
+        let slots = keys + align(blocks * kb * 8);
+        Self { keys, slots, bytes: slots + align(blocks * kb * 4) }
     }
 }
 
@@ -994,22 +1013,13 @@ impl<D: Driver> GpuRows<D> {
 
     /// Whether a search of `nq` queries for `k` takes [`Self::few_path`]: one query, k at most
     /// [`FEW_MAX_K`], at most `Tuning::few_values` stored values over at most [`FEW_MAX_ROWS`]
-    /// rows of at most [`FEW_MAX_DIM`] components, and the blocks' lists small enough to come
-    /// back through mapped host memory.
+    /// rows, and the blocks' lists small enough to come back through mapped host memory.
     fn few_rows(&self, nq: usize, k: usize) -> bool {
         nq == 1
             && (1..=FEW_MAX_K).contains(&k)
             && self.len.saturating_mul(self.dim) <= self.tuning.few_values
             && (1..=FEW_MAX_ROWS).contains(&self.len)
-            && self.dim <= FEW_MAX_DIM
-            && Self::few_list_bytes(self.len.div_ceil(FEW_ROWS), k.min(FEW_ROWS)).1 <= MAPPED_RESULTS_BYTES
-    }
-
-    /// Where the slots start in the few-rows pass's lists of `blocks * kb` pairs, and their
-    /// bytes in all.
-    fn few_list_bytes(blocks: usize, kb: usize) -> (usize, usize) {
-        let keys = align(blocks * kb * 8);
-        (keys, keys + align(blocks * kb * 4))
+            && FewLists::of(self.len.div_ceil(FEW_ROWS), k.min(FEW_ROWS)).bytes <= MAPPED_RESULTS_BYTES
     }
 
     /// One query over few rows: every row's exact distance in one pass, each block's best kept
@@ -1033,8 +1043,8 @@ impl<D: Driver> GpuRows<D> {
         // The kernel writes ranks below its 64 rows only: a longer list would keep stale pairs.
         debug_assert!(kb <= FEW_ROWS);
         let entries = blocks * kb;
-        let (slots_at, bytes) = Self::few_list_bytes(blocks, kb);
-        let Some(lists) = ws.results.device_address(&*driver, bytes)? else { return Ok(None) };
+        let layout = FewLists::of(blocks, kb);
+        let Some(lists) = ws.results.device_address(&*driver, layout.bytes)? else { return Ok(None) };
         // The canonical distance's query norm, as `prepare` computes it (cosine only).
         let q_norm = crate::exact::squared_norm_f64(query).sqrt();
         let base = ws.inputs.get(&driver, align(self.dim * 4))?;
@@ -1045,7 +1055,7 @@ impl<D: Driver> GpuRows<D> {
         self.device.launch(
             &ws.stream,
             self.device.kernels.few_topk().get(self.precision),
-            Launch::new((blocks as u32, 1), BLOCK),
+            Launch::new((blocks as u32, 1), FEW_THREADS),
             &FewTopk {
                 rows,
                 dead,
@@ -1055,16 +1065,18 @@ impl<D: Driver> GpuRows<D> {
                 q_norm,
                 metric: metric_code(metric),
                 kb: kb as u32,
-                keys: lists,
-                slots: lists + slots_at as u64,
+                heads: lists,
+                keys: lists + layout.keys as u64,
+                slots: lists + layout.slots as u64,
             },
         )?;
         driver.synchronize(&ws.stream)?;
         profile.mark(&*driver, &ws.stream, "few rows")?;
-        let host: &[u8] = ws.results.get(&*driver, bytes)?;
-        let keys: &[u64] = typed(host, 0, entries)?;
-        let slots: &[u32] = typed(host, slots_at, entries)?;
-        let Some(found) = merge_block_lists(keys, slots, kb, k) else { return Ok(None) };
+        let host: &[u8] = ws.results.get(&*driver, layout.bytes)?;
+        let heads: &[u64] = typed(host, 0, blocks)?;
+        let keys: &[u64] = typed(host, layout.keys, entries)?;
+        let slots: &[u32] = typed(host, layout.slots, entries)?;
+        let Some(found) = merge_block_lists(heads, keys, slots, kb, k) else { return Ok(None) };
         let len = self.len;
         let row = found
             .into_iter()
@@ -1805,9 +1817,9 @@ impl<D: Driver> GpuRows<D> {
 mod tests {
     #[test]
     fn the_block_lists_merge_to_the_k_least_pairs_reading_each_only_to_the_heads_bound() {
-        // Blocks of up to 64 rows as the kernel lists them: each block's min(k, 64) best
+        // Blocks of up to 32 rows as the kernel lists them: each block's min(k, 32) best
         // ascending, padded with empty pairs; many equal keys across and within blocks, blocks
-        // with few or no rows, k up to 128 (above 64 a list is its whole block), and up to 200
+        // with few or no rows, k up to 128 (above 32 a list is its whole block), and up to 200
         // blocks so that the heads' bound is at work in most cases.
         let mut seed = 7u64;
         let mut next = move |below: u64| {
@@ -1817,39 +1829,40 @@ mod tests {
         let mut bounded = 0;
         for case in 0..400 {
             let blocks = 1 + next(200) as usize;
-            let full = 1 + next(64) as usize;
+            let full = 1 + next(super::FEW_ROWS as u64) as usize;
             let k = 1 + next(128) as usize;
-            let kb = k.min(64);
+            let kb = k.min(super::FEW_ROWS);
             let mut all = Vec::new();
-            let (mut keys, mut slots) = (Vec::new(), Vec::new());
+            let (mut heads, mut keys, mut slots) = (Vec::new(), Vec::new(), Vec::new());
             for b in 0..blocks {
                 let rows = if next(4) == 0 { next(full as u64 + 1) as usize } else { full };
-                let mut list: Vec<(u64, u32)> = (0..rows).map(|r| (next(50), (b * 64 + r) as u32)).collect();
+                let mut list: Vec<(u64, u32)> =
+                    (0..rows).map(|r| (next(50), (b * super::FEW_ROWS + r) as u32)).collect();
                 list.sort_unstable();
                 all.extend_from_slice(&list);
                 list.truncate(kb);
                 list.resize(kb, (u64::MAX, u32::MAX));
+                heads.push(list[0].0);
                 keys.extend(list.iter().map(|p| p.0));
                 slots.extend(list.iter().map(|p| p.1));
             }
             all.sort_unstable();
             let what = format!("case {case}: {blocks} blocks of {full}, k {k}");
-            let bound = super::heads_bound(&keys, kb, k);
+            let bound = super::heads_bound(&heads, k);
             if all.len() >= k {
                 // Sound: no pair of the k best lies above it.
                 assert!(all[k - 1].0 <= bound, "{what}");
             }
-            let mut heads: Vec<u64> =
-                keys.iter().step_by(kb).copied().filter(|&key| key != u64::MAX).collect();
-            heads.sort_unstable();
-            if heads.len() >= k {
+            let mut real: Vec<u64> = heads.iter().copied().filter(|&key| key != u64::MAX).collect();
+            real.sort_unstable();
+            if real.len() >= k {
                 // Tight: the k-th least head, below every empty pair.
-                assert_eq!(bound, heads[k - 1], "{what}");
+                assert_eq!(bound, real[k - 1], "{what}");
                 bounded += 1;
             } else {
                 assert_eq!(bound, u64::MAX - 1, "{what}");
             }
-            let got = super::merge_block_lists(&keys, &slots, kb, k);
+            let got = super::merge_block_lists(&heads, &keys, &slots, kb, k);
             if all.len() < k {
                 assert_eq!(got, None, "{what}");
             } else {

@@ -6,88 +6,142 @@
 // few rows themselves cost less than one of those sorts.
 //
 // Launch contract (the host's `GpuRows::few_path`): grid (ceil(n / HG_FEW_ROWS)), block
-// HG_BLOCK; kb <= HG_FEW_ROWS; keys / slots hold kb entries per block (the host merges the
-// blocks' lists from mapped host memory, reading each only up to the k-th least list head).
+// HG_FEW_THREADS; kb <= HG_FEW_ROWS; heads holds one key per block, keys / slots kb entries
+// per block (the host merges the blocks' lists from mapped host memory: it reads the heads,
+// one contiguous run, and then only the lists whose head is at or under the k-th least head).
 
-// Rows per block, and components staged per pass: a pass holds HG_FEW_ROWS * HG_FEW_CHUNK
-// floats in flight for the block, so that over 10,253 rows of 128 (161 blocks) every row is
-// asked for at once. Smaller passes over blocks of 256 rows left most multiprocessors idle and
-// waited on memory once per pass: 17 us a query under ncu on the H100 (docs/PERFORMANCE.md,
-// "One exact pass for a query over few rows").
-// The block takes 34 KB of shared memory: on ROCm devices with 64 KiB of LDS one block fits a
-// compute unit at a time (not measured there).
-#define HG_FEW_ROWS 64
-#define HG_FEW_CHUNK 128
-// Rows one thread stages per pass, HG_FEW_STEP rows apart.
-#define HG_FEW_STEP (HG_BLOCK / HG_FEW_CHUNK)
-#define HG_FEW_PER (HG_FEW_ROWS / HG_FEW_STEP)
-#if HG_BLOCK % HG_FEW_CHUNK != 0 || HG_FEW_ROWS % (HG_BLOCK / HG_FEW_CHUNK) != 0 || HG_FEW_ROWS > HG_BLOCK
-#error "hg_few_topk stages whole runs of HG_FEW_CHUNK components with HG_BLOCK threads"
+// Rows per block (HG_FEW_ROWS) and threads per block (HG_FEW_THREADS) come from the host
+// (`kernels.rs`, FEW_ROWS and FEW_THREADS). Components go HG_FEW_CHUNK at a time: thread t holds
+// component (t % HG_FEW_CHUNK) of rows t / HG_FEW_CHUNK + HG_FEW_GROUPS * i, so that 32
+// consecutive threads read 32 consecutive components of one row (128 bytes of f32), and
+// HG_FEW_DEPTH chunks are in flight at once: 128 components, every row of 128 asked for at
+// the start.
+#define HG_FEW_CHUNK 32
+#define HG_FEW_DEPTH 4
+#define HG_FEW_GROUPS (HG_FEW_THREADS / HG_FEW_CHUNK)
+#define HG_FEW_PER (HG_FEW_ROWS / HG_FEW_GROUPS)
+// Doubles per row of a chunk's terms: an odd pitch keeps each half-warp's rows on distinct
+// banks when the rows' threads read their terms.
+#define HG_FEW_PITCH (HG_FEW_CHUNK + 1)
+#if HG_FEW_THREADS % HG_FEW_CHUNK != 0 || HG_FEW_ROWS % HG_FEW_GROUPS != 0 || HG_FEW_ROWS > HG_FEW_THREADS
+#error "hg_few_topk holds whole runs of HG_FEW_CHUNK components with HG_FEW_THREADS threads"
 #endif
 
-// This thread's share of one pass: component c0 + lane of rows first, first + HG_FEW_STEP, ...
-// into registers, every load issued before any is used.
+// This thread's share of one chunk (components c0 + lane of rows group, group + HG_FEW_GROUPS,
+// ...) and the query's component c0 + lane into registers, every load issued before any is
+// used.
 template <typename T>
-__device__ __forceinline__ void hg_few_stage(const T* rows, u32 row0, u32 count, u32 dim, u32 c0, u32 lane,
-                                             u32 first, float (&values)[HG_FEW_PER]) {
+__device__ __forceinline__ void hg_few_load(const T* rows, u32 row0, u32 count, u32 dim, const float* q, u32 c0,
+                                            u32 lane, u32 group, float (&values)[HG_FEW_PER], float& qv) {
     bool in = c0 + lane < dim;
+    qv = in ? q[c0 + lane] : 0.0f;
 #pragma unroll
     for (u32 i = 0; i < HG_FEW_PER; i++) {
-        u32 r = first + i * HG_FEW_STEP;
+        u32 r = group + i * HG_FEW_GROUPS;
         values[i] = in && r < count ? hg_load<T>(rows, (u64)(row0 + r) * dim + c0 + lane) : 0.0f;
     }
 }
 
-// Block b takes rows [b * HG_FEW_ROWS, ...), one per thread of its first HG_FEW_ROWS. The
-// rows' components are staged in shared memory HG_FEW_CHUNK at a time by the whole block
-// (each warp reads 32 consecutive components of one row at a time, 128 bytes of f32, and the
-// next pass's loads are in flight while this one is summed), then each row's thread adds its
-// terms in component order with the host reference's arithmetic (hg_exact_term): the distance
-// is bit for bit the one every backend's re-rank computes. The block's kb best (key, slot) pairs go to keys / slots[b * kb ...] in
-// ascending order, each pair at its rank (every pair differs: slots are distinct); a removed
-// row or a thread past the rows holds HG_NONE.
+// The terms of this thread's share of a chunk, each rounded as hg_exact_term rounds it before
+// adding it (for cosine, the row's own square in `norms` too), into shared memory.
+template <int M>
+__device__ __forceinline__ void hg_few_terms(const float (&values)[HG_FEW_PER], float qv, u32 lane, u32 group,
+                                             double* terms, double* norms) {
+    double q = (double)qv;
+#pragma unroll
+    for (u32 i = 0; i < HG_FEW_PER; i++) {
+        u32 at = (group + i * HG_FEW_GROUPS) * HG_FEW_PITCH + lane;
+        double x = (double)values[i];
+        if (M == HG_L2) {
+            double d = __dsub_rn(q, x);
+            terms[at] = __dmul_rn(d, d);
+        } else if (M == HG_L1 || M == HG_LINF) {
+            terms[at] = fabs(__dsub_rn(q, x));
+        } else {
+            terms[at] = __dmul_rn(q, x);
+            if (M == HG_COS) norms[at] = __dmul_rn(x, x);
+        }
+    }
+}
+
+// Block b takes rows [b * HG_FEW_ROWS, ...). For each chunk of components the whole block
+// computes the terms (HG_FEW_ROWS x HG_FEW_CHUNK of them, independent of one another), and
+// then each row's thread adds its row's terms in component order with the host reference's
+// arithmetic: the distance is bit for bit the one hg_exact_term's chain, and so every
+// backend's re-rank, computes. Terms are double-buffered: the rows' threads add chunk c while
+// the other threads compute chunk c + 1's terms, one barrier a chunk. Only the chain of
+// additions is serial; computed by the rows' threads alone, each term's conversion, difference
+// and product lay on it too, and the sums took 5,500 of a block's 10,200 cycles (clock64 marks
+// on the H100, docs/PERFORMANCE.md, "One exact pass for a query over few rows").
 //
-// `tile` holds HG_FEW_ROWS * (HG_FEW_CHUNK + 1) floats, `qs` HG_FEW_CHUNK floats and `sorted`
-// HG_FEW_ROWS keys of shared memory, declared by the kernels themselves, and everything here
-// is inlined into them: HIP's compiler gives shared arrays that a device function of its own
-// reaches to every kernel of the module that calls such functions (hg_finalize's limit).
+// The block's kb best (key, slot) pairs go to keys / slots[b * kb ...] in ascending order, each
+// pair at its rank (every pair differs: slots are distinct), and its least key to heads[b] as
+// well; a removed row or a thread past the rows holds HG_NONE.
+//
+// `terms` and `norms` hold 2 * HG_FEW_ROWS * HG_FEW_PITCH doubles and `sorted` HG_FEW_ROWS keys
+// of shared memory, declared by the kernels themselves, and everything here is inlined into
+// them: HIP's compiler gives shared arrays that a device function of its own reaches to every
+// kernel of the module that calls such functions (hg_finalize's limit).
 template <typename T, int M>
 __device__ __forceinline__ void hg_few_topk(const T* rows, const u32* dead, u32 n, u32 dim, const float* q,
-                                            double q_norm, u32 kb, u64* keys, u32* slots, float* tile, float* qs,
-                                            u64* sorted) {
+                                            double q_norm, u32 kb, u64* heads, u64* keys, u32* slots, double* terms,
+                                            double* norms, u64* sorted) {
     u32 t = threadIdx.x;
     u32 row0 = blockIdx.x * HG_FEW_ROWS;
     u32 count = min((u32)HG_FEW_ROWS, n - row0);
-    u32 lane = t % HG_FEW_CHUNK, first = t / HG_FEW_CHUNK;
-    float next[HG_FEW_PER];
-    hg_few_stage<T>(rows, row0, count, dim, 0, lane, first, next);
-    double acc = 0.0, rr = 0.0;
-    for (u32 c0 = 0; c0 < dim; c0 += HG_FEW_CHUNK) {
-        u32 width = min((u32)HG_FEW_CHUNK, dim - c0);
-        // An odd pitch (HG_FEW_CHUNK + 1) puts consecutive threads' rows on different banks.
-#pragma unroll
-        for (u32 i = 0; i < HG_FEW_PER; i++) {
-            u32 r = first + i * HG_FEW_STEP;
-            if (r < count) tile[r * (HG_FEW_CHUNK + 1) + lane] = next[i];
-        }
-        if (t < width) qs[t] = q[c0 + t];
-        __syncthreads();
-        if (c0 + HG_FEW_CHUNK < dim) hg_few_stage<T>(rows, row0, count, dim, c0 + HG_FEW_CHUNK, lane, first, next);
-        if (t < count) {
-            const float* x = tile + t * (HG_FEW_CHUNK + 1);
-            u32 j = 0;
-            for (; j + 16 <= width; j += 16) {
-#pragma unroll
-                for (u32 u = 0; u < 16; u++) hg_exact_term<M>(acc, rr, (double)x[j + u], (double)qs[j + u]);
-            }
-            for (; j < width; j++) hg_exact_term<M>(acc, rr, (double)x[j], (double)qs[j]);
-        }
-        __syncthreads();
-    }
+    u32 lane = t % HG_FEW_CHUNK, group = t / HG_FEW_CHUNK;
     u32 slot = row0 + t;
+    u32 chunks = (dim + HG_FEW_CHUNK - 1) / HG_FEW_CHUNK;
+    // Every global load the block needs first is issued before any is waited on: the row's
+    // removed bit and the first HG_FEW_DEPTH chunks.
+    bool removed = t < count && hg_dead(dead, slot);
+    float values[HG_FEW_DEPTH][HG_FEW_PER];
+    float qv[HG_FEW_DEPTH];
+#pragma unroll
+    for (u32 s = 0; s < HG_FEW_DEPTH; s++) {
+        if (s < chunks) hg_few_load<T>(rows, row0, count, dim, q, s * HG_FEW_CHUNK, lane, group, values[s], qv[s]);
+    }
+    double acc = 0.0, rr = 0.0;
+    // Chunk c's terms go to buffer c % 2 in step c and are added in step c + 1 (after the
+    // barrier that ends step c); step c's writes reuse the buffer added in step c - 1, before
+    // that barrier, by the same rows' threads that add now. `chunks + 1` steps in all.
+    for (u32 c0 = 0; c0 <= chunks; c0 += HG_FEW_DEPTH) {
+#pragma unroll
+        for (u32 s = 0; s < HG_FEW_DEPTH; s++) {
+            u32 c = c0 + s;
+            if (c > 0 && c <= chunks && t < count) {
+                u32 prev = c - 1;
+                u32 width = min((u32)HG_FEW_CHUNK, dim - prev * HG_FEW_CHUNK);
+                const double* x = terms + (prev % 2) * (HG_FEW_ROWS * HG_FEW_PITCH) + t * HG_FEW_PITCH;
+                const double* xx = norms + (prev % 2) * (HG_FEW_ROWS * HG_FEW_PITCH) + t * HG_FEW_PITCH;
+                if (width == HG_FEW_CHUNK) {
+#pragma unroll
+                    for (u32 j = 0; j < HG_FEW_CHUNK; j++) {
+                        if (M == HG_LINF) acc = fmax(acc, x[j]);
+                        else acc = __dadd_rn(acc, x[j]);
+                        if (M == HG_COS) rr = __dadd_rn(rr, xx[j]);
+                    }
+                } else {
+                    for (u32 j = 0; j < width; j++) {
+                        if (M == HG_LINF) acc = fmax(acc, x[j]);
+                        else acc = __dadd_rn(acc, x[j]);
+                        if (M == HG_COS) rr = __dadd_rn(rr, xx[j]);
+                    }
+                }
+            }
+            if (c < chunks) {
+                u32 buffer = (c % 2) * (HG_FEW_ROWS * HG_FEW_PITCH);
+                hg_few_terms<M>(values[s], qv[s], lane, group, terms + buffer, norms + buffer);
+                u32 ahead = c + HG_FEW_DEPTH;
+                if (ahead < chunks)
+                    hg_few_load<T>(rows, row0, count, dim, q, ahead * HG_FEW_CHUNK, lane, group, values[s], qv[s]);
+            }
+            __syncthreads();
+        }
+    }
     if (t < HG_FEW_ROWS) {
         u64 key = HG_NONE;
-        if (t < count && !hg_dead(dead, slot)) key = hg_f64_key(hg_exact_finish(acc, rr, q_norm, M));
+        if (t < count && !removed) key = hg_f64_key(hg_exact_finish(acc, rr, q_norm, M));
         sorted[t] = key;
     }
     __syncthreads();
@@ -107,56 +161,57 @@ __device__ __forceinline__ void hg_few_topk(const T* rows, const u32* dead, u32 
         keys[(u64)blockIdx.x * kb + rank] = key;
         slots[(u64)blockIdx.x * kb + rank] = slot;
     }
+    if (rank == 0) heads[blockIdx.x] = key;
 }
 
 template <typename T>
 __device__ __forceinline__ void hg_few_topk_any(const T* rows, const u32* dead, u32 n, u32 dim, const float* q,
-                                                double q_norm, int metric, u32 kb, u64* keys, u32* slots,
-                                                float* tile, float* qs, u64* sorted) {
-    if (metric == HG_L2) hg_few_topk<T, HG_L2>(rows, dead, n, dim, q, q_norm, kb, keys, slots, tile, qs, sorted);
-    else if (metric == HG_DOT) hg_few_topk<T, HG_DOT>(rows, dead, n, dim, q, q_norm, kb, keys, slots, tile, qs, sorted);
-    else if (metric == HG_L1) hg_few_topk<T, HG_L1>(rows, dead, n, dim, q, q_norm, kb, keys, slots, tile, qs, sorted);
-    else if (metric == HG_LINF) hg_few_topk<T, HG_LINF>(rows, dead, n, dim, q, q_norm, kb, keys, slots, tile, qs, sorted);
-    else hg_few_topk<T, HG_COS>(rows, dead, n, dim, q, q_norm, kb, keys, slots, tile, qs, sorted);
+                                                double q_norm, int metric, u32 kb, u64* heads, u64* keys, u32* slots,
+                                                double* terms, double* norms, u64* sorted) {
+    if (metric == HG_L2) hg_few_topk<T, HG_L2>(rows, dead, n, dim, q, q_norm, kb, heads, keys, slots, terms, norms, sorted);
+    else if (metric == HG_DOT) hg_few_topk<T, HG_DOT>(rows, dead, n, dim, q, q_norm, kb, heads, keys, slots, terms, norms, sorted);
+    else if (metric == HG_L1) hg_few_topk<T, HG_L1>(rows, dead, n, dim, q, q_norm, kb, heads, keys, slots, terms, norms, sorted);
+    else if (metric == HG_LINF) hg_few_topk<T, HG_LINF>(rows, dead, n, dim, q, q_norm, kb, heads, keys, slots, terms, norms, sorted);
+    else hg_few_topk<T, HG_COS>(rows, dead, n, dim, q, q_norm, kb, heads, keys, slots, terms, norms, sorted);
 }
 
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_few_topk_f32(const float* rows, const u32* dead, u32 n,
+extern "C" __global__ void __launch_bounds__(HG_FEW_THREADS) hg_few_topk_f32(const float* rows, const u32* dead, u32 n,
                                                                   u32 dim, const float* q, double q_norm,
-                                                                  int metric, u32 kb, u64* keys, u32* slots) {
-    __shared__ float tile[HG_FEW_ROWS * (HG_FEW_CHUNK + 1)];
-    __shared__ float qs[HG_FEW_CHUNK];
+                                                                  int metric, u32 kb, u64* heads, u64* keys, u32* slots) {
+    __shared__ double terms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
+    __shared__ double norms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
     __shared__ u64 sorted[HG_FEW_ROWS];
-    hg_few_topk_any<float>(rows, dead, n, dim, q, q_norm, metric, kb, keys, slots, tile, qs, sorted);
+    hg_few_topk_any<float>(rows, dead, n, dim, q, q_norm, metric, kb, heads, keys, slots, terms, norms, sorted);
 }
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_few_topk_f16(const u16* rows, const u32* dead, u32 n,
+extern "C" __global__ void __launch_bounds__(HG_FEW_THREADS) hg_few_topk_f16(const u16* rows, const u32* dead, u32 n,
                                                                   u32 dim, const float* q, double q_norm,
-                                                                  int metric, u32 kb, u64* keys, u32* slots) {
-    __shared__ float tile[HG_FEW_ROWS * (HG_FEW_CHUNK + 1)];
-    __shared__ float qs[HG_FEW_CHUNK];
+                                                                  int metric, u32 kb, u64* heads, u64* keys, u32* slots) {
+    __shared__ double terms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
+    __shared__ double norms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
     __shared__ u64 sorted[HG_FEW_ROWS];
-    hg_few_topk_any<u16>(rows, dead, n, dim, q, q_norm, metric, kb, keys, slots, tile, qs, sorted);
+    hg_few_topk_any<u16>(rows, dead, n, dim, q, q_norm, metric, kb, heads, keys, slots, terms, norms, sorted);
 }
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_few_topk_bf16(const hg_bf16* rows, const u32* dead, u32 n,
+extern "C" __global__ void __launch_bounds__(HG_FEW_THREADS) hg_few_topk_bf16(const hg_bf16* rows, const u32* dead, u32 n,
                                                                   u32 dim, const float* q, double q_norm,
-                                                                  int metric, u32 kb, u64* keys, u32* slots) {
-    __shared__ float tile[HG_FEW_ROWS * (HG_FEW_CHUNK + 1)];
-    __shared__ float qs[HG_FEW_CHUNK];
+                                                                  int metric, u32 kb, u64* heads, u64* keys, u32* slots) {
+    __shared__ double terms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
+    __shared__ double norms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
     __shared__ u64 sorted[HG_FEW_ROWS];
-    hg_few_topk_any<hg_bf16>(rows, dead, n, dim, q, q_norm, metric, kb, keys, slots, tile, qs, sorted);
+    hg_few_topk_any<hg_bf16>(rows, dead, n, dim, q, q_norm, metric, kb, heads, keys, slots, terms, norms, sorted);
 }
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_few_topk_i8(const i8* rows, const u32* dead, u32 n,
+extern "C" __global__ void __launch_bounds__(HG_FEW_THREADS) hg_few_topk_i8(const i8* rows, const u32* dead, u32 n,
                                                                   u32 dim, const float* q, double q_norm,
-                                                                  int metric, u32 kb, u64* keys, u32* slots) {
-    __shared__ float tile[HG_FEW_ROWS * (HG_FEW_CHUNK + 1)];
-    __shared__ float qs[HG_FEW_CHUNK];
+                                                                  int metric, u32 kb, u64* heads, u64* keys, u32* slots) {
+    __shared__ double terms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
+    __shared__ double norms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
     __shared__ u64 sorted[HG_FEW_ROWS];
-    hg_few_topk_any<i8>(rows, dead, n, dim, q, q_norm, metric, kb, keys, slots, tile, qs, sorted);
+    hg_few_topk_any<i8>(rows, dead, n, dim, q, q_norm, metric, kb, heads, keys, slots, terms, norms, sorted);
 }
-extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_few_topk_u8(const u8* rows, const u32* dead, u32 n,
+extern "C" __global__ void __launch_bounds__(HG_FEW_THREADS) hg_few_topk_u8(const u8* rows, const u32* dead, u32 n,
                                                                   u32 dim, const float* q, double q_norm,
-                                                                  int metric, u32 kb, u64* keys, u32* slots) {
-    __shared__ float tile[HG_FEW_ROWS * (HG_FEW_CHUNK + 1)];
-    __shared__ float qs[HG_FEW_CHUNK];
+                                                                  int metric, u32 kb, u64* heads, u64* keys, u32* slots) {
+    __shared__ double terms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
+    __shared__ double norms[2 * HG_FEW_ROWS * HG_FEW_PITCH];
     __shared__ u64 sorted[HG_FEW_ROWS];
-    hg_few_topk_any<u8>(rows, dead, n, dim, q, q_norm, metric, kb, keys, slots, tile, qs, sorted);
+    hg_few_topk_any<u8>(rows, dead, n, dim, q, q_norm, metric, kb, heads, keys, slots, terms, norms, sorted);
 }
