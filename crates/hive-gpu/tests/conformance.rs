@@ -148,7 +148,7 @@ const SMALL_DIMS: &[Case] = &[
 ];
 
 const LARGE_DIMS: &[Case] = &[
-    // 600,000 values: a single query over them takes the CUDA/ROCm few-rows pass, whose rows of
+    // 600,000 values: a single query over them takes the CUDA few-rows pass, whose rows of
     // 300 go in ten chunks of 32 components (the last one partial), more than the four it holds
     // in flight at once.
     Case { dim: 300, n: 2000, nq: 17, ks: &[1, 10, 100] },

@@ -51,10 +51,11 @@ pub(crate) fn mma_shared_bytes(row_element: usize, operand_element: usize, dim: 
 /// Most lists `hg_merge_lists` merges (`kernels/merge.cu`'s `HG_MERGE_LISTS`).
 pub(crate) const MERGE_LISTS: usize = 64;
 
-/// Rows one `hg_few_topk` block covers (`kernels/few.cu`'s `HG_FEW_ROWS`).
+/// Rows one `hg_few_topk` block covers, defined for the kernels as `HG_FEW_ROWS` by
+/// [`source`] (a multiple of 8: the block ranks its rows eight keys a step).
 pub(crate) const FEW_ROWS: usize = 32;
 
-/// Threads of one `hg_few_topk` block (`kernels/few.cu`'s `HG_FEW_THREADS`).
+/// Threads of one `hg_few_topk` block, defined for the kernels as `HG_FEW_THREADS` by [`source`].
 pub(crate) const FEW_THREADS: u32 = 128;
 
 /// Rows (and queries) one `hg_mma_filter` block covers.

@@ -75,13 +75,15 @@ const FEW_MAX_ROWS: usize = 16_384;
 
 /// The k least (key, slot) pairs of the few-rows pass's block lists, ascending; `None` where
 /// they hold fewer than k. `heads` holds each block's least key (all ones where it has no
-/// row), `keys` / `slots` each block's list (`kb` pairs, ascending, padded with all ones).
+/// row), `keys` / `slots` each block's list (`kb` pairs, ascending; where a block has fewer
+/// live rows the list goes on with all-ones keys, whose slots mean nothing).
 ///
 /// Every block's list is its min(k, 32) best in order, and a block holds at most 32 rows, so a
 /// list holds either the block's k best or all of its rows: the k best of their union are the
 /// query's. The heads are read first, one contiguous run, and then only the lists whose head
 /// is at or under [`heads_bound`], each up to the bound: a few dozen pairs at k = 10. Reading
-/// and selecting all 1,610 listed pairs of 10,253 rows took 13-15 us on the H200 machine.
+/// and selecting every listed pair (1,610 over 10,253 rows in blocks of 64) took 13-15 us on
+/// the H200 machine.
 fn merge_block_lists(
     heads: &[u64],
     keys: &[u64],
@@ -1039,9 +1041,10 @@ impl<D: Driver> GpuRows<D> {
         let driver = self.driver().clone();
         let mut profile = Profiler::new();
         let blocks = self.len.div_ceil(FEW_ROWS);
-        let kb = k.min(FEW_ROWS);
-        // The kernel writes ranks below its 64 rows only: a longer list would keep stale pairs.
-        debug_assert!(kb <= FEW_ROWS);
+        // Between 1 and the block's rows: the kernel writes ranks below its HG_FEW_ROWS rows
+        // only (a longer list would keep stale pairs), and a list of none would leave every
+        // thread at rank 0. `few_rows` admits k >= 1 only.
+        let kb = k.clamp(1, FEW_ROWS);
         let entries = blocks * kb;
         let layout = FewLists::of(blocks, kb);
         let Some(lists) = ws.results.device_address(&*driver, layout.bytes)? else { return Ok(None) };
@@ -1841,7 +1844,11 @@ mod tests {
                 list.sort_unstable();
                 all.extend_from_slice(&list);
                 list.truncate(kb);
-                list.resize(kb, (u64::MAX, u32::MAX));
+                // Past a block's live rows the kernel's keys are all ones and its slots mean
+                // nothing: here, slots of the block's own.
+                while list.len() < kb {
+                    list.push((u64::MAX, (b * super::FEW_ROWS + list.len()) as u32));
+                }
                 heads.push(list[0].0);
                 keys.extend(list.iter().map(|p| p.0));
                 slots.extend(list.iter().map(|p| p.1));

@@ -26,6 +26,13 @@
 #if HG_FEW_THREADS % HG_FEW_CHUNK != 0 || HG_FEW_ROWS % HG_FEW_GROUPS != 0 || HG_FEW_ROWS > HG_FEW_THREADS
 #error "hg_few_topk holds whole runs of HG_FEW_CHUNK components with HG_FEW_THREADS threads"
 #endif
+#if HG_FEW_ROWS % 8 != 0
+#error "hg_few_topk ranks its rows eight keys a step"
+#endif
+// The block takes 34 KB of shared memory (two buffers of terms and two of cosine's squares,
+// 2 * 2 * HG_FEW_ROWS * HG_FEW_PITCH doubles): on ROCm devices with 64 KiB of LDS one block
+// fits a compute unit at a time (never run there: the HIP driver maps no host memory yet, so
+// ROCm keeps the scan).
 
 // This thread's share of one chunk (components c0 + lane of rows group, group + HG_FEW_GROUPS,
 // ...) and the query's component c0 + lane into registers, every load issued before any is
@@ -68,11 +75,12 @@ __device__ __forceinline__ void hg_few_terms(const float (&values)[HG_FEW_PER], 
 // computes the terms (HG_FEW_ROWS x HG_FEW_CHUNK of them, independent of one another), and
 // then each row's thread adds its row's terms in component order with the host reference's
 // arithmetic: the distance is bit for bit the one hg_exact_term's chain, and so every
-// backend's re-rank, computes. Terms are double-buffered: the rows' threads add chunk c while
-// the other threads compute chunk c + 1's terms, one barrier a chunk. Only the chain of
-// additions is serial; computed by the rows' threads alone, each term's conversion, difference
-// and product lay on it too, and the sums took 5,500 of a block's 10,200 cycles (clock64 marks
-// on the H100, docs/PERFORMANCE.md, "One exact pass for a query over few rows").
+// backend's re-rank, computes. Terms are double-buffered, one barrier a step: in step c the
+// rows' threads add chunk c - 1, then every thread (the rows' threads included) computes its
+// share of chunk c's terms. Only the chain of additions has to be serial. Before, each row's
+// thread also converted, subtracted and multiplied each of its terms on that chain: its sums
+// took 5,500 of a block's 10,200 cycles (clock64 marks on the H100, docs/PERFORMANCE.md, "The
+// few-rows pass's chain of additions").
 //
 // The block's kb best (key, slot) pairs go to keys / slots[b * kb ...] in ascending order, each
 // pair at its rank (every pair differs: slots are distinct), and its least key to heads[b] as
