@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use hive_gpu::{Filter, GpuDistanceMetric, GpuVectorStorage, HiveGpuError, SearchOptions};
+use hive_gpu::{Filter, GpuDistanceMetric, GpuVectorStorage, HiveGpuError, SearchOptions, SearchResults};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::BenchArgs;
@@ -118,7 +118,8 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                 for &requested_k in &ks {
                     // k beyond the collection returns every vector: reported as the effective k.
                     let k = requested_k.min(data.base.rows);
-                    let timings = time_search(&storage, &data, k, batch, &options, args.columnar, args.json)?;
+                    let timings =
+                        time_search(&storage, &data, k, batch, &options, Form::of(args), args.json)?;
                     let (recall, recall_source) = match &filter {
                         Some(case) => filtered_recall(&data, &timings.ids, k, metric, &case.passing),
                         None => recall(&data, &timings.ids, k, metric, use_groundtruth),
@@ -149,10 +150,7 @@ pub fn run(args: &BenchArgs) -> Result<(), HiveGpuError> {
                                     Value::Str(format!("{:?}", config.search).to_lowercase())
                                 ),
                                 ("batch", Value::Int(batch as u64)),
-                                (
-                                    "results",
-                                    Value::Str(if args.columnar { "columns" } else { "lists" }.into())
-                                ),
+                                ("results", Value::Str(Form::of(args).name().into())),
                                 ("selectivity", selectivity.map_or(Value::Null, Value::Num)),
                                 (
                                     "filter_prepared",
@@ -444,13 +442,43 @@ fn build(storage: &GpuVectorStorage, data: &Dataset, quiet: bool) -> Result<Dura
     Ok(spent)
 }
 
+/// The shape a search call's results take (`--columnar`, `--reuse-results`).
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    /// A list of structures per query (`search_batch_with`).
+    Lists,
+    /// Flat arrays, fresh for each call (`search_batch_results`).
+    Columns,
+    /// Flat arrays reused from call to call (`search_batch_results_into`).
+    ReusedColumns,
+}
+
+impl Form {
+    fn of(args: &crate::BenchArgs) -> Self {
+        match (args.columnar, args.reuse_results) {
+            (false, _) => Self::Lists,
+            (true, false) => Self::Columns,
+            (true, true) => Self::ReusedColumns,
+        }
+    }
+
+    /// As the JSON's `results` field names it.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Lists => "lists",
+            Self::Columns => "columns",
+            Self::ReusedColumns => "reused columns",
+        }
+    }
+}
+
 fn time_search(
     storage: &GpuVectorStorage,
     data: &Dataset,
     k: usize,
     batch: usize,
     options: &SearchOptions,
-    columnar: bool,
+    form: Form,
     quiet: bool,
 ) -> Result<Timings, HiveGpuError> {
     let dim = data.queries.dim;
@@ -460,6 +488,7 @@ fn time_search(
     storage.search_batch_with(&queries[..batch * dim], k, options)?;
 
     let mut timings = Timings { rounds: Vec::new(), calls: Vec::new(), ids: Vec::new() };
+    let mut reused = SearchResults::default();
     let started = Instant::now();
     let bar = progress(nq, "searching", quiet || nq / batch < 50);
     while timings.rounds.len() < MIN_PASSES || started.elapsed() < MIN_TIMED {
@@ -469,8 +498,15 @@ fn time_search(
             let end = (start + batch).min(nq);
             let call_start = Instant::now();
             let batch_queries = &queries[start * dim..end * dim];
-            if columnar {
-                let results = storage.search_batch_results(batch_queries, k, options)?;
+            if form != Form::Lists {
+                let fresh;
+                let results = if form == Form::ReusedColumns {
+                    storage.search_batch_results_into(batch_queries, k, options, &mut reused)?;
+                    &reused
+                } else {
+                    fresh = storage.search_batch_results(batch_queries, k, options)?;
+                    &fresh
+                };
                 timings.calls.push(call_start.elapsed());
                 if first {
                     bar.set_position(end as u64);

@@ -300,6 +300,11 @@ struct BenchArgs {
     /// structures per query (`search_batch`), to measure what building them costs.
     #[arg(long)]
     columnar: bool,
+    /// With `--columnar`: search every batch into the same arrays
+    /// (`search_batch_results_into`), as a server answering batch after batch would, instead
+    /// of fresh ones per call.
+    #[arg(long, requires = "columnar")]
+    reuse_results: bool,
     /// Build this index over the vectors before searching: `flat` (exact search, the
     /// default), `ivf-flat:nlist=N`, `ivf-sq8:nlist=N`, `sq8`, `ivf-pq:nlist=N,m=M,bits=8|4`,
     /// `pq:m=M,bits=8|4` or `binary`. Its build time is reported beside the adds'.

@@ -622,6 +622,36 @@ impl GpuVectorStorage {
         index::flat::search_results(&self.read(), queries, k, options, &self.tuning)
     }
 
+    /// [`GpuVectorStorage::search_batch_results`] into `out`, reusing its arrays where they
+    /// hold room enough: a server or a binding that searches batch after batch into the same
+    /// results allocates and pads no fresh memory for each (FAISS's `search` into the caller's
+    /// arrays). Every row is written, its padding too; after an error `out` holds no
+    /// meaningful rows.
+    ///
+    /// ```
+    /// use hive_gpu::{GpuBackendType, GpuContext, GpuDistanceMetric, GpuVector, SearchOptions, SearchResults};
+    ///
+    /// let context = GpuContext::with_backend(GpuBackendType::Cpu, 0)?;
+    /// let storage = context.create_storage(2, GpuDistanceMetric::Euclidean)?;
+    /// storage.add_vectors(&[GpuVector::new("a", vec![0.0, 0.0]), GpuVector::new("b", vec![1.0, 0.0])])?;
+    /// let mut results = SearchResults::default();
+    /// for batch in [[0.1, 0.0, 0.9, 0.0], [0.8, 0.0, 0.2, 0.0]] {
+    ///     storage.search_batch_results_into(&batch, 2, &SearchOptions::default(), &mut results)?;
+    ///     assert_eq!((results.len(), results.k()), (2, 2));
+    /// }
+    /// assert_eq!(results.row(0).ids, ["b", "a"]);
+    /// # Ok::<(), hive_gpu::HiveGpuError>(())
+    /// ```
+    pub fn search_batch_results_into(
+        &self,
+        queries: &[f32],
+        k: usize,
+        options: &SearchOptions,
+        out: &mut SearchResults,
+    ) -> Result<()> {
+        index::flat::search_results_into(&self.read(), queries, k, options, &self.tuning, out)
+    }
+
     /// Builds `spec`'s index over the vectors stored now and sends later searches through it
     /// ([`IndexSpec::Flat`] drops the index). An IVF index trains `nlist` k-means centroids
     /// on a sample of the vectors (256 per list at most) on this storage's device and files

@@ -55,21 +55,45 @@ pub(crate) fn search_results(
     options: &SearchOptions,
     tuning: &Tuning,
 ) -> Result<SearchResults> {
-    search_results_across(&[collection], check_queries(collection.config(), queries, k)?, k, options, tuning)
+    let mut results = SearchResults::default();
+    search_results_into(collection, queries, k, options, tuning, &mut results)?;
+    Ok(results)
+}
+
+/// [`search_results`] into `out`, whose arrays are reused where they hold enough room (see
+/// [`SearchResults::reuse_for`]).
+pub(crate) fn search_results_into(
+    collection: &Collection,
+    queries: &[f32],
+    k: usize,
+    options: &SearchOptions,
+    tuning: &Tuning,
+    out: &mut SearchResults,
+) -> Result<()> {
+    search_results_across(
+        &[collection],
+        check_queries(collection.config(), queries, k)?,
+        k,
+        options,
+        tuning,
+        out,
+    )
 }
 
 /// [`search_results`] over several collections that hold the same vectors in the same slots
 /// (the replicas of `crate::multi`): the batch is cut into pieces ([`Pieces::across`]), and each
 /// member's workers take the next piece left, so a member that runs faster (or has less else
 /// to do) answers more of them. The results are the same whichever member answers a
-/// piece. A batch of one piece runs on `members[0]`.
+/// piece. A batch of one piece runs on `members[0]`. The results go to `out`, reusing its
+/// arrays where they hold enough room; after an error `out` holds no meaningful rows.
 pub(crate) fn search_results_across(
     members: &[&Collection],
     batch: Checked<'_>,
     k: usize,
     options: &SearchOptions,
     tuning: &Tuning,
-) -> Result<SearchResults> {
+    out: &mut SearchResults,
+) -> Result<()> {
     let first =
         members.first().ok_or_else(|| HiveGpuError::Internal("a search over no collection".into()))?;
     let with_payload = options.with_metadata;
@@ -91,9 +115,11 @@ pub(crate) fn search_results_across(
     }
     let _one_off = OneOffFilter::of(&plan, members);
     let began = std::time::Instant::now();
-    let mut results = SearchResults::padded(plan.nq, plan.k, with_payload);
+    out.reuse_for(plan.nq, plan.k, with_payload);
+    let results = out;
     if profiling() {
-        // Results' work before any search: the arrays, padded (Timeline reports the rest).
+        // Results' work before any search: the arrays, padded or reused (Timeline reports the
+        // rest).
         eprintln!(
             "hive-gpu profile (columnar arrays of {} x {}, ms): {:.3}",
             plan.nq,
@@ -102,7 +128,7 @@ pub(crate) fn search_results_across(
         );
     }
     if plan.k == 0 {
-        return Ok(results);
+        return Ok(());
     }
     let sizes: Vec<usize> = (0..plan.pieces.count).map(|i| plan.pieces.range(i, plan.nq).len()).collect();
     let rows: Vec<std::sync::Mutex<Option<RowsMut<'_>>>> =
@@ -113,7 +139,7 @@ pub(crate) fn search_results_across(
         to_columns(member, neighbours, piece)
     })?;
     drop(rows);
-    Ok(results)
+    Ok(())
 }
 
 /// The `k` nearest neighbours of each query of a row-major batch in this one collection, with
@@ -630,6 +656,9 @@ pub(crate) fn fill_columns<'c, N: Sync>(
             lists.len()
         )));
     }
+    // Every entry of a row is written, the padding past its neighbours too: arrays reused from
+    // an earlier batch (`search_results_into`) hold that batch's entries until then.
+    let (empty_metadata, empty_payload) = (Arc::<Metadata>::default(), Arc::<Payload>::default());
     let write = |(q, list): (usize, &Vec<N>), row: RowMut<'_>| -> Result<()> {
         let RowMut { len, slots, ids, scores, mut metadata, mut payloads } = row;
         if list.len() > k {
@@ -645,6 +674,17 @@ pub(crate) fn fill_columns<'c, N: Sync>(
             }
             if let Some(payloads) = payloads.as_deref_mut() {
                 payloads[j] = Arc::clone(found.payload);
+            }
+        }
+        for j in list.len()..k {
+            slots[j] = usize::MAX;
+            ids[j] = SmolStr::default();
+            scores[j] = f32::NAN;
+            if let Some(metadata) = metadata.as_deref_mut() {
+                metadata[j] = Arc::clone(&empty_metadata);
+            }
+            if let Some(payloads) = payloads.as_deref_mut() {
+                payloads[j] = Arc::clone(&empty_payload);
             }
         }
         *len = list.len();

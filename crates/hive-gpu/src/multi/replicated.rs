@@ -175,13 +175,16 @@ impl ReplicatedStorage {
             })
             .collect();
         let members: Vec<&Collection> = chosen.iter().map(|&r| &*guards[r]).collect();
+        let mut results = SearchResults::default();
         crate::index::flat::search_results_across(
             &members,
             batch,
             k,
             options,
             &self.replicas[chosen[0]].tuning,
-        )
+            &mut results,
+        )?;
+        Ok(results)
     }
 
     /// The `count` replicas with the fewest searches running, in replica order from a turn that
