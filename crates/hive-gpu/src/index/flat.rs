@@ -114,10 +114,10 @@ pub(crate) fn search_results_across(
             .collect::<Result<_>>()?;
     }
     let _one_off = OneOffFilter::of(&plan, members);
-    let began = std::time::Instant::now();
+    let began = profiling().then(std::time::Instant::now);
     out.reuse_for(plan.nq, plan.k, with_payload);
     let results = out;
-    if profiling() {
+    if let Some(began) = began {
         // Results' work before any search: the arrays, padded or reused (Timeline reports the
         // rest).
         eprintln!(
@@ -511,8 +511,8 @@ fn search_pieces<T: Send + Sync>(
 /// so its summed time overstates what it costs the batch; what it adds to the wall time is the
 /// part after the last piece's search returned.
 struct Timeline {
-    enabled: bool,
-    start: std::time::Instant,
+    /// When the batch began; `None` (nothing timed, no clock read) without the profile.
+    start: Option<std::time::Instant>,
     /// Nanoseconds from `start` to the end of the last search of a piece.
     searched: AtomicU64,
     /// Nanoseconds of building results, summed over the pieces.
@@ -522,37 +522,33 @@ struct Timeline {
 impl Timeline {
     fn new() -> Self {
         Self {
-            enabled: profiling(),
-            start: std::time::Instant::now(),
+            start: profiling().then(std::time::Instant::now),
             searched: AtomicU64::new(0),
             building: AtomicU64::new(0),
         }
     }
 
-    fn since_start(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
+    /// Nanoseconds since `start` (0 without the profile).
     fn began(&self) -> u64 {
-        if self.enabled { self.since_start() } else { 0 }
+        self.start.map_or(0, |start| u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
     fn searched(&self) {
-        if self.enabled {
-            self.searched.fetch_max(self.since_start(), Ordering::Relaxed);
+        if self.start.is_some() {
+            self.searched.fetch_max(self.began(), Ordering::Relaxed);
         }
     }
 
     fn assembled(&self, began: u64) {
-        if self.enabled {
-            self.building.fetch_add(self.since_start().saturating_sub(began), Ordering::Relaxed);
+        if self.start.is_some() {
+            self.building.fetch_add(self.began().saturating_sub(began), Ordering::Relaxed);
         }
     }
 
     fn report(&self, nq: usize, pieces: usize, workers: usize) {
-        if self.enabled {
+        if self.start.is_some() {
             let ms = |ns: u64| ns as f64 / 1e6;
-            let (wall, searched) = (self.since_start(), self.searched.load(Ordering::Relaxed));
+            let (wall, searched) = (self.began(), self.searched.load(Ordering::Relaxed));
             eprintln!(
                 "hive-gpu profile (batch of {nq} in {pieces} pieces on {workers} workers, ms): wall {:.3}, \
                  searches done {:.3}, results after them {:.3} ({:.1}% of the wall), results built {:.3} summed",

@@ -1048,8 +1048,11 @@ impl<D: Driver> GpuRows<D> {
         let entries = blocks * kb;
         let layout = FewLists::of(blocks, kb);
         let Some(lists) = ws.results.device_address(&*driver, layout.bytes)? else { return Ok(None) };
-        // The canonical distance's query norm, as `prepare` computes it (cosine only).
-        let q_norm = crate::exact::squared_norm_f64(query).sqrt();
+        // The canonical distance's query norm, as `prepare` computes it; only cosine reads it.
+        let q_norm = match metric {
+            GpuDistanceMetric::Cosine => crate::exact::squared_norm_f64(query).sqrt(),
+            _ => 0.0,
+        };
         let base = ws.inputs.get(&driver, align(self.dim * 4))?;
         let staging = ws.staging.get(&*driver, self.dim * 4)?;
         copy_bytes(&mut staging[..self.dim * 4], bytemuck::cast_slice(query))?;
