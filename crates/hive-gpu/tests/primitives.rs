@@ -316,6 +316,13 @@ fn refine_refuses_bad_arguments_by_name_and_changes_nothing() {
         assert!(count.to_string().contains("2 candidate lists"), "{what}: {count}");
         let ragged = rows.refine(&query[1..], &Candidates::from_lists(&[vec![1]]), 1, metric).unwrap_err();
         assert!(ragged.to_string().contains("whole"), "{what}: {ragged}");
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut odd = query.clone();
+            odd[DIM - 1] = bad;
+            let refused = rows.refine(&odd, &Candidates::from_lists(&[vec![1, 2]]), 1, metric).unwrap_err();
+            let component = format!("component {}", DIM - 1);
+            assert!(refused.to_string().contains(&component), "{what}: {refused}");
+        }
         // The store still answers, and exactly.
         let values = stored(&*rows);
         let got = rows.refine(&query, &Candidates::from_lists(&[vec![8, 9]]), 1, metric).expect("refine");
@@ -514,6 +521,44 @@ fn knn_restricted_to_a_slot_set_equals_a_brute_force_over_its_live_members() {
                         let want = best(metric, &values, query, &members, k);
                         assert_same(&format!("{what} query {q}"), metric, &values, query, found, &want);
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn knn_refuses_a_query_that_is_not_finite_on_every_path_and_answers_the_next_one() {
+    // A single query over few rows takes its own pass on CUDA (the few-rows pass), which once
+    // ranked NaN distances instead of refusing the query; batches, filters and larger stores
+    // take the others. Every one of them must refuse a NaN or infinite component and leave the
+    // store as it was.
+    for context in contexts_with_forced_paths() {
+        for precision in [StoragePrecision::F32, StoragePrecision::F16] {
+            for n in [2, ROWS, 3000] {
+                let mut rng = Rng::new(43);
+                let values = common::storable(precision, &rng.normals(n * DIM));
+                let mut rows = context
+                    .backend()
+                    .new_rows(DIM, precision, SearchPrecision::Exact, context.tuning())
+                    .expect("a row store opens");
+                rows.append(&values).expect("rows append");
+                let every = SlotSet::from_slots(n, 0..n);
+                let good = rng.normals(9 * DIM);
+                for metric in METRICS {
+                    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                        let what = format!("{} {precision:?} rows {n} {metric:?} {bad}", describe(&context));
+                        let mut one = good[..DIM].to_vec();
+                        one[DIM / 2] = bad;
+                        let mut batch = good.clone();
+                        batch[4 * DIM + 1] = bad;
+                        assert!(rows.knn(&one, 1, metric, None).is_err(), "{what}: one query");
+                        assert!(rows.knn(&one, 2.min(n), metric, Some(&every)).is_err(), "{what}: filtered");
+                        assert!(rows.knn(&batch, 2.min(n), metric, None).is_err(), "{what}: a batch of 9");
+                    }
+                    let what = format!("{} {precision:?} rows {n} {metric:?}", describe(&context));
+                    let found = rows.knn(&good, 1, metric, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(found.len(), 9, "{what}: the next batch is answered");
                 }
             }
         }

@@ -257,7 +257,8 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// Exact k nearest rows for each query of a row-major batch, best first, ties by slot,
     /// among the live rows, or with `allowed` among the live rows that are members of it (a
     /// filter's [`SlotSet`]: slots it does not cover are not allowed). `k` must be at least 1
-    /// and at most the number of rows searched.
+    /// and at most the number of rows searched, and every query value finite: a NaN or
+    /// infinite component is an error naming its query (`InvalidArgument`), on every path.
     fn knn(
         &self,
         queries: &[f32],
@@ -285,7 +286,7 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// reports them: the re-rank every approximate index (IVF, a graph) ends in. Repeated and
     /// removed slots are scored once and never, and a query with fewer than `k` distinct
     /// live candidates gets them all. `k` must be at least 1; a candidate past
-    /// [`RowStore::len`] is an error naming it.
+    /// [`RowStore::len`] is an error naming it, and so is a query value that is not finite.
     fn refine(
         &self,
         queries: &[f32],
@@ -297,8 +298,9 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// scans the lists `probes.of(q)`, skipping removed rows and, with `allowed`, rows it does
     /// not hold. Best first, ties by slot, distances in f64 as [`RowStore::knn`] reports them;
     /// a query whose lists hold fewer than `k` such rows gets them all. What an IVF-Flat
-    /// search runs after probing its centroids. This default hands each query's list members
-    /// to [`RowStore::refine`]; a backend overrides it to read each list once per batch.
+    /// search runs after probing its centroids. A query value that is not finite is an error
+    /// naming its query. This default hands each query's list members to
+    /// [`RowStore::refine`]; a backend overrides it to read each list once per batch.
     fn scan_lists(
         &self,
         queries: &[f32],

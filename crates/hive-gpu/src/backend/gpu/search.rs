@@ -372,6 +372,7 @@ impl<D: Driver> GpuRows<D> {
         allowed: Option<&SlotSet>,
         sink: Option<&Sink<'_, D>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
+        crate::backend::candidates::check_finite_queries("knn", self.dim, queries)?;
         let mut ws = self.checkout()?;
         let outcome = match allowed {
             None => self
@@ -1028,8 +1029,9 @@ impl<D: Driver> GpuRows<D> {
     /// in order (`hg_few_topk`, written into mapped host memory), and the blocks' lists merged
     /// here (at most 16,384 pairs; [`merge_block_lists`] reads few of them). One upload and one
     /// launch, against the scan's approximate pass, in-block merges, band check and re-rank in
-    /// two. `None` where it cannot run (no mapped memory, a query that is not finite) or found
-    /// fewer than k rows: the caller then takes the other paths, whose checks name the problem.
+    /// two. `None` where it cannot run (no mapped memory) or found fewer than k rows: the caller
+    /// then takes the other paths, whose checks name the problem. The query's values were
+    /// checked finite on the way in ([`Self::search_with`]).
     fn few_path(
         &self,
         ws: &mut Workspace<D>,
@@ -1037,12 +1039,6 @@ impl<D: Driver> GpuRows<D> {
         k: usize,
         metric: GpuDistanceMetric,
     ) -> Result<Option<Vec<Vec<Neighbor>>>> {
-        // A query with a NaN or an infinite component has no exact distances to rank: the pass
-        // would return rows under NaN keys, where the other paths refuse the query (the
-        // `RowStore::knn` contract). They take it.
-        if !query.iter().all(|v| v.is_finite()) {
-            return Ok(None);
-        }
         let driver = self.driver().clone();
         let mut profile = Profiler::new();
         let blocks = self.len.div_ceil(FEW_ROWS);

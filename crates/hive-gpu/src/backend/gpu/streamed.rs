@@ -559,6 +559,7 @@ impl<D: Driver> RowStore for HostRows<D> {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
+        crate::backend::candidates::check_finite_queries("knn", self.dim, queries)?;
         let masks = self.page_masks(allowed);
         let searchable: usize = masks.iter().map(|m| m.3).sum();
         if k == 0 || k > searchable || !queries.len().is_multiple_of(self.dim) || queries.is_empty() {

@@ -934,6 +934,7 @@ impl RowStore for WgpuRows {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
+        crate::backend::candidates::check_finite_queries("knn", self.dim, queries)?;
         if self.stale {
             // A device copy behind the host would miss candidates: answer exactly on the host
             // until a mutation succeeds in resyncing.

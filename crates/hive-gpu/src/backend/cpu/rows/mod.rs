@@ -823,6 +823,7 @@ impl RowStore for CpuRows {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
+        crate::backend::candidates::check_finite_queries("knn", self.dim, queries)?;
         // A small unfiltered search runs on the caller's thread, without a parallel section;
         // every other is parallel: on the library's pool, since the caller may hold a
         // collection's lock (`crate::exec`).
