@@ -212,12 +212,6 @@ fn subject_text(subject: Subject<'_>) -> String {
     }
 }
 
-/// Whether every value is finite, in one pass without a branch per value (it vectorizes).
-fn all_finite(values: &[f32]) -> bool {
-    const EXPONENT: u32 = 0x7f80_0000;
-    values.iter().fold(0u32, |bad, x| bad | u32::from(x.to_bits() & EXPONENT == EXPONENT)) == 0
-}
-
 /// The f64 sum of the squared values, in eight independent partial sums: one running sum is
 /// a chain of dependent additions (about 4 cycles each, 0.17 us a 128-dimensional row), which
 /// made checking the values of a million rows most of an open's restore on the development
@@ -254,7 +248,7 @@ pub(crate) fn check_values(values: &[f32], config: &StorageConfig, subject: Subj
         Subject::Query(_) => StoragePrecision::F32,
     };
     let storable = || match stored_type {
-        StoragePrecision::F32 => all_finite(values),
+        StoragePrecision::F32 => crate::exact::all_finite(values),
         _ => values
             .iter()
             .all(|&x| x.is_finite() && crate::exact::elements::unrepresentable(x, stored_type).is_none()),

@@ -529,10 +529,19 @@ fn knn_restricted_to_a_slot_set_equals_a_brute_force_over_its_live_members() {
 
 #[test]
 fn knn_refuses_a_query_that_is_not_finite_on_every_path_and_answers_the_next_one() {
-    // A single query over few rows takes its own pass on CUDA (the few-rows pass), which once
-    // ranked NaN distances instead of refusing the query; batches, filters and larger stores
-    // take the others. Every one of them must refuse a NaN or infinite component and leave the
-    // store as it was.
+    // On CUDA a single query over a few thousand rows takes a pass of its own (the few-rows
+    // pass), which once ranked NaN distances instead of refusing the query, as did the Vulkan
+    // backend's single query over few rows; filters and batches take other paths. Every one of
+    // them must refuse a NaN or infinite component by name and leave the store answering
+    // exactly.
+    let refused = |what: &str, outcome: hive_gpu::Result<Vec<Vec<Neighbor>>>, query: usize| match outcome {
+        Err(e @ hive_gpu::HiveGpuError::InvalidArgument(_)) => {
+            let message = e.to_string();
+            assert!(message.contains(&format!("query {query} has a non-finite value")), "{what}: {message}");
+        }
+        Err(e) => panic!("{what}: refused as {e:?}, not as an invalid argument"),
+        Ok(_) => panic!("{what}: answered"),
+    };
     for context in contexts_with_forced_paths() {
         for precision in [StoragePrecision::F32, StoragePrecision::F16] {
             for n in [2, ROWS, 3000] {
@@ -552,13 +561,28 @@ fn knn_refuses_a_query_that_is_not_finite_on_every_path_and_answers_the_next_one
                         one[DIM / 2] = bad;
                         let mut batch = good.clone();
                         batch[4 * DIM + 1] = bad;
-                        assert!(rows.knn(&one, 1, metric, None).is_err(), "{what}: one query");
-                        assert!(rows.knn(&one, 2.min(n), metric, Some(&every)).is_err(), "{what}: filtered");
-                        assert!(rows.knn(&batch, 2.min(n), metric, None).is_err(), "{what}: a batch of 9");
+                        refused(&format!("{what}: one query"), rows.knn(&one, 1, metric, None), 0);
+                        refused(
+                            &format!("{what}: filtered"),
+                            rows.knn(&one, 2.min(n), metric, Some(&every)),
+                            0,
+                        );
+                        refused(
+                            &format!("{what}: a batch of 9"),
+                            rows.knn(&batch, 2.min(n), metric, None),
+                            4,
+                        );
                     }
                     let what = format!("{} {precision:?} rows {n} {metric:?}", describe(&context));
+                    let stored = stored(&*rows);
+                    let all: Vec<usize> = (0..n).collect();
                     let found = rows.knn(&good, 1, metric, None).unwrap_or_else(|e| panic!("{what}: {e}"));
                     assert_eq!(found.len(), 9, "{what}: the next batch is answered");
+                    for (q, got) in found.iter().enumerate() {
+                        let query = &good[q * DIM..(q + 1) * DIM];
+                        let want = best(metric, &stored, query, &all, 1);
+                        assert_same(&format!("{what} query {q}"), metric, &stored, query, got, &want);
+                    }
                 }
             }
         }

@@ -117,15 +117,13 @@ impl ListProbes<'_> {
 
 /// The check of its queries' values that [`RowStore::knn`](super::RowStore::knn),
 /// [`scan_lists`](super::RowStore::scan_lists) and [`refine`](super::RowStore::refine) (`what`)
-/// make on every backend: a NaN or infinite component has no distance to rank, so the batch is
-/// refused, naming the first such query and component. (The collections' searches refuse such queries
-/// before any backend sees them; this holds the backends' own contract, which every path of
-/// theirs must keep: a pass of its own once ranked NaN distances instead.) Values go 64 at a
-/// time without a branch each, so the check vectorizes: a few hundredths of a millisecond over
-/// 10,000 x 128.
+/// make on every backend, every path: a NaN or infinite component has no distance to rank, so
+/// the batch is refused, naming the first such query and component. (A collection's searches
+/// refuse such queries before any backend sees them; this holds the backends' own contract,
+/// which a fast path of theirs once broke by ranking NaN distances.) One pass over the values
+/// without a branch each ([`crate::exact::all_finite`]).
 pub(crate) fn check_finite_queries(what: &str, dim: usize, queries: &[f32]) -> Result<()> {
-    let finite = |values: &[f32]| values.iter().fold(true, |all, v| all & v.is_finite());
-    if queries.chunks(64).all(finite) {
+    if crate::exact::all_finite(queries) {
         return Ok(());
     }
     let at = queries.iter().position(|v| !v.is_finite()).unwrap_or(0);

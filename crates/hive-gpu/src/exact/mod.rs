@@ -1,7 +1,7 @@
 //! What every backend shares, so that no backend imports another: the error bound of an f32
 //! distance and the candidate gates built on it, the sample plan of the filtered batch paths,
-//! the metric codes the kernels take, the stored element types (`elements`), and the f64
-//! squared norm the re-ranks and gates use.
+//! the metric codes the kernels take, the stored element types (`elements`), the f64
+//! squared norm the re-ranks and gates use, and the check that values are finite.
 //!
 //! Still outside: wgpu keeps an exact host copy of its rows for the f64 re-rank and for
 //! answering on the host while its device copy is stale; that copy is the CPU backend's row
@@ -27,6 +27,13 @@ pub(crate) fn metric_code(metric: GpuDistanceMetric) -> i32 {
         GpuDistanceMetric::Manhattan => 3,
         GpuDistanceMetric::Chebyshev => 4,
     }
+}
+
+/// Whether every value is finite, in one pass without a branch per value (it vectorizes): how
+/// a collection checks the vectors it is given and every backend the queries it searches.
+pub(crate) fn all_finite(values: &[f32]) -> bool {
+    const EXPONENT: u32 = 0x7f80_0000;
+    values.iter().fold(0u32, |bad, x| bad | u32::from(x.to_bits() & EXPONENT == EXPONENT)) == 0
 }
 
 /// `|v|^2` in f64, exact enough to bound the f32 arithmetic of every backend.

@@ -328,6 +328,10 @@ impl<D: Driver> GpuRows<D> {
         refine: Option<RefineAfter<'_>>,
         params: impl FnOnce(&ScanInputs<'_, D>) -> (Kernel<D::Function, P>, P),
     ) -> Result<Vec<Vec<Neighbor>>> {
+        // A refine on the device takes its queries without `refine`'s own check: make it here.
+        if let Some(r) = &refine {
+            crate::backend::candidates::check_finite_queries("refine", self.dim, r.queries)?;
+        }
         let nq = queries.len() / host.dim;
         if nq == 0 {
             return self.then_refine(Vec::new(), refine);
