@@ -639,8 +639,9 @@ fn bench_multi_on_two_logical_shards_finds_every_query_equal_to_one_device() {
 
 #[test]
 fn info_describes_a_sharded_collections_manifest_and_opens_it() {
-    let manifest =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hive-gpu/tests/data/formats/sharded/sharded.hgs");
+    // Found from the working directory, as every test finds its data: a path fixed at build
+    // time is wrong wherever the binary runs from another checkout (the GPU machine's).
+    let manifest = data_dir().join("../crates/hive-gpu/tests/data/formats/sharded/sharded.hgs");
     let path = manifest.to_str().expect("a UTF-8 path");
     let out = run(&["info", "--collection", path, "--open", "--backend", "cpu"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -149,6 +149,13 @@ pub struct Tuning {
     /// search over 100 rows of 128 dimensions (SIFT10K's IVF probe; docs/PERFORMANCE.md, small
     /// searches). `HIVE_GPU_CPU_HERE_PRODUCTS`.
     pub cpu_here_products: usize,
+    /// The CPU backend keeps an IVF-Flat index's lists as a packed copy of their f32 rows
+    /// (blocks of 16 rows, component-major), made at the first search of each state of the
+    /// lists, and scans that copy instead of the rows where they lie (false: in place, as tests
+    /// use to cover that path). The copy doubles the memory of the collection's rows; on the
+    /// 2-core VM it made SIFT10K's IVF-Flat batches faster (docs/PERFORMANCE.md, "Packed
+    /// lists"). `HIVE_GPU_CPU_PACKED_LISTS`.
+    pub cpu_packed_lists: bool,
     /// The most bytes of rows one CUDA/ROCm collection keeps in device memory, where set (else
     /// as much as the device has). A collection that outgrows it, or the device, moves its
     /// rows to page-locked host memory and streams them through the device for each search
@@ -226,6 +233,7 @@ impl Default for Tuning {
             // See docs/PERFORMANCE.md, "IVF-Flat on small collections".
             cpu_bf16_min_rows: 4096,
             cpu_here_products: 1 << 21,
+            cpu_packed_lists: true,
             device_rows_bytes: None,
             // 1 GiB uploads in about 40 ms at 25 GB/s, so a window's fixed search costs (well
             // under a millisecond) stay small beside its copy (docs/PERFORMANCE.md, streaming).
@@ -282,6 +290,7 @@ impl Tuning {
         switch("HIVE_GPU_WGPU_SUBGROUPS", &mut t.wgpu_subgroups)?;
         switch("HIVE_GPU_LIST_SCAN", &mut t.list_scan)?;
         switch("HIVE_GPU_CODE_SCAN", &mut t.code_scan)?;
+        switch("HIVE_GPU_CPU_PACKED_LISTS", &mut t.cpu_packed_lists)?;
         switch("HIVE_GPU_NEAREST_KERNEL", &mut t.nearest_kernel)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
         let sizes: [(&str, usize, &mut usize); 26] = [
@@ -350,6 +359,7 @@ mod tests {
             ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
             ("HIVE_GPU_LIST_SCAN", "0"),
             ("HIVE_GPU_CODE_SCAN", "0"),
+            ("HIVE_GPU_CPU_PACKED_LISTS", "0"),
             ("HIVE_GPU_NEAREST_KERNEL", "0"),
             ("HIVE_GPU_NEAREST_MIN_POINTS", "5"),
             ("HIVE_GPU_NEAREST_PIECE_BYTES", "4096"),
@@ -370,7 +380,7 @@ mod tests {
         assert_eq!((t.piece_queries, t.piece_workers), (1000, 8));
         assert_eq!((t.device_merge, t.device_merge_min_queries), (false, 3));
         assert!(t.own_gemm && !t.fused && !t.wgpu_subgroups && !t.list_scan && !t.code_scan);
-        assert!(!t.nearest_kernel);
+        assert!(!t.nearest_kernel && !t.cpu_packed_lists);
         assert_eq!((t.nearest_min_points, t.nearest_piece_bytes), (5, 4096));
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));

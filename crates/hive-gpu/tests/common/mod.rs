@@ -165,10 +165,12 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
             // Batches over small collections multiply in f32 by default, and small searches
             // run on the caller's thread; this takes them through the bf16 kernel (where the
             // CPU has AVX512-BF16) and the pool's paths, which the suites' small data would
-            // otherwise never reach.
+            // otherwise never reach; IVF list scans read the rows in place instead of the
+            // packed lists.
             GpuBackendType::Cpu => vec![tuned(|t| {
                 t.cpu_bf16_min_rows = 0;
                 t.cpu_here_products = 0;
+                t.cpu_packed_lists = false;
             })],
             _ => Vec::new(),
         };

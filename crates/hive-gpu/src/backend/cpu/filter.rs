@@ -9,6 +9,32 @@ use super::topk::Collector;
 
 const CHUNK: usize = 16;
 
+/// Up to this k a block's k-th smallest distance is found by insertion into a sorted array
+/// of k ([`kth_smallest_small`]) rather than by a selection over a copy of the block: for an
+/// IVF probe (k = nprobe over 100 centroids) the selection was a sixth of the search
+/// (docs/PERFORMANCE.md, "Packed lists").
+const SMALL_K: usize = 32;
+
+/// The `k`-th smallest of `distances` (none NaN; `k <= SMALL_K` and at most their count),
+/// keeping the `k` smallest so far sorted: a value enters only when it beats the k-th, which
+/// after the first few is rare.
+fn kth_smallest_small(distances: impl Iterator<Item = f32>, k: usize) -> f32 {
+    let mut best = [f32::INFINITY; SMALL_K];
+    let best = &mut best[..k];
+    for d in distances {
+        if d < best[k - 1] {
+            // Shifted in place (a library move per insertion cost more than the search).
+            let mut at = k - 1;
+            while at > 0 && best[at - 1] > d {
+                best[at] = best[at - 1];
+                at -= 1;
+            }
+            best[at] = d;
+        }
+    }
+    best[k - 1]
+}
+
 thread_local! {
     /// One block's distances, to find their k-th before a fresh collector takes them in.
     static SEED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -29,17 +55,20 @@ fn collect_generic(
         let s: &[f32; CHUNK] = scale[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
         let o: &[f32; CHUNK] = offset[start..start + CHUNK].try_into().unwrap_or(&[f32::INFINITY; CHUNK]);
         let mut d = [0f32; CHUNK];
-        let mut passes = false;
+        let mut passing = 0u32;
         for i in 0..CHUNK {
             d[i] = r[i] * s[i] + o[i];
-            passes |= d[i] <= gate;
+            passing |= u32::from(d[i] <= gate) << i;
         }
-        if passes {
-            for (i, &dist) in d.iter().enumerate() {
-                if dist <= gate {
-                    c.push(dist, slot_of(start + i));
-                    gate = c.gate();
-                }
+        // Only the lanes that passed are visited (a bit mask from one vector compare): in an
+        // IVF list scan about one value in a chunk passes, and walking all 16 lanes for it
+        // was most of this function's time (docs/PERFORMANCE.md, "Packed lists").
+        while passing != 0 {
+            let i = passing.trailing_zeros() as usize;
+            passing &= passing - 1;
+            if d[i] <= gate {
+                c.push(d[i], slot_of(start + i));
+                gate = c.gate();
             }
         }
     }
@@ -117,16 +146,21 @@ fn collect_with(
         // offered right after. A row the collector never takes (a removed row is `+inf`, or
         // NaN where `0 * inf` met the huge values a mapped file may hold in a removed row)
         // counts as `+inf` here, so that it can never stand in for one of the k rows.
-        SEED.with(|distances| {
-            let mut distances = distances.borrow_mut();
-            distances.clear();
-            distances.extend(raw.iter().zip(scale).zip(offset).map(|((&r, &s), &o)| {
-                let d = r * s + o;
-                if d.is_nan() { f32::INFINITY } else { d }
-            }));
-            let (_, kth, _) = distances.select_nth_unstable_by(k - 1, f32::total_cmp);
-            c.limit_to(*kth);
+        let distances = raw.iter().zip(scale).zip(offset).map(|((&r, &s), &o)| {
+            let d = r * s + o;
+            if d.is_nan() { f32::INFINITY } else { d }
         });
+        if k <= SMALL_K {
+            c.limit_to(kth_smallest_small(distances, k));
+        } else {
+            SEED.with(|seed| {
+                let mut seed = seed.borrow_mut();
+                seed.clear();
+                seed.extend(distances);
+                let (_, kth, _) = seed.select_nth_unstable_by(k - 1, f32::total_cmp);
+                c.limit_to(*kth);
+            });
+        }
     }
     match level {
         #[cfg(target_arch = "x86_64")]
@@ -136,5 +170,44 @@ fn collect_with(
         // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.
         SimdLevel::Avx2 => unsafe { collect_avx2(c, raw, scale, offset, slot_of) },
         _ => collect_generic(c, raw, scale, offset, slot_of),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_small_kth_equals_a_full_selection_with_ties_and_infinities() {
+        // Ties (values from a small set), infinities (removed rows) outnumbering the finite
+        // values, negative values and zeros of both signs, k from 1 to SMALL_K.
+        let mut seed = 17u64;
+        for n in [1usize, 2, 5, 31, 32, 33, 100, 257] {
+            let values: Vec<f32> = (0..n)
+                .map(|i| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    match (seed >> 60) % 8 {
+                        0 | 1 => f32::INFINITY,
+                        2 => {
+                            if i % 2 == 0 {
+                                0.0
+                            } else {
+                                -0.0
+                            }
+                        }
+                        _ => ((seed >> 33) % 13) as f32 - 4.0,
+                    }
+                })
+                .collect();
+            for k in 1..=SMALL_K.min(n) {
+                let mut sorted = values.clone();
+                let (_, want, _) = sorted.select_nth_unstable_by(k - 1, f32::total_cmp);
+                let got = kth_smallest_small(values.iter().copied(), k);
+                assert!(
+                    got == *want || (got.is_infinite() && want.is_infinite()),
+                    "n {n} k {k}: {got} vs {want}"
+                );
+            }
+        }
     }
 }

@@ -4,6 +4,7 @@ mod bf16;
 mod few;
 mod filter;
 mod int8;
+mod packed;
 pub(crate) mod rows;
 pub mod simd;
 pub(crate) mod topk;
@@ -76,7 +77,8 @@ impl GpuBackend for CpuBackend {
         Ok(Box::new(
             rows::CpuRows::new(dim, precision, self.simd)
                 .with_bf16_min_rows(tuning.cpu_bf16_min_rows)
-                .with_here_products(tuning.cpu_here_products),
+                .with_here_products(tuning.cpu_here_products)
+                .with_packed_lists(tuning.cpu_packed_lists),
         ))
     }
 }

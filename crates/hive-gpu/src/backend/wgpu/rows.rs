@@ -157,7 +157,8 @@ impl WgpuRows {
             device,
             host: CpuRows::new(dim, precision, SimdLevel::detect())
                 .with_bf16_min_rows(tuning.cpu_bf16_min_rows)
-                .with_here_products(tuning.cpu_here_products),
+                .with_here_products(tuning.cpu_here_products)
+                .with_packed_lists(tuning.cpu_packed_lists),
             dim,
             precision,
             rows_per_chunk,

@@ -1,8 +1,10 @@
 //! The CPU backend's inverted-list scan ([`RowStore::scan_lists`]): a batch's queries grouped
 //! by the lists they probe, so that each list is read once per batch and meets all of its
 //! queries in GEMM tiles fused with selection, where a scan per query (FAISS's IVF-Flat on
-//! the CPU) reads each list once per query that probes it. Few queries scan their lists'
-//! rows in place instead.
+//! the CPU) reads each list once per query that probes it. f32 rows are read from the lists'
+//! packed copy ([`super::packed_lists`]: blocks of rows that stream, products without
+//! horizontal sums), for any number of queries; without one, few queries scan their lists'
+//! rows in place and more multiply them in place or in gathered GEMM tiles.
 //!
 //! Exactness is the flat search's: the tiles' f32 distances only nominate candidates within
 //! the error bound of the k-th (`topk::Collector`), and the candidates are re-ranked in f64.
@@ -13,12 +15,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use rayon::prelude::*;
 
+use super::packed_lists::PackedList;
 use super::paths::{GEMM_MIN_QUERIES, QUERY_BLOCK, ROW_TILE, inner_products};
 use super::{CpuRows, Elements};
 use crate::backend::Neighbor;
 use crate::backend::candidates::{ListProbes, check_scan};
 use crate::backend::cpu::topk::{Collector, ErrorBound};
-use crate::backend::cpu::{few, filter};
+use crate::backend::cpu::{few, filter, packed};
 use crate::error::{HiveGpuError, Result};
 use crate::slots::SlotSet;
 use crate::types::GpuDistanceMetric;
@@ -39,7 +42,9 @@ impl CpuRows {
     ) -> Result<Vec<Vec<Neighbor>>> {
         let dim = self.dim;
         let nq = check_scan(dim, queries, probes, k)?;
-        if nq < GEMM_MIN_QUERIES || metric.is_difference_norm() {
+        // L1 and L-infinity have no products: their scans read the rows where they lie.
+        let packed_lists = if metric.is_difference_norm() { None } else { self.packed_lists(probes)? };
+        if packed_lists.is_none() && (nq < GEMM_MIN_QUERIES || metric.is_difference_norm()) {
             // Few queries (or L1 / L-infinity, which have no product tiles): each reads its
             // lists' rows where they lie, split over the threads.
             return queries
@@ -86,11 +91,17 @@ impl CpuRows {
         let scanned: Vec<Vec<Collector>> = order
             .par_iter()
             .map(|&l| {
-                let members = self.live_members(&probes.lists[l], allowed)?;
                 let asking = &probing[starts[l]..starts[l + 1]];
                 let batch = Batch { kernel_queries, bounds: &bounds, gates: &gates, metric, k };
-                // `scan_list` starts no parallel work, so no other scan on this thread can
-                // borrow the buffers while it holds them.
+                // The scans start no parallel work, so no other scan on this thread can borrow
+                // the buffers while one holds them.
+                if let Some(packed) = &packed_lists {
+                    let list = &packed.lists[l];
+                    return Ok(SCRATCH.with(|scratch| {
+                        self.scan_packed_list(list, asking, allowed, &batch, &mut scratch.borrow_mut())
+                    }));
+                }
+                let members = self.live_members(&probes.lists[l], allowed)?;
                 Ok(SCRATCH
                     .with(|scratch| self.scan_list(&members, asking, &batch, &mut scratch.borrow_mut())))
             })
@@ -150,7 +161,7 @@ impl CpuRows {
         batch: &Batch<'_>,
         scratch: &mut Scratch,
     ) -> Vec<Collector> {
-        let Batch { kernel_queries, bounds, gates, metric, k } = *batch;
+        let Batch { kernel_queries, bounds, metric, k, .. } = *batch;
         let dim = self.dim;
         let mut collectors: Vec<Collector> =
             asking.iter().map(|&q| Collector::new(k, bounds[q as usize])).collect();
@@ -199,19 +210,116 @@ impl CpuRows {
                     }
                     inner_products(block_queries, rows, dim, group.len(), count, products);
                 }
+                let offered =
+                    Offered { scale: &scale[..count], offset: &offset[..count], slots: &slots[..count] };
                 let first = b * block;
-                for (i, p) in products.chunks_exact(count).enumerate() {
-                    let c = &mut collectors[first + i];
-                    let q = group[i] as usize;
-                    c.adopt_gate(gates[q].get());
-                    filter::collect_at(self.simd, c, p, &scale[..count], &offset[..count], &slots[..count]);
-                    self.thin(c, &kernel_queries[q * dim..(q + 1) * dim], metric);
-                    gates[q].lower(c.gate());
-                }
+                self.collect_group(
+                    &mut collectors[first..first + group.len()],
+                    group,
+                    products,
+                    count,
+                    &offered,
+                    batch,
+                );
             }
         }
         collectors
     }
+
+    /// [`CpuRows::scan_list`] over a list's packed copy: its rows streamed a block at a time
+    /// from the copy, removed rows and rows `allowed` leaves out offered as `+inf` (never
+    /// taken).
+    fn scan_packed_list(
+        &self,
+        list: &PackedList,
+        asking: &[u32],
+        allowed: Option<&SlotSet>,
+        batch: &Batch<'_>,
+        scratch: &mut Scratch,
+    ) -> Vec<Collector> {
+        let Batch { kernel_queries, bounds, metric, k, .. } = *batch;
+        let dim = self.dim;
+        let mut collectors: Vec<Collector> =
+            asking.iter().map(|&q| Collector::new(k, bounds[q as usize])).collect();
+        let rows = list.slots.len();
+        if rows == 0 {
+            return collectors;
+        }
+        let block = asking.len().min(QUERY_BLOCK);
+        // Whole blocks per tile, so that every tile after the first starts on a block.
+        const { assert!(ROW_TILE.is_multiple_of(packed::BLOCK)) };
+        let tile = rows.min(ROW_TILE);
+        let stride = tile.next_multiple_of(packed::BLOCK);
+        let Scratch { block_queries, products, scale, offset, .. } = scratch;
+        products.resize(block * stride, 0.0);
+        scale.resize(tile, 0.0);
+        offset.resize(tile, 0.0);
+        for start in (0..rows).step_by(tile) {
+            let slots = &list.slots[start..(start + tile).min(rows)];
+            let count = slots.len();
+            for (j, &slot) in slots.iter().enumerate() {
+                let slot = slot as usize;
+                (scale[j], offset[j]) =
+                    if self.dead.contains(slot) || allowed.is_some_and(|a| !a.contains(slot)) {
+                        (0.0, f32::INFINITY)
+                    } else {
+                        self.row_transform(metric, false, slot)
+                    };
+            }
+            let blocks = &list.blocks[start * dim..][..packed::packed_len(count, dim)];
+            let offered = Offered { scale: &scale[..count], offset: &offset[..count], slots };
+            for (b, group) in asking.chunks(block).enumerate() {
+                block_queries.clear();
+                for &q in group {
+                    let q = q as usize;
+                    block_queries.extend_from_slice(&kernel_queries[q * dim..(q + 1) * dim]);
+                }
+                packed::products(self.simd, block_queries, dim, blocks, products, stride);
+                let first = b * block;
+                self.collect_group(
+                    &mut collectors[first..first + group.len()],
+                    group,
+                    products,
+                    stride,
+                    &offered,
+                    batch,
+                );
+            }
+        }
+        collectors
+    }
+
+    /// Offers query `group[i]`'s products `products[i * stride..][..count]` with the rows in
+    /// `offered` to `collectors[i]`, each first taking its query's shared gate and then
+    /// reporting its own.
+    fn collect_group(
+        &self,
+        collectors: &mut [Collector],
+        group: &[u32],
+        products: &[f32],
+        stride: usize,
+        offered: &Offered<'_>,
+        batch: &Batch<'_>,
+    ) {
+        let Batch { kernel_queries, gates, metric, .. } = *batch;
+        let dim = self.dim;
+        let count = offered.slots.len();
+        for ((c, &q), p) in collectors.iter_mut().zip(group).zip(products.chunks(stride)) {
+            let q = q as usize;
+            c.adopt_gate(gates[q].get());
+            filter::collect_at(self.simd, c, &p[..count], offered.scale, offered.offset, offered.slots);
+            self.thin(c, &kernel_queries[q * dim..(q + 1) * dim], metric);
+            gates[q].lower(c.gate());
+        }
+    }
+}
+
+/// The rows of one tile as the collectors take them: distance `product * scale[j] + offset[j]`
+/// for slot `slots[j]`.
+struct Offered<'a> {
+    scale: &'a [f32],
+    offset: &'a [f32],
+    slots: &'a [u32],
 }
 
 thread_local! {

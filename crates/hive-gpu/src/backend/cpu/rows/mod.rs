@@ -3,6 +3,7 @@
 
 mod bounds;
 mod lists;
+mod packed_lists;
 mod paths;
 mod values;
 
@@ -143,6 +144,10 @@ pub struct CpuRows {
     /// Unfiltered searches of at most this many products run on the caller's thread
     /// ([`crate::Tuning::cpu_here_products`]).
     here_products: usize,
+    /// Whether list scans keep a packed copy of the lists ([`crate::Tuning::cpu_packed_lists`]).
+    pack_lists: bool,
+    /// That copy, for the lists' generation it was made for ([`packed_lists`]).
+    packed: std::sync::Mutex<Option<std::sync::Arc<packed_lists::PackedLists>>>,
 }
 
 impl CpuRows {
@@ -166,6 +171,8 @@ impl CpuRows {
             simd,
             bf16_min_rows: crate::tuning::Tuning::default().cpu_bf16_min_rows,
             here_products: crate::tuning::Tuning::default().cpu_here_products,
+            pack_lists: crate::tuning::Tuning::default().cpu_packed_lists,
+            packed: Default::default(),
         }
     }
 
@@ -180,6 +187,13 @@ impl CpuRows {
     /// ([`crate::Tuning::cpu_here_products`]).
     pub(crate) fn with_here_products(mut self, products: usize) -> Self {
         self.here_products = products;
+        self
+    }
+
+    /// These rows with list scans keeping a packed copy of the lists or not
+    /// ([`crate::Tuning::cpu_packed_lists`]).
+    pub(crate) fn with_packed_lists(mut self, pack: bool) -> Self {
+        self.pack_lists = pack;
         self
     }
 
@@ -295,6 +309,8 @@ impl CpuRows {
             simd: self.simd,
             bf16_min_rows: self.bf16_min_rows,
             here_products: self.here_products,
+            pack_lists: self.pack_lists,
+            packed: Default::default(),
         }
     }
 
@@ -716,6 +732,7 @@ impl RowStore for CpuRows {
             Elements::U8(_) => Values::mapped(rows).map(Elements::U8),
         };
         let Some(elements) = elements else { return Ok(false) };
+        self.forget_packed_lists();
         // Norms, 4 bytes a row, stay in memory: claimed like an append's.
         let count = rows.bytes().len() / row_bytes;
         crate::memory::claim((count * 4) as u64).map_err(|(requested, available)| {
@@ -736,6 +753,7 @@ impl RowStore for CpuRows {
         if len >= self.len_slots() {
             return;
         }
+        self.forget_packed_lists();
         self.dead.clear_from(len);
         each_elements!(&mut self.elements, v => v.truncate(len * self.dim));
         self.sq_norms.truncate(len);
@@ -784,6 +802,7 @@ impl RowStore for CpuRows {
             Elements::U8(v) => gather(v, keep, dim).map(|v| Elements::U8(Values::Owned(v))),
         };
         self.elements = gathered.ok_or_else(too_much)?;
+        self.forget_packed_lists();
         self.dead.reset(keep.len());
         self.sq_norms = Vec::with_capacity(keep.len());
         (self.max_sq_norm, self.max_residual, self.max_relative_residual) = (0.0, 0.0, 0.0);
@@ -793,6 +812,7 @@ impl RowStore for CpuRows {
     }
 
     fn clear(&mut self) {
+        self.forget_packed_lists();
         each_elements!(&mut self.elements, v => *v = Values::Owned(Vec::new()));
         self.sq_norms = Vec::new();
         self.dead = SlotSet::default();
@@ -813,7 +833,7 @@ impl RowStore for CpuRows {
 
     fn memory_bytes(&self) -> usize {
         let values = each_elements!(&self.elements, v => v.heap_bytes());
-        values + self.sq_norms.capacity() * 4 + self.dead.capacity_bytes()
+        values + self.sq_norms.capacity() * 4 + self.dead.capacity_bytes() + self.packed_lists_bytes()
     }
 
     fn knn(

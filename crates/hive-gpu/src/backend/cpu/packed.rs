@@ -1,0 +1,254 @@
+//! Inner products of queries with rows kept in the packed layout: blocks of [`BLOCK`] rows,
+//! component-major within a block (`blocks[b * dim * BLOCK + d * BLOCK + i]` is component `d`
+//! of row `b * BLOCK + i`). The CPU backend keeps an IVF index's inverted lists this way
+//! (`rows::packed_lists`), as FAISS keeps its GPU lists interleaved.
+//!
+//! In this layout one vector load holds one component of [`BLOCK`] rows, so each step is a
+//! load and one multiply-add per query with the query's component broadcast: every product
+//! of a block ends in its own lane and no horizontal sum is needed. Rows read where they lie
+//! (`few::products`) need one per product, and scattered rows miss the cache; on SIFT10K's
+//! IVF-Flat those products were a third of a batch (docs/PERFORMANCE.md, "Packed lists").
+//!
+//! The sums run in component order with fused multiply-adds on x86 (plain multiplies and adds
+//! elsewhere): another order and rounding than the GEMM's, which the f32 error bound allows
+//! for a sum of `dim` products in any order ([`crate::exact::ErrorBound::gamma`]).
+
+use super::simd::SimdLevel;
+
+/// Rows per block: one AVX-512 vector of f32 (two AVX2 vectors).
+pub(crate) const BLOCK: usize = 16;
+
+/// f32 values of `rows` rows packed: whole blocks, the last one padded with zeros.
+pub(crate) fn packed_len(rows: usize, dim: usize) -> usize {
+    rows.div_ceil(BLOCK) * BLOCK * dim
+}
+
+/// Appends `rows` (each `dim` long) after the `packed` rows already in `blocks`, filling the
+/// last block's padding first; padding lanes stay zero.
+pub(crate) fn append<'a>(
+    blocks: &mut Vec<f32>,
+    packed: usize,
+    rows: impl ExactSizeIterator<Item = &'a [f32]>,
+    dim: usize,
+) {
+    let total = packed + rows.len();
+    blocks.resize(packed_len(total, dim), 0.0);
+    for (r, row) in (packed..).zip(rows) {
+        let block = &mut blocks[(r / BLOCK) * BLOCK * dim..][..BLOCK * dim];
+        let lane = r % BLOCK;
+        for (d, &x) in row[..dim].iter().enumerate() {
+            block[d * BLOCK + lane] = x;
+        }
+    }
+}
+
+/// `out[i * stride + j] = queries[i] . row(j)` for the `queries.len() / dim` queries and
+/// every row of the whole blocks in `blocks` (padding rows give 0). `stride` is at least the
+/// blocks' rows.
+pub(crate) fn products(
+    level: SimdLevel,
+    queries: &[f32],
+    dim: usize,
+    blocks: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let nq = queries.len().checked_div(dim).unwrap_or(0);
+    let rows = blocks.len().checked_div(dim).unwrap_or(0);
+    assert!(
+        rows.is_multiple_of(BLOCK) && stride >= rows && out.len() >= nq.saturating_sub(1) * stride + rows,
+        "packed::products: {} values of {dim} for {nq} queries at stride {stride}, {} outputs",
+        blocks.len(),
+        out.len()
+    );
+    if nq == 0 || rows == 0 {
+        return;
+    }
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => {
+            // SAFETY: `SimdLevel::Avx512` is only produced after avx512f, avx512vl and fma were
+            // detected.
+            unsafe { x86::products_avx512(queries, dim, blocks, out, stride) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => {
+            // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.
+            unsafe { x86::products_avx2(queries, dim, blocks, out, stride) }
+        }
+        _ => portable(queries, dim, blocks, out, stride),
+    }
+}
+
+/// Queries per register group of the portable kernel.
+const PORTABLE_QUERIES: usize = 4;
+
+/// The kernel in plain code (LLVM vectorises the 16 lanes: NEON on aarch64).
+fn portable(queries: &[f32], dim: usize, blocks: &[f32], out: &mut [f32], stride: usize) {
+    let nq = queries.len() / dim;
+    for (b, block) in blocks.chunks_exact(BLOCK * dim).enumerate() {
+        for first in (0..nq).step_by(PORTABLE_QUERIES) {
+            let group = (nq - first).min(PORTABLE_QUERIES);
+            let mut acc = [[0f32; BLOCK]; PORTABLE_QUERIES];
+            for (d, lanes) in block.chunks_exact(BLOCK).enumerate() {
+                for (a, acc) in acc[..group].iter_mut().enumerate() {
+                    let x = queries[(first + a) * dim + d];
+                    for (s, &r) in acc.iter_mut().zip(lanes) {
+                        *s += x * r;
+                    }
+                }
+            }
+            for (a, acc) in acc[..group].iter().enumerate() {
+                out[(first + a) * stride + b * BLOCK..][..BLOCK].copy_from_slice(acc);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::BLOCK;
+
+    /// One block against `Q` queries: `Q` accumulators of 16 lanes (AVX-512: one register
+    /// each; with the row vector, 9 of the 32 registers at `Q` = 8). `interleaved` holds the
+    /// queries' components side by side (`interleaved[d * Q + a]` is component `d` of query
+    /// `a`), so that one walk over it and the block needs no bounds check per component.
+    /// Query `a`'s products go to `out[a * stride..][..BLOCK]`.
+    #[target_feature(enable = "avx512f,avx512vl,fma")]
+    #[inline]
+    fn group_avx512<const Q: usize>(interleaved: &[f32], block: &[f32], out: &mut [f32], stride: usize) {
+        let mut acc = [_mm512_setzero_ps(); Q];
+        for (lanes, components) in block.chunks_exact(BLOCK).zip(interleaved.chunks_exact(Q)) {
+            let lanes: &[f32; BLOCK] = lanes.try_into().expect("a whole block row");
+            // SAFETY: `lanes` is 16 readable f32; the load needs no alignment.
+            let r = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
+            for (a, &x) in acc.iter_mut().zip(components) {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(x), r, *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            let o: &mut [f32; BLOCK] = (&mut out[i * stride..][..BLOCK]).try_into().expect("16 outputs");
+            // SAFETY: `o` is 16 writable f32; the store needs no alignment.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+        }
+    }
+
+    /// [`group_avx512`] on AVX2: the 16 lanes in two registers, so `2 Q` accumulators (with
+    /// the two row halves, 10 of the 16 registers at `Q` = 4).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn group_avx2<const Q: usize>(interleaved: &[f32], block: &[f32], out: &mut [f32], stride: usize) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; Q];
+        for (lanes, components) in block.chunks_exact(BLOCK).zip(interleaved.chunks_exact(Q)) {
+            let lanes: &[f32; BLOCK] = lanes.try_into().expect("a whole block row");
+            let (lo, hi) = lanes.split_at(8);
+            // SAFETY: `lo` and `hi` are 8 readable f32 each; the loads need no alignment.
+            let (lo, hi) = unsafe { (_mm256_loadu_ps(lo.as_ptr()), _mm256_loadu_ps(hi.as_ptr())) };
+            for (a, &x) in acc.iter_mut().zip(components) {
+                let x = _mm256_set1_ps(x);
+                a[0] = _mm256_fmadd_ps(x, lo, a[0]);
+                a[1] = _mm256_fmadd_ps(x, hi, a[1]);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            let o: &mut [f32; BLOCK] = (&mut out[i * stride..][..BLOCK]).try_into().expect("16 outputs");
+            let (lo, hi) = o.split_at_mut(8);
+            // SAFETY: `lo` and `hi` are 8 writable f32 each; the stores need no alignment.
+            unsafe {
+                _mm256_storeu_ps(lo.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(hi.as_mut_ptr(), a[1]);
+            }
+        }
+    }
+
+    macro_rules! products_kernel {
+        ($name:ident, $group:ident, $features:literal, $most:literal, [$($q:literal),+]) => {
+            /// Every block against the queries, in groups of up to `$most` that share each
+            /// load of the block (see [`super::products`]).
+            #[target_feature(enable = $features)]
+            pub(super) fn $name(queries: &[f32], dim: usize, blocks: &[f32], out: &mut [f32], stride: usize) {
+                let nq = queries.len() / dim;
+                let mut interleaved = Vec::with_capacity(dim * $most);
+                let mut first = 0;
+                while first < nq {
+                    let group = (nq - first).min($most);
+                    interleaved.clear();
+                    for d in 0..dim {
+                        interleaved.extend((first..first + group).map(|q| queries[q * dim + d]));
+                    }
+                    for (b, block) in blocks.chunks_exact(BLOCK * dim).enumerate() {
+                        let at = &mut out[first * stride + b * BLOCK..];
+                        match group {
+                            $($q => $group::<$q>(&interleaved, block, at, stride),)+
+                            _ => unreachable!("a group holds 1 to {} queries", $most),
+                        }
+                    }
+                    first += group;
+                }
+            }
+        };
+    }
+
+    products_kernel!(products_avx512, group_avx512, "avx512f,avx512vl,fma", 8, [1, 2, 3, 4, 5, 6, 7, 8]);
+    products_kernel!(products_avx2, group_avx2, "avx2,fma", 4, [1, 2, 3, 4]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_level_and_group_size_matches_f64_within_the_f32_bound_and_padding_gives_zero() {
+        let mut levels = vec![SimdLevel::detect(), SimdLevel::Scalar];
+        if SimdLevel::detect() == SimdLevel::Avx512 {
+            levels.push(SimdLevel::Avx2);
+        }
+        let mut seed = 5u64;
+        let mut next = || super::super::simd::test_value(&mut seed);
+        for dim in [1usize, 3, 16, 25, 128, 131] {
+            // Row counts short of a block, whole blocks and a partial last one; query counts
+            // around every group size (AVX-512 groups of 8, AVX2 and portable of 4).
+            for (nq, count) in [(1usize, 1usize), (3, 16), (4, 17), (8, 33), (9, 5), (13, 40)] {
+                let queries: Vec<f32> = (0..nq * dim).map(|_| next()).collect();
+                let rows: Vec<Vec<f32>> = (0..count).map(|_| (0..dim).map(|_| next()).collect()).collect();
+                // Packed in two appends, the second filling the first's padding.
+                let mut blocks = Vec::new();
+                let half = count / 2;
+                append(&mut blocks, 0, rows[..half].iter().map(|r| &r[..]), dim);
+                append(&mut blocks, half, rows[half..].iter().map(|r| &r[..]), dim);
+                assert_eq!(blocks.len(), packed_len(count, dim));
+                let padded = blocks.len() / dim;
+                let stride = padded + 3;
+                for &level in &levels {
+                    let mut out = vec![f32::NAN; nq * stride];
+                    products(level, &queries, dim, &blocks, &mut out, stride);
+                    let gamma = f64::from(crate::exact::ErrorBound::gamma(dim));
+                    for i in 0..nq {
+                        let q = &queries[i * dim..(i + 1) * dim];
+                        for j in 0..padded {
+                            let got = f64::from(out[i * stride + j]);
+                            if j >= count {
+                                assert_eq!(got, 0.0, "{level:?} dim {dim} padding [{i}][{j}]");
+                                continue;
+                            }
+                            let want: f64 =
+                                q.iter().zip(&rows[j]).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                            let scale: f64 =
+                                q.iter().zip(&rows[j]).map(|(&a, &b)| f64::from(a * b).abs()).sum();
+                            assert!(
+                                (got - want).abs() <= gamma * scale + 1e-30,
+                                "{level:?} dim {dim} {nq}x{count} [{i}][{j}]: {got} vs {want}"
+                            );
+                        }
+                        // Past the blocks' rows the stride's gap is left alone.
+                        for j in padded..stride.min(out.len() - i * stride) {
+                            assert!(out[i * stride + j].is_nan(), "{level:?} wrote past the rows");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

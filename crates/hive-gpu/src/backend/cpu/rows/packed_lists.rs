@@ -1,0 +1,226 @@
+//! A copy of an IVF index's inverted lists in the packed layout ([`packed`]): each list's f32
+//! rows one after another in blocks, so a list scan streams them and needs no horizontal sums.
+//! What FAISS's IVF-Flat stores as its lists; the collection keeps its own rows besides (exact
+//! re-rank, reads by id, saving), so the copy doubles the memory of an f32 collection's rows
+//! and is reported in [`RowStore::memory_bytes`](crate::backend::RowStore::memory_bytes).
+//! [`crate::Tuning::cpu_packed_lists`] turns it off.
+//!
+//! The copy belongs to one state of the lists, named by [`ListProbes::generation`], and to the
+//! rows as they stand: slots are written once, so only a truncate, compaction, clear or adoption
+//! of the rows drops it (`CpuRows::forget_packed_lists`). When the generation moves on (vectors
+//! added after training), a list whose slots still start with the ones packed keeps them and
+//! packs only its new slots; any other list is packed again.
+//!
+//! Removed rows stay in the copy until the lists change; the scan skips them as it skips rows
+//! a filter leaves out.
+
+use std::sync::{Arc, PoisonError};
+
+use rayon::prelude::*;
+
+use super::{CpuRows, Elements};
+use crate::backend::candidates::ListProbes;
+use crate::backend::cpu::packed;
+use crate::error::{HiveGpuError, Result};
+
+/// One inverted list, packed.
+#[derive(Debug, Default)]
+pub(super) struct PackedList {
+    /// The list's slots in its order: row `i` of the blocks is slot `slots[i]`.
+    pub(super) slots: Vec<u32>,
+    /// `packed::packed_len(slots.len(), dim)` values.
+    pub(super) blocks: Vec<f32>,
+}
+
+/// Every list of one generation, packed.
+#[derive(Debug)]
+pub(super) struct PackedLists {
+    generation: u64,
+    pub(super) lists: Vec<PackedList>,
+}
+
+impl PackedLists {
+    /// Bytes of host memory held.
+    pub(super) fn bytes(&self) -> usize {
+        self.lists.iter().map(|l| l.slots.capacity() * 4 + l.blocks.capacity() * 4).sum::<usize>()
+            + self.lists.capacity() * std::mem::size_of::<PackedList>()
+    }
+}
+
+impl CpuRows {
+    /// The packed copy of `probes.lists`, made or brought up to date first; `None` where the
+    /// scan reads the rows in place: packing is off, the lists have no generation, the rows
+    /// are not f32, or the host lacks the memory for the copy. A list slot past the stored
+    /// rows is an error naming it, as on the in-place path.
+    pub(super) fn packed_lists(&self, probes: &ListProbes<'_>) -> Result<Option<Arc<PackedLists>>> {
+        let Elements::F32(values) = &self.elements else { return Ok(None) };
+        if !self.pack_lists || probes.generation == 0 {
+            return Ok(None);
+        }
+        // The lock is never held across parallel work: a pool thread waiting in it could
+        // otherwise pick up another search's scan that asks for the same lock.
+        let old = {
+            let mut held = self.packed.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(current) = held.as_ref()
+                && current.generation == probes.generation
+                && current.lists.len() == probes.lists.len()
+            {
+                return Ok(Some(Arc::clone(current)));
+            }
+            held.take()
+        };
+        let n = self.len_slots();
+        for list in probes.lists {
+            if let Some(&slot) = list.iter().find(|&&s| s as usize >= n) {
+                return Err(HiveGpuError::InvalidArgument(format!(
+                    "scan_lists: list slot {slot} is past the {n} stored rows"
+                )));
+            }
+        }
+        let dim = self.dim;
+        let wanted: usize =
+            probes.lists.iter().map(|l| packed::packed_len(l.len(), dim) * 4 + l.len() * 4).sum();
+        // The old copy's lists are reused where no other scan still reads them.
+        let mut old: Vec<PackedList> =
+            old.and_then(|o| Arc::try_unwrap(o).ok()).map(|o| o.lists).unwrap_or_default();
+        let reusable: usize = old.iter().map(|l| l.blocks.capacity() * 4 + l.slots.capacity() * 4).sum();
+        if crate::memory::check(
+            || "the CPU's packed IVF lists".into(),
+            wanted.saturating_sub(reusable) as u64,
+        )
+        .is_err()
+        {
+            return Ok(None);
+        }
+        old.resize_with(probes.lists.len(), PackedList::default);
+        let lists: Vec<PackedList> = old
+            .into_par_iter()
+            .zip(probes.lists.par_iter())
+            .map(|(mut packed, list)| {
+                // Vectors added after training only append to their lists: what was packed
+                // stays, and only the new slots are packed.
+                let keeps =
+                    packed.slots.len() <= list.len() && list[..packed.slots.len()] == packed.slots[..];
+                if !keeps {
+                    packed.slots.clear();
+                    packed.blocks.clear();
+                }
+                let from = packed.slots.len();
+                let rows = list[from..].iter().map(|&s| &values[s as usize * dim..(s as usize + 1) * dim]);
+                packed::append(&mut packed.blocks, from, rows, dim);
+                packed.slots.extend_from_slice(&list[from..]);
+                packed
+            })
+            .collect();
+        let fresh = Arc::new(PackedLists { generation: probes.generation, lists });
+        *self.packed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&fresh));
+        Ok(Some(fresh))
+    }
+
+    /// Drops the packed lists: the rows they copy changed.
+    pub(super) fn forget_packed_lists(&mut self) {
+        *self.packed.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Bytes the packed lists hold.
+    pub(super) fn packed_lists_bytes(&self) -> usize {
+        self.packed.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map_or(0, |p| p.bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::RowStore;
+    use crate::backend::cpu::simd::{SimdLevel, test_value};
+    use crate::slots::SlotSet;
+    use crate::types::{GpuDistanceMetric, StoragePrecision};
+
+    /// Every query's exact k nearest among the live (and allowed) rows of its lists, by the
+    /// store's own exact distances: what any scan must return.
+    fn scanned_by_refine(
+        rows: &CpuRows,
+        queries: &[f32],
+        probes: &ListProbes<'_>,
+        k: usize,
+        metric: GpuDistanceMetric,
+        allowed: Option<&SlotSet>,
+    ) -> Vec<Vec<crate::backend::Neighbor>> {
+        crate::backend::candidates::scan_by_refine(rows, queries, probes, k, metric, allowed).expect("refine")
+    }
+
+    #[test]
+    fn the_packed_copy_follows_added_removed_filtered_compacted_and_truncated_rows() {
+        // Lists that grow after packing (only their new slots are packed), a list renumbered
+        // (packed again), removed rows and a filter (skipped, though still in the copy), then
+        // a compaction and a truncate (the copy dropped): each scan must equal the in-place
+        // answer through `refine`, on every metric with products, at one query and a batch.
+        let dim = 21;
+        let mut seed = 3u64;
+        let mut values =
+            |n: usize| -> Vec<f32> { (0..n * dim).map(|_| test_value(&mut seed) * 4.0).collect() };
+        let mut rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect()).with_packed_lists(true);
+        rows.append(&values(300)).expect("append");
+        let queries = values(9);
+        let deal = |n: usize, lists: usize| -> Vec<Vec<u32>> {
+            let mut out = vec![Vec::new(); lists];
+            for s in 0..n as u32 {
+                out[(s as usize * 7 + s as usize / 5) % lists].push(s);
+            }
+            out
+        };
+        let check =
+            |rows: &CpuRows, lists: &[Vec<u32>], generation: u64, allowed: Option<&SlotSet>, what: &str| {
+                for nq in [1usize, 9] {
+                    let probes: Vec<u32> =
+                        (0..nq).flat_map(|q| [q % 5, (q + 1) % 5, (q + 2) % 5].map(|l| l as u32)).collect();
+                    let probes = ListProbes { lists, probes: &probes, nprobe: 3, generation };
+                    for metric in [
+                        GpuDistanceMetric::Euclidean,
+                        GpuDistanceMetric::DotProduct,
+                        GpuDistanceMetric::Cosine,
+                    ] {
+                        for k in [1, 10, 200] {
+                            let q = &queries[..nq * dim];
+                            let got = rows.scan_lists(q, &probes, k, metric, allowed).expect("scan");
+                            let want = scanned_by_refine(rows, q, &probes, k, metric, allowed);
+                            assert_eq!(got, want, "{what}: {nq} queries, {metric:?}, k = {k}");
+                        }
+                    }
+                }
+            };
+        let mut lists = deal(300, 5);
+        check(&rows, &lists, 1, None, "first packing");
+        assert!(rows.packed_lists_bytes() >= 300 * dim * 4, "the copy is counted");
+        // Added rows appended to their lists; list 4 renumbered instead.
+        rows.append(&values(50)).expect("append");
+        for s in 300..350u32 {
+            lists[(s % 4) as usize].push(s);
+        }
+        lists[4].reverse();
+        check(&rows, &lists, 2, None, "after adds");
+        rows.tombstone(&[0, 7, 301, 349]);
+        let mut allowed = SlotSet::default();
+        allowed.cover(350);
+        for s in (0..350).step_by(3) {
+            allowed.set(s, true);
+        }
+        check(&rows, &lists, 2, None, "removed rows");
+        check(&rows, &lists, 2, Some(&allowed), "a filter");
+        let keep: Vec<usize> = (0..350).filter(|s| s % 4 != 1).collect();
+        rows.compact(&keep).expect("compact");
+        assert_eq!(rows.packed_lists_bytes(), 0, "a compaction drops the copy");
+        let lists = deal(keep.len(), 5);
+        check(&rows, &lists, 3, None, "after a compaction");
+        rows.truncate(200);
+        assert_eq!(rows.packed_lists_bytes(), 0, "a truncate drops the copy");
+        let lists = deal(200, 5);
+        check(&rows, &lists, 4, None, "after a truncate");
+        // A list slot past the rows is an error naming it, packed or not.
+        let bad = vec![vec![0u32, 200], vec![1]];
+        let probes = ListProbes { lists: &bad, probes: &[0, 1], nprobe: 2, generation: 5 };
+        let err =
+            rows.scan_lists(&queries[..dim], &probes, 1, GpuDistanceMetric::Euclidean, None).unwrap_err();
+        assert!(err.to_string().contains("list slot 200"), "{err}");
+    }
+}
