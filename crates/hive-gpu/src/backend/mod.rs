@@ -400,7 +400,7 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
         Err(HiveGpuError::Internal("this backend writes no lists into a merge buffer".into()))
     }
     /// Frees the scratch memory idle searches keep for reuse (a GPU backend's workspaces and
-    /// its device copy of inverted lists). Called before a search that ran out of device memory
+    /// its device copy of inverted lists, the CPU backend's packed copy of them). Called before a search that ran out of device memory
     /// beside others runs again alone, and when a collection's index is replaced or dropped.
     fn release_scratch(&self) {}
     /// Frees what searches derived from the filter whose set has the stamp `filter`

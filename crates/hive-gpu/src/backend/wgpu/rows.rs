@@ -157,8 +157,7 @@ impl WgpuRows {
             device,
             host: CpuRows::new(dim, precision, SimdLevel::detect())
                 .with_bf16_min_rows(tuning.cpu_bf16_min_rows)
-                .with_here_products(tuning.cpu_here_products)
-                .with_packed_lists(tuning.cpu_packed_lists),
+                .with_here_products(tuning.cpu_here_products),
             dim,
             precision,
             rows_per_chunk,

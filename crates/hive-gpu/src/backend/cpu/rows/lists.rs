@@ -95,7 +95,10 @@ impl CpuRows {
                 let batch = Batch { kernel_queries, bounds: &bounds, gates: &gates, metric, k };
                 // The scans start no parallel work, so no other scan on this thread can borrow
                 // the buffers while one holds them.
-                if let Some(packed) = &packed_lists {
+                // A list too short to pack is read in place (`packed_lists::MIN_ROWS`).
+                if let Some(packed) = &packed_lists
+                    && packed.lists[l].slots.len() == probes.lists[l].len()
+                {
                     let list = &packed.lists[l];
                     return Ok(SCRATCH.with(|scratch| {
                         self.scan_packed_list(list, asking, allowed, &batch, &mut scratch.borrow_mut())

@@ -886,6 +886,12 @@ impl RowStore for CpuRows {
         }
     }
 
+    fn release_scratch(&self) {
+        // The packed copy of an index's lists (as large as the rows): kept for the next scan,
+        // which a replaced or dropped index will never make.
+        *self.packed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
     fn scan_lists(
         &self,
         queries: &[f32],

@@ -2,17 +2,21 @@
 //! rows one after another in blocks, so a list scan streams them and needs no horizontal sums.
 //! What FAISS's IVF-Flat stores as its lists; the collection keeps its own rows besides (exact
 //! re-rank, reads by id, saving), so the copy doubles the memory of an f32 collection's rows
-//! and is reported in [`RowStore::memory_bytes`](crate::backend::RowStore::memory_bytes).
-//! [`crate::Tuning::cpu_packed_lists`] turns it off.
+//! (those of lists long enough to pack, [`MIN_ROWS`]) and is reported in
+//! [`RowStore::memory_bytes`](crate::backend::RowStore::memory_bytes).
+//! [`crate::Tuning::cpu_packed_lists`] turns it off. Rows mapped from a file are not copied
+//! (they are searched where they lie so as not to hold them in memory), nor made where the
+//! host's memory budget refuses the copy: those scans read the rows in place.
 //!
 //! The copy belongs to one state of the lists, named by [`ListProbes::generation`], and to the
 //! rows as they stand: slots are written once, so only a truncate, compaction, clear or adoption
-//! of the rows drops it (`CpuRows::forget_packed_lists`). When the generation moves on (vectors
-//! added after training), a list whose slots still start with the ones packed keeps them and
-//! packs only its new slots; any other list is packed again.
+//! of the rows drops it (`CpuRows::forget_packed_lists`), and so does a change of the
+//! collection's index ([`RowStore::release_scratch`](crate::backend::RowStore::release_scratch)).
+//! When the generation moves on (vectors added after training), a list whose slots still start
+//! with the ones packed keeps them and packs only its new slots; any other list is packed again.
 //!
-//! Removed rows stay in the copy until the lists change; the scan skips them as it skips rows
-//! a filter leaves out.
+//! Removed rows stay in the copy until a compaction renumbers the lists; the scan skips them as
+//! it skips rows a filter leaves out.
 
 use std::sync::{Arc, PoisonError};
 
@@ -23,7 +27,15 @@ use crate::backend::candidates::ListProbes;
 use crate::backend::cpu::packed;
 use crate::error::{HiveGpuError, Result};
 
-/// One inverted list, packed.
+/// Lists of fewer rows than this are not packed: their scans read the rows in place. A list
+/// of one or two blocks wastes up to half of each block's lanes on padding, and the queries'
+/// components, laid side by side once per list and group of queries, cost as much as the
+/// multiply-adds of a block: on fmnistsmall (lists of about 10 rows) the packed scan ran at
+/// 0.8x of the in-place one (docs/PERFORMANCE.md, "Packed lists"). From four blocks both costs
+/// stay under a quarter.
+pub(super) const MIN_ROWS: usize = 4 * packed::BLOCK;
+
+/// One inverted list, packed (left empty where the list has fewer than [`MIN_ROWS`] rows).
 #[derive(Debug, Default)]
 pub(super) struct PackedList {
     /// The list's slots in its order: row `i` of the blocks is slot `slots[i]`.
@@ -35,7 +47,9 @@ pub(super) struct PackedList {
 /// Every list of one generation, packed.
 #[derive(Debug)]
 pub(super) struct PackedLists {
+    /// The [`ListProbes::generation`] of the lists copied.
     generation: u64,
+    /// List `l` of those lists, packed.
     pub(super) lists: Vec<PackedList>,
 }
 
@@ -54,7 +68,7 @@ impl CpuRows {
     /// rows is an error naming it, as on the in-place path.
     pub(super) fn packed_lists(&self, probes: &ListProbes<'_>) -> Result<Option<Arc<PackedLists>>> {
         let Elements::F32(values) = &self.elements else { return Ok(None) };
-        if !self.pack_lists || probes.generation == 0 {
+        if !self.pack_lists || probes.generation == 0 || values.is_mapped() {
             return Ok(None);
         }
         // The lock is never held across parallel work: a pool thread waiting in it could
@@ -78,22 +92,23 @@ impl CpuRows {
             }
         }
         let dim = self.dim;
-        let wanted: usize =
-            probes.lists.iter().map(|l| packed::packed_len(l.len(), dim) * 4 + l.len() * 4).sum();
+        let wanted: usize = probes
+            .lists
+            .iter()
+            .filter(|l| l.len() >= MIN_ROWS)
+            .map(|l| packed::packed_len(l.len(), dim) * 4 + l.len() * 4)
+            .sum();
         // The old copy's lists are reused where no other scan still reads them.
         let mut old: Vec<PackedList> =
             old.and_then(|o| Arc::try_unwrap(o).ok()).map(|o| o.lists).unwrap_or_default();
         let reusable: usize = old.iter().map(|l| l.blocks.capacity() * 4 + l.slots.capacity() * 4).sum();
-        if crate::memory::check(
-            || "the CPU's packed IVF lists".into(),
-            wanted.saturating_sub(reusable) as u64,
-        )
-        .is_err()
-        {
+        // Claimed like an append's rows (with its headroom): a copy as large as the rows must
+        // not take the memory later adds were promised. Refused, the scan reads in place.
+        if crate::memory::claim(wanted.saturating_sub(reusable) as u64).is_err() {
             return Ok(None);
         }
         old.resize_with(probes.lists.len(), PackedList::default);
-        let lists: Vec<PackedList> = old
+        let lists: Option<Vec<PackedList>> = old
             .into_par_iter()
             .zip(probes.lists.par_iter())
             .map(|(mut packed, list)| {
@@ -101,23 +116,34 @@ impl CpuRows {
                 // stays, and only the new slots are packed.
                 let keeps =
                     packed.slots.len() <= list.len() && list[..packed.slots.len()] == packed.slots[..];
-                if !keeps {
-                    packed.slots.clear();
-                    packed.blocks.clear();
+                if !keeps || list.len() < MIN_ROWS {
+                    packed.slots = Vec::new();
+                    packed.blocks = Vec::new();
+                }
+                if list.len() < MIN_ROWS {
+                    return Some(packed);
                 }
                 let from = packed.slots.len();
+                // Reserved first, so that an allocation the budget did not foresee fails here
+                // (the copy is given up) instead of aborting the process.
+                let more = packed::packed_len(list.len(), dim).saturating_sub(packed.blocks.len());
+                packed.blocks.try_reserve_exact(more).ok()?;
+                packed.slots.try_reserve_exact(list.len() - from).ok()?;
                 let rows = list[from..].iter().map(|&s| &values[s as usize * dim..(s as usize + 1) * dim]);
                 packed::append(&mut packed.blocks, from, rows, dim);
                 packed.slots.extend_from_slice(&list[from..]);
-                packed
+                Some(packed)
             })
             .collect();
+        let Some(lists) = lists else { return Ok(None) };
         let fresh = Arc::new(PackedLists { generation: probes.generation, lists });
         *self.packed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&fresh));
         Ok(Some(fresh))
     }
 
-    /// Drops the packed lists: the rows they copy changed.
+    /// Drops the packed lists: the rows they copy changed (or, through
+    /// [`RowStore::release_scratch`](crate::backend::RowStore::release_scratch), the index whose
+    /// lists they are).
     pub(super) fn forget_packed_lists(&mut self) {
         *self.packed.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
     }
@@ -160,7 +186,7 @@ mod tests {
         let mut values =
             |n: usize| -> Vec<f32> { (0..n * dim).map(|_| test_value(&mut seed) * 4.0).collect() };
         let mut rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect()).with_packed_lists(true);
-        rows.append(&values(300)).expect("append");
+        rows.append(&values(600)).expect("append");
         let queries = values(9);
         let deal = |n: usize, lists: usize| -> Vec<Vec<u32>> {
             let mut out = vec![Vec::new(); lists];
@@ -173,7 +199,7 @@ mod tests {
             |rows: &CpuRows, lists: &[Vec<u32>], generation: u64, allowed: Option<&SlotSet>, what: &str| {
                 for nq in [1usize, 9] {
                     let probes: Vec<u32> =
-                        (0..nq).flat_map(|q| [q % 5, (q + 1) % 5, (q + 2) % 5].map(|l| l as u32)).collect();
+                        (0..nq).flat_map(|q| [q % 6, (q + 1) % 6, (q + 2) % 6].map(|l| l as u32)).collect();
                     let probes = ListProbes { lists, probes: &probes, nprobe: 3, generation };
                     for metric in [
                         GpuDistanceMetric::Euclidean,
@@ -189,38 +215,73 @@ mod tests {
                     }
                 }
             };
-        let mut lists = deal(300, 5);
+        // Five lists of about 120 rows, packed, and one of 20, read in place.
+        let mut lists = deal(600, 5);
+        let cut = lists[0].len() - 20;
+        let short = lists[0].split_off(cut);
+        lists.push(short);
         check(&rows, &lists, 1, None, "first packing");
-        assert!(rows.packed_lists_bytes() >= 300 * dim * 4, "the copy is counted");
+        // The five long lists' blocks and slots (the list of lists adds a few hundred bytes).
+        let copied: usize =
+            lists[..5].iter().map(|l| packed::packed_len(l.len(), dim) * 4 + l.len() * 4).sum();
+        let bytes = rows.packed_lists_bytes();
+        assert!(bytes >= copied, "the copy is counted: {bytes} of {copied}");
+        assert!(bytes < copied + 20 * dim * 4, "the short list is not copied: {bytes} of {copied}");
         // Added rows appended to their lists; list 4 renumbered instead.
         rows.append(&values(50)).expect("append");
-        for s in 300..350u32 {
+        for s in 600..650u32 {
             lists[(s % 4) as usize].push(s);
         }
         lists[4].reverse();
         check(&rows, &lists, 2, None, "after adds");
-        rows.tombstone(&[0, 7, 301, 349]);
+        rows.tombstone(&[0, 7, 601, 649]);
         let mut allowed = SlotSet::default();
-        allowed.cover(350);
-        for s in (0..350).step_by(3) {
+        allowed.cover(650);
+        for s in (0..650).step_by(3) {
             allowed.set(s, true);
         }
         check(&rows, &lists, 2, None, "removed rows");
         check(&rows, &lists, 2, Some(&allowed), "a filter");
-        let keep: Vec<usize> = (0..350).filter(|s| s % 4 != 1).collect();
+        let keep: Vec<usize> = (0..650).filter(|s| s % 4 != 1).collect();
         rows.compact(&keep).expect("compact");
         assert_eq!(rows.packed_lists_bytes(), 0, "a compaction drops the copy");
-        let lists = deal(keep.len(), 5);
+        let lists = deal(keep.len(), 6);
         check(&rows, &lists, 3, None, "after a compaction");
-        rows.truncate(200);
+        rows.truncate(400);
         assert_eq!(rows.packed_lists_bytes(), 0, "a truncate drops the copy");
-        let lists = deal(200, 5);
+        let lists = deal(400, 6);
         check(&rows, &lists, 4, None, "after a truncate");
         // A list slot past the rows is an error naming it, packed or not.
-        let bad = vec![vec![0u32, 200], vec![1]];
+        let bad = vec![(0..70u32).chain([400]).collect::<Vec<u32>>(), vec![70]];
         let probes = ListProbes { lists: &bad, probes: &[0, 1], nprobe: 2, generation: 5 };
         let err =
             rows.scan_lists(&queries[..dim], &probes, 1, GpuDistanceMetric::Euclidean, None).unwrap_err();
-        assert!(err.to_string().contains("list slot 200"), "{err}");
+        assert!(err.to_string().contains("list slot 400"), "{err}");
+    }
+
+    #[test]
+    fn lists_longer_than_a_tile_and_batches_wider_than_a_query_block_scan_exactly() {
+        // A list of 1,100 rows (three tiles of 512, the last one partial and not a whole
+        // block) asked by 200 queries (two query blocks of 192): every tile and block start of
+        // the packed scan. The results must equal the in-place answer through `refine`; then
+        // a change of index (`release_scratch`) frees the copy.
+        let dim = 17;
+        let mut seed = 9u64;
+        let mut values =
+            |n: usize| -> Vec<f32> { (0..n * dim).map(|_| test_value(&mut seed) * 4.0).collect() };
+        let mut rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect()).with_packed_lists(true);
+        rows.append(&values(1300)).expect("append");
+        let lists: Vec<Vec<u32>> = vec![(0..1100).collect(), (1100..1300).collect()];
+        let queries = values(200);
+        let probes: Vec<u32> = (0..200u32).flat_map(|q| if q % 3 == 0 { [1, 0] } else { [0, 1] }).collect();
+        let probes = ListProbes { lists: &lists, probes: &probes, nprobe: 2, generation: 7 };
+        for k in [1, 10, 37] {
+            let metric = GpuDistanceMetric::Euclidean;
+            let got = rows.scan_lists(&queries, &probes, k, metric, None).expect("scan");
+            assert!(rows.packed_lists_bytes() > 0, "the packed copy was made");
+            assert_eq!(got, scanned_by_refine(&rows, &queries, &probes, k, metric, None), "k = {k}");
+        }
+        rows.release_scratch();
+        assert_eq!(rows.packed_lists_bytes(), 0, "a change of index frees the copy");
     }
 }

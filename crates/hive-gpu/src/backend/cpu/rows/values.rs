@@ -70,6 +70,11 @@ impl<T: bytemuck::Pod> Values<T> {
         }
     }
 
+    /// Whether the values are a file's mapping, searched where they lie.
+    pub(super) fn is_mapped(&self) -> bool {
+        matches!(self, Self::Mapped(..))
+    }
+
     /// Bytes of heap the values hold (a mapping holds none: the page cache backs it).
     pub(super) fn heap_bytes(&self) -> usize {
         match self {
