@@ -164,10 +164,9 @@ impl CpuRows {
         batch: &Batch<'_>,
         scratch: &mut Scratch,
     ) -> Vec<Collector> {
-        let Batch { kernel_queries, bounds, metric, k, .. } = *batch;
+        let metric = batch.metric;
         let dim = self.dim;
-        let mut collectors: Vec<Collector> =
-            asking.iter().map(|&q| Collector::new(k, bounds[q as usize])).collect();
+        let mut collectors = batch.collectors(asking);
         if members.is_empty() {
             return collectors;
         }
@@ -195,11 +194,7 @@ impl CpuRows {
                 slots[j] = slot as u32;
             }
             for (b, group) in asking.chunks(block).enumerate() {
-                block_queries.clear();
-                for &q in group {
-                    let q = q as usize;
-                    block_queries.extend_from_slice(&kernel_queries[q * dim..(q + 1) * dim]);
-                }
+                batch.gather_queries(group, dim, block_queries);
                 let products = &mut products[..group.len() * count];
                 let row = |j: usize| match in_place {
                     Some(values) => &values[chunk[j] * dim..(chunk[j] + 1) * dim],
@@ -240,10 +235,9 @@ impl CpuRows {
         batch: &Batch<'_>,
         scratch: &mut Scratch,
     ) -> Vec<Collector> {
-        let Batch { kernel_queries, bounds, metric, k, .. } = *batch;
+        let metric = batch.metric;
         let dim = self.dim;
-        let mut collectors: Vec<Collector> =
-            asking.iter().map(|&q| Collector::new(k, bounds[q as usize])).collect();
+        let mut collectors = batch.collectors(asking);
         let rows = list.slots.len();
         if rows == 0 {
             return collectors;
@@ -272,11 +266,7 @@ impl CpuRows {
             let blocks = &list.blocks[start * dim..][..packed::packed_len(count, dim)];
             let offered = Offered { scale: &scale[..count], offset: &offset[..count], slots };
             for (b, group) in asking.chunks(block).enumerate() {
-                block_queries.clear();
-                for &q in group {
-                    let q = q as usize;
-                    block_queries.extend_from_slice(&kernel_queries[q * dim..(q + 1) * dim]);
-                }
+                batch.gather_queries(group, dim, block_queries);
                 packed::products(self.simd, block_queries, dim, blocks, products, stride);
                 let first = b * block;
                 self.collect_group(
@@ -355,6 +345,22 @@ struct Batch<'a> {
     gates: &'a [SharedGate],
     metric: GpuDistanceMetric,
     k: usize,
+}
+
+impl Batch<'_> {
+    /// A fresh collector for each query of `asking`, with its bound.
+    fn collectors(&self, asking: &[u32]) -> Vec<Collector> {
+        asking.iter().map(|&q| Collector::new(self.k, self.bounds[q as usize])).collect()
+    }
+
+    /// The kernel queries of `group` (each `dim` long), one after another, into `out`.
+    fn gather_queries(&self, group: &[u32], dim: usize, out: &mut Vec<f32>) {
+        out.clear();
+        for &q in group {
+            let q = q as usize;
+            out.extend_from_slice(&self.kernel_queries[q * dim..(q + 1) * dim]);
+        }
+    }
 }
 
 /// One query's best [`Collector::gate`] so far, lowered by the scans of its lists on any
