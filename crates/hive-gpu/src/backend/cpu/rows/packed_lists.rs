@@ -63,8 +63,9 @@ impl PackedLists {
 
 impl CpuRows {
     /// The packed copy of `probes.lists`, made or brought up to date first; `None` where the
-    /// scan reads the rows in place: packing is off, the lists have no generation, the rows
-    /// are not f32, or the host lacks the memory for the copy. A list slot past the stored
+    /// scan reads the rows in place: packing is off, the lists have no generation, or the rows
+    /// are not f32 or are mapped. Where the host lacks the memory for the copy, a copy whose
+    /// lists are all empty (each scanned in place). A list slot past the stored
     /// rows is an error naming it, as on the in-place path.
     pub(super) fn packed_lists(&self, probes: &ListProbes<'_>) -> Result<Option<Arc<PackedLists>>> {
         let Elements::F32(values) = &self.elements else { return Ok(None) };
@@ -105,7 +106,7 @@ impl CpuRows {
         // Claimed like an append's rows (with its headroom): a copy as large as the rows must
         // not take the memory later adds were promised. Refused, the scan reads in place.
         if crate::memory::claim(wanted.saturating_sub(reusable) as u64).is_err() {
-            return Ok(None);
+            return Ok(Some(self.keep_unpacked(probes)));
         }
         old.resize_with(probes.lists.len(), PackedList::default);
         let lists: Option<Vec<PackedList>> = old
@@ -135,10 +136,20 @@ impl CpuRows {
                 Some(packed)
             })
             .collect();
-        let Some(lists) = lists else { return Ok(None) };
+        let Some(lists) = lists else { return Ok(Some(self.keep_unpacked(probes))) };
         let fresh = Arc::new(PackedLists { generation: probes.generation, lists });
         *self.packed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&fresh));
         Ok(Some(fresh))
+    }
+
+    /// Records that this generation's lists stay unpacked (the memory for the copy was
+    /// refused): every list empty, so each scan reads its rows in place, and the next scan of
+    /// the same lists neither asks the budget again nor checks their slots again.
+    fn keep_unpacked(&self, probes: &ListProbes<'_>) -> Arc<PackedLists> {
+        let lists = probes.lists.iter().map(|_| PackedList::default()).collect();
+        let unpacked = Arc::new(PackedLists { generation: probes.generation, lists });
+        *self.packed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&unpacked));
+        unpacked
     }
 
     /// Drops the packed lists: the rows they copy changed (or, through
