@@ -1,5 +1,5 @@
 //! The backend primitives on their own, below any planner or collection: `refine`,
-//! `scan_lists`, `select_k`, `gather`, `nearest_rows`, `knn` restricted to a slot set and the code scans
+//! `scan_lists`, `select_k`, `gather`, `nearest_rows`, `nearest_sets`, `knn` restricted to a slot set and the code scans
 //! (`scan_codes`, `scan_bits`, `scan_pq`), on every backend and every forced engine path,
 //! f32 and f16 storage, every metric, against an f64 brute force over the stored values.
 //! The data has exact duplicates (ties must go to the lower slot), removed rows (never
@@ -412,6 +412,101 @@ fn nearest(rows: &[Vec<f32>], point: &[f32], live: impl Fn(usize) -> bool) -> us
         }
     }
     best.0
+}
+
+#[test]
+fn nearest_sets_are_knns_sets_with_ties_at_the_nth_near_ties_and_removed_rows() {
+    // The CPU override keeps a query's f32 candidates as its set when they are exactly n. The
+    // traps: twins and rows on small integer grids (exact ties at the n-th: the lower slots
+    // are the set, as knn's), rows one ulp apart (the f32 order may be wrong), removed rows
+    // (never in a set), n from 1 to every live row, every metric, and batches searched on the
+    // caller's thread and on the pool (the forced paths).
+    for context in contexts_with_forced_paths() {
+        let mut rng = Rng::new(43);
+        for metric in METRICS {
+            let check = |what: &str, rows: &dyn RowStore, removed: &[usize], queries: &[f32], n: usize| {
+                let values = stored(rows);
+                let dim = values[0].len();
+                let live: Vec<usize> = (0..rows.len()).filter(|s| !removed.contains(s)).collect();
+                let got = rows.nearest_sets(queries, n, metric).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(got.len(), queries.len() / dim * n, "{what} n {n}");
+                let knn = rows.knn(queries, n, metric, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+                for (q, query) in queries.chunks_exact(dim).enumerate() {
+                    let mut set: Vec<usize> = got[q * n..(q + 1) * n].iter().map(|&s| s as usize).collect();
+                    set.sort_unstable();
+                    let mut want: Vec<usize> =
+                        best(metric, &values, query, &live, n).iter().map(|b| b.0).collect();
+                    want.sort_unstable();
+                    let mut of_knn: Vec<usize> = knn[q].iter().map(|nb| nb.slot).collect();
+                    of_knn.sort_unstable();
+                    assert_eq!(set, of_knn, "{what} {metric:?} n {n} query {q}: knn's set");
+                    // The f64 reference may tie by a last-bit difference of its own sum order:
+                    // compare with it only where its n-th and (n+1)-th differ.
+                    let scored = best(metric, &values, query, &live, n + 1);
+                    if scored.len() <= n || scored[n - 1].1 != scored[n].1 {
+                        assert_eq!(set, want, "{what} {metric:?} n {n} query {q}: the exact set");
+                    }
+                }
+            };
+            // Random rows (with twins and removed rows: `store`), queries near rows and apart.
+            let rows = store(&context, StoragePrecision::F32, &mut rng);
+            let queries = rng.normals(20 * DIM);
+            for n in [1, 3, 8, 40, ROWS - REMOVED.len()] {
+                check(&format!("{} random", describe(&context)), &*rows, &REMOVED, &queries, n);
+            }
+            let twins: Vec<f32> = stored(&*rows)[..10].iter().flatten().copied().collect();
+            check(&format!("{} on twins", describe(&context)), &*rows, &REMOVED, &twins, 2);
+            // Small integers: many exact ties at every n-th.
+            let dim = 9;
+            let grid: Vec<f32> = (0..60 * dim).map(|_| (rng.below(3) as f32) - 1.0).collect();
+            let mut rows = context
+                .backend()
+                .new_rows(dim, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
+                .expect("a row store opens");
+            rows.append(&grid).expect("rows append");
+            rows.tombstone(&[0, 7, 21]);
+            let points: Vec<f32> = (0..30 * dim).map(|_| (rng.below(5) as f32) / 2.0 - 1.0).collect();
+            for n in [1, 4, 8, 13] {
+                check(&format!("{} grid", describe(&context)), &*rows, &[0, 7, 21], &points, n);
+            }
+            // Rows one ulp apart in one component, queries near them.
+            let dim = 24;
+            let base = rng.normals(dim);
+            let mut near: Vec<f32> = Vec::new();
+            for r in 0..12 {
+                let mut row = base.clone();
+                row[r % dim] = f32::from_bits(row[r % dim].to_bits() + (r as u32 % 3));
+                near.extend(row);
+            }
+            let points: Vec<f32> = (0..20)
+                .flat_map(|_| base.iter().map(|&x| x + 1e-6 * rng.normal()).collect::<Vec<_>>())
+                .collect();
+            let mut rows = context
+                .backend()
+                .new_rows(dim, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
+                .expect("a row store opens");
+            rows.append(&near).expect("rows append");
+            for n in [1, 5] {
+                check(&format!("{} rows one ulp apart", describe(&context)), &*rows, &[], &points, n);
+            }
+        }
+        // Errors as knn's: more than the live rows, a partial query, a value that is not finite.
+        let rows = store(&context, StoragePrecision::F32, &mut rng);
+        let metric = GpuDistanceMetric::Euclidean;
+        assert!(
+            rows.nearest_sets(&rng.normals(DIM), ROWS, metric).is_err(),
+            "{}: n past the live rows",
+            describe(&context)
+        );
+        assert!(
+            rows.nearest_sets(&[1.0; DIM + 1], 1, metric).is_err(),
+            "{}: a partial query",
+            describe(&context)
+        );
+        let mut nan = rng.normals(DIM);
+        nan[5] = f32::NAN;
+        assert!(rows.nearest_sets(&nan, 1, metric).is_err(), "{}: NaN", describe(&context));
+    }
 }
 
 #[test]

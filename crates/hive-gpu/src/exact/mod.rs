@@ -36,7 +36,33 @@ pub(crate) fn all_finite(values: &[f32]) -> bool {
     values.iter().fold(0u32, |bad, x| bad | u32::from(x.to_bits() & EXPONENT == EXPONENT)) == 0
 }
 
-/// `|v|^2` in f64, exact enough to bound the f32 arithmetic of every backend.
+/// `|v|^2` in f64, exact enough to bound the f32 arithmetic of every backend: the canonical
+/// sum in component order, which cosine's exact distance divides by.
 pub(crate) fn squared_norm_f64(v: &[f32]) -> f64 {
     v.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
+}
+
+/// `|v|` for an error bound: f64 squares summed in 8 independent lanes. It differs from the
+/// canonical [`squared_norm_f64`] only in the last bits of an f64 (each square of an f32 is
+/// exact in f64), far inside any f32 bound, and it has no chain of dependent adds: the
+/// canonical sum waits about 4 cycles per component, which over a small search's queries was
+/// a tenth of its time (docs/PERFORMANCE.md, "Small searches without serial chains").
+pub(crate) fn norm_for_bound(v: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let chunks = v.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane += f64::from(x) * f64::from(x);
+        }
+    }
+    let tail: f64 = rest.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    (lanes.iter().sum::<f64>() + tail).sqrt()
+}
+
+/// `|q|` as the exact distances of `metric` and its error bounds use it: the canonical norm
+/// under cosine (its exact distance divides by it), [`norm_for_bound`] under every other
+/// metric (their exact distances never read it).
+pub(crate) fn query_norm(metric: GpuDistanceMetric, q: &[f32]) -> f64 {
+    if metric == GpuDistanceMetric::Cosine { squared_norm_f64(q).sqrt() } else { norm_for_bound(q) }
 }

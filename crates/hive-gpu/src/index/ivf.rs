@@ -751,6 +751,16 @@ impl Ivf {
             // One list a query: the 1-NN primitive, the same pick as the k-NN below without its
             // selection and lists (the nearest-row kernel on CUDA/ROCm).
             probes.extend(self.probe.nearest_rows(queries)?.into_iter().map(|slot| slot as u32));
+        } else if self.coded.is_none() {
+            // IVF-Flat's scan reads the union of a query's lists: which lists is all it needs.
+            probes = self.probe.nearest_sets(queries, nprobe, self.metric)?;
+            if probes.len() != queries.len() / self.dim() * nprobe {
+                return Err(HiveGpuError::Internal(format!(
+                    "probing found {} lists for {} queries at nprobe {nprobe}",
+                    probes.len(),
+                    queries.len() / self.dim()
+                )));
+            }
         } else {
             for found in &self.probe.knn(queries, nprobe, self.metric, None)? {
                 if found.len() != nprobe {

@@ -15,13 +15,20 @@ const CHUNK: usize = 16;
 /// (docs/PERFORMANCE.md, "Packed lists").
 const SMALL_K: usize = 32;
 
-/// The `k`-th smallest of `distances` (none NaN; `k <= SMALL_K` and at most their count),
-/// keeping the `k` smallest so far sorted: a value enters only when it beats the k-th, which
-/// after the first few is rare.
-fn kth_smallest_small(distances: impl Iterator<Item = f32>, k: usize) -> f32 {
+/// The `k`-th smallest distance `raw[j] * scale[j] + offset[j]` of a block (`k <= SMALL_K`
+/// and at most the block's length; `+inf` where fewer than `k` are finite and not NaN: a
+/// removed row's `+inf`, or NaN where `0 * inf` met a mapped file's huge values, can never
+/// stand in for one of the k rows). The `k` smallest so far are kept sorted, and a value enters
+/// only when it beats their k-th. A chunk of 16 is compared with that k-th at once and only
+/// the lanes that beat it are visited: after the first chunks that is rare. The walk over
+/// every value, a branch each, was a third of a 100 x 100 search (docs/PERFORMANCE.md,
+/// "Small searches without serial chains").
+#[inline(always)]
+fn kth_smallest_small(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f32 {
     let mut best = [f32::INFINITY; SMALL_K];
     let best = &mut best[..k];
-    for d in distances {
+    // NaN and +inf never beat the k-th (`<` is false for them), so they never enter.
+    let insert = |best: &mut [f32], d: f32| {
         if d < best[k - 1] {
             // Shifted in place (a library move per insertion cost more than the search).
             let mut at = k - 1;
@@ -31,8 +38,57 @@ fn kth_smallest_small(distances: impl Iterator<Item = f32>, k: usize) -> f32 {
             }
             best[at] = d;
         }
+    };
+    let n = raw.len().min(scale.len()).min(offset.len());
+    let whole = n / CHUNK * CHUNK;
+    let mut kth = f32::INFINITY;
+    for start in (0..whole).step_by(CHUNK) {
+        let r: &[f32; CHUNK] = raw[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
+        let s: &[f32; CHUNK] = scale[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
+        let o: &[f32; CHUNK] = offset[start..start + CHUNK].try_into().unwrap_or(&[f32::INFINITY; CHUNK]);
+        let mut d = [0f32; CHUNK];
+        let mut beating = 0u32;
+        for i in 0..CHUNK {
+            d[i] = r[i] * s[i] + o[i];
+            beating |= u32::from(d[i] < kth) << i;
+        }
+        while beating != 0 {
+            let i = beating.trailing_zeros() as usize;
+            beating &= beating - 1;
+            insert(best, d[i]);
+        }
+        kth = best[k - 1];
+    }
+    for i in whole..n {
+        insert(best, raw[i] * scale[i] + offset[i]);
     }
     best[k - 1]
+}
+
+/// Bounds a fresh collector by its block's own k-th distance before the block is offered
+/// (`Collector::limit_to`): every row of the block is offered right after, and a fresh
+/// collector would otherwise take in most of the block before it holds k.
+#[inline(always)]
+fn seed_generic(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32]) {
+    let k = c.k();
+    if c.gate() != f32::INFINITY || raw.len() <= 2 * k {
+        return;
+    }
+    if k <= SMALL_K {
+        c.limit_to(kth_smallest_small(raw, scale, offset, k));
+    } else {
+        SEED.with(|seed| {
+            let mut seed = seed.borrow_mut();
+            seed.clear();
+            // A row the collector never takes (`+inf`, or NaN) counts as `+inf` here.
+            seed.extend(raw.iter().zip(scale).zip(offset).map(|((&r, &s), &o)| {
+                let d = r * s + o;
+                if d.is_nan() { f32::INFINITY } else { d }
+            }));
+            let (_, kth, _) = seed.select_nth_unstable_by(k - 1, f32::total_cmp);
+            c.limit_to(*kth);
+        });
+    }
 }
 
 thread_local! {
@@ -48,6 +104,7 @@ fn collect_generic(
     offset: &[f32],
     slot_of: impl Fn(usize) -> u32,
 ) {
+    seed_generic(c, raw, scale, offset);
     let mut gate = c.gate();
     let whole = raw.len() / CHUNK * CHUNK;
     for start in (0..whole).step_by(CHUNK) {
@@ -139,29 +196,6 @@ fn collect_with(
     offset: &[f32],
     slot_of: impl Fn(usize) -> u32,
 ) {
-    let k = c.k();
-    if c.gate() == f32::INFINITY && raw.len() > 2 * k {
-        // A fresh collector would take in most of the block before it holds k: the block's own
-        // k-th distance bounds it first (`Collector::limit_to`), as every row of the block is
-        // offered right after. A row the collector never takes (a removed row is `+inf`, or
-        // NaN where `0 * inf` met the huge values a mapped file may hold in a removed row)
-        // counts as `+inf` here, so that it can never stand in for one of the k rows.
-        let distances = raw.iter().zip(scale).zip(offset).map(|((&r, &s), &o)| {
-            let d = r * s + o;
-            if d.is_nan() { f32::INFINITY } else { d }
-        });
-        if k <= SMALL_K {
-            c.limit_to(kth_smallest_small(distances, k));
-        } else {
-            SEED.with(|seed| {
-                let mut seed = seed.borrow_mut();
-                seed.clear();
-                seed.extend(distances);
-                let (_, kth, _) = seed.select_nth_unstable_by(k - 1, f32::total_cmp);
-                c.limit_to(*kth);
-            });
-        }
-    }
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `SimdLevel::Avx512` is only produced after avx512f, avx512vl and fma were detected.
@@ -202,7 +236,8 @@ mod tests {
             for k in 1..=SMALL_K.min(n) {
                 let mut sorted = values.clone();
                 let (_, want, _) = sorted.select_nth_unstable_by(k - 1, f32::total_cmp);
-                let got = kth_smallest_small(values.iter().copied(), k);
+                let (scale, offset) = (vec![1.0; n], vec![0.0; n]);
+                let got = kth_smallest_small(&values, &scale, &offset, k);
                 assert!(
                     got == *want || (got.is_infinite() && want.is_infinite()),
                     "n {n} k {k}: {got} vs {want}"

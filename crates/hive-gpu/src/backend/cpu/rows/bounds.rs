@@ -4,7 +4,6 @@
 
 use super::CpuRows;
 use crate::backend::cpu::bf16;
-use crate::backend::cpu::simd;
 use crate::backend::cpu::topk::ErrorBound;
 use crate::types::GpuDistanceMetric;
 
@@ -70,7 +69,7 @@ impl CpuRows {
     pub(super) fn f32_bounds(&self, queries: &[f32], metric: GpuDistanceMetric) -> Vec<ErrorBound> {
         queries
             .chunks_exact(self.dim)
-            .map(|q| self.bound(metric, simd::squared_norm_f64(q).sqrt() as f32, true))
+            .map(|q| self.bound(metric, crate::exact::norm_for_bound(q) as f32, true))
             .collect()
     }
 }

@@ -410,7 +410,7 @@ impl CpuRows {
         k: usize,
         metric: GpuDistanceMetric,
     ) -> Vec<Neighbor> {
-        let q_norm = simd::squared_norm_f64(q).sqrt();
+        let q_norm = crate::exact::query_norm(metric, q);
         let mut distances = Vec::new();
         self.exact_distances(q, q_norm, slots.iter().copied(), metric, &mut Vec::new(), &mut distances);
         let scored = slots.iter().copied().zip(distances).collect();
@@ -420,7 +420,7 @@ impl CpuRows {
     /// Exact k nearest of the rows `slots` (ascending) for one query, reading them in place:
     /// the scan's kernels and bound, then the exact re-rank.
     fn knn_among(&self, q: &[f32], k: usize, metric: GpuDistanceMetric, slots: &[usize]) -> Vec<Neighbor> {
-        let q_norm = simd::squared_norm_f64(q).sqrt();
+        let q_norm = crate::exact::query_norm(metric, q);
         // Cosine ignores the query's scale: the kernels get the unit query (as in the scan).
         let unit: Vec<f32>;
         let kernel_q = if metric == GpuDistanceMetric::Cosine {
@@ -429,7 +429,7 @@ impl CpuRows {
         } else {
             q
         };
-        let bound = self.bound(metric, simd::squared_norm_f64(kernel_q).sqrt() as f32, false);
+        let bound = self.bound(metric, crate::exact::norm_for_bound(kernel_q) as f32, false);
         let collector = self.scan_slots(kernel_q, metric, k, bound, slots);
         let picked: Vec<usize> = collector.into_slots().into_iter().map(|at| slots[at]).collect();
         let mut distances = Vec::new();
@@ -442,7 +442,7 @@ impl CpuRows {
     /// scoring its candidates exactly: see [`topk::Collector::shrink`].
     fn thin(&self, collector: &mut topk::Collector, q: &[f32], metric: GpuDistanceMetric) {
         if collector.crowded() {
-            let q_norm = simd::squared_norm_f64(q).sqrt();
+            let q_norm = crate::exact::query_norm(metric, q);
             let mut scratch = Vec::new();
             collector.shrink(|slots, out| {
                 self.exact_distances(q, q_norm, slots.iter().map(|&s| s as usize), metric, &mut scratch, out)
@@ -550,7 +550,8 @@ impl CpuRows {
             }
         }
         let nq = queries.len() / dim;
-        let q_norms: Vec<f64> = queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect();
+        let q_norms: Vec<f64> =
+            queries.chunks_exact(dim).map(|q| crate::exact::query_norm(metric, q)).collect();
         let bytes = self.all_bytes
             && !metric.is_difference_norm()
             && dim <= int8::MAX_DIM
@@ -853,6 +854,34 @@ impl RowStore for CpuRows {
         crate::exec::run(|| self.knn_on_pool(queries, k, metric, allowed))?
     }
 
+    fn nearest_sets(&self, queries: &[f32], n: usize, metric: GpuDistanceMetric) -> Result<Vec<u32>> {
+        crate::backend::candidates::check_finite_queries("nearest_sets", self.dim, queries)?;
+        if !self.searches_here(queries.len() / self.dim.max(1)) {
+            let found = crate::exec::run(|| self.knn_on_pool(queries, n, metric, None))??;
+            return Ok(found.iter().flatten().map(|neighbor| neighbor.slot as u32).collect());
+        }
+        // A query's candidates hold every row whose f32 distance lies within twice the error
+        // bound of the k-th (`topk`), so each of its true n nearest; exactly n of them are
+        // therefore that set. Rows that tie exactly at the n-th are all candidates (each lies
+        // within the bound of the other), so a set chosen among ties always goes through the
+        // exact re-rank, which gives the lower slot as `knn` does. In an IVF probe of SIFT10K
+        // (100 centroids, nprobe 8) the re-rank was a tenth of the batch (docs/PERFORMANCE.md,
+        // "Small searches without serial chains").
+        let mut sets = Vec::with_capacity(queries.len() / self.dim.max(1) * n);
+        for (candidates, q) in
+            self.here_candidates(queries, n, metric)?.into_iter().zip(queries.chunks_exact(self.dim))
+        {
+            if candidates.len() == n {
+                sets.extend(candidates.iter().map(|&slot| slot as u32));
+            } else {
+                sets.extend(
+                    self.rerank(q, &candidates, n, metric).iter().map(|neighbor| neighbor.slot as u32),
+                );
+            }
+        }
+        Ok(sets)
+    }
+
     fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {
         self.values_of(slots)
     }
@@ -973,16 +1002,28 @@ impl CpuRows {
     /// may take the byte or bf16 kernels), but both hold every row within their error bound of
     /// the k-th and end in the same exact re-rank, so the results are the same.
     fn knn_here(&self, queries: &[f32], k: usize, metric: GpuDistanceMetric) -> Result<Vec<Vec<Neighbor>>> {
+        Ok(self
+            .here_candidates(queries, k, metric)?
+            .into_iter()
+            .zip(queries.chunks_exact(self.dim))
+            .map(|(candidates, q)| self.rerank(q, &candidates, k, metric))
+            .collect())
+    }
+
+    /// [`CpuRows::knn_here`] before its exact re-rank: each query's candidates (every row
+    /// within the error bound of its k-th), unordered.
+    fn here_candidates(
+        &self,
+        queries: &[f32],
+        k: usize,
+        metric: GpuDistanceMetric,
+    ) -> Result<Vec<Vec<usize>>> {
         let dim = self.dim;
         check_knn(queries, dim, k, self.len_slots() - self.dead.count())?;
         let kernel_queries = kernel_queries(queries, dim, metric);
         let bounds = self.f32_bounds(&kernel_queries, metric);
         let collectors = self.gemm_task(&self.dead, &kernel_queries, metric, k, &bounds, 0..self.len_slots());
-        Ok(collectors
-            .into_iter()
-            .zip(queries.chunks_exact(dim))
-            .map(|(collector, q)| self.rerank(q, &collector.into_slots(), k, metric))
-            .collect())
+        Ok(collectors.into_iter().map(|collector| collector.into_slots()).collect())
     }
 
     /// Candidates from the floating-point kernels: the scan, f32 GEMM tiles or bf16 tiles.
@@ -1002,7 +1043,7 @@ impl CpuRows {
         let queries = &unit[..];
         let unit_norms: Vec<f64> = match unit {
             std::borrow::Cow::Owned(_) => {
-                queries.chunks_exact(dim).map(|q| simd::squared_norm_f64(q).sqrt()).collect()
+                queries.chunks_exact(dim).map(crate::exact::norm_for_bound).collect()
             }
             std::borrow::Cow::Borrowed(_) => q_norms.to_vec(),
         };

@@ -136,7 +136,7 @@ impl CpuRows {
         // smaller tasks than the scan's, so that a few thousand rows still use every thread.
         let tasks = slots.len().div_ceil(SCATTERED_TASK_ROWS).max(1);
         let per_task = slots.len().div_ceil(tasks).max(1);
-        let q_norm = simd::squared_norm_f64(q).sqrt();
+        let q_norm = crate::exact::query_norm(metric, q);
         let thin = |c: &mut Collector| {
             if c.crowded() {
                 let mut scratch = Vec::new();
