@@ -69,9 +69,16 @@ fn kth_smallest_small(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f
 /// (`Collector::limit_to`): every row of the block is offered right after, and a fresh
 /// collector would otherwise take in most of the block before it holds k.
 #[inline(always)]
-fn seed_generic(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32]) {
+fn seed_generic<const AVX512: bool>(c: &mut Collector, raw: &[f32], scale: &[f32], offset: &[f32]) {
     let k = c.k();
     if c.gate() != f32::INFINITY || raw.len() <= 2 * k {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && k <= x86::VECTOR_K {
+        // SAFETY: `AVX512` is true only inside `collect_avx512`, which runs only after
+        // avx512f, avx512vl and fma were detected.
+        c.limit_to(unsafe { x86::kth_smallest_avx512(raw, scale, offset, k) });
         return;
     }
     if k <= SMALL_K {
@@ -97,14 +104,14 @@ thread_local! {
 }
 
 #[inline(always)]
-fn collect_generic(
+fn collect_generic<const AVX512: bool>(
     c: &mut Collector,
     raw: &[f32],
     scale: &[f32],
     offset: &[f32],
     slot_of: impl Fn(usize) -> u32,
 ) {
-    seed_generic(c, raw, scale, offset);
+    seed_generic::<AVX512>(c, raw, scale, offset);
     let mut gate = c.gate();
     let whole = raw.len() / CHUNK * CHUNK;
     for start in (0..whole).step_by(CHUNK) {
@@ -147,7 +154,7 @@ fn collect_avx512(
     offset: &[f32],
     slot_of: impl Fn(usize) -> u32,
 ) {
-    collect_generic(c, raw, scale, offset, slot_of)
+    collect_generic::<true>(c, raw, scale, offset, slot_of)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -159,7 +166,7 @@ fn collect_avx2(
     offset: &[f32],
     slot_of: impl Fn(usize) -> u32,
 ) {
-    collect_generic(c, raw, scale, offset, slot_of)
+    collect_generic::<false>(c, raw, scale, offset, slot_of)
 }
 
 /// Offers `raw[j] * scale[j] + offset[j]` as the distance of slot `base_slot + j`.
@@ -203,7 +210,80 @@ fn collect_with(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.
         SimdLevel::Avx2 => unsafe { collect_avx2(c, raw, scale, offset, slot_of) },
-        _ => collect_generic(c, raw, scale, offset, slot_of),
+        _ => collect_generic::<false>(c, raw, scale, offset, slot_of),
+    }
+}
+
+/// The k-th seed with the k smallest so far in one AVX-512 register, sorted: an insertion
+/// is a compare, a lane shift and two masked moves, with no branch on where the value goes.
+/// The shifts of the scalar insertion, a mispredicted branch at each end, were most of the
+/// list scans' selection on SIFT10K (docs/PERFORMANCE.md, "Small searches without serial
+/// chains").
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::CHUNK;
+
+    /// The largest k the register holds.
+    pub(super) const VECTOR_K: usize = 16;
+
+    /// `value` put into the sorted `best` after the lanes not above it, the lanes above it
+    /// moved up one (the last lane's value leaves). A NaN changes nothing.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn insert(best: __m512, value: f32, up_one: __m512i) -> __m512 {
+        let v = _mm512_set1_ps(value);
+        let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(best, v);
+        // `best` is sorted, so the lanes above `value` are a suffix; its first lane takes it.
+        let moved = _mm512_mask_mov_ps(best, above, _mm512_permutexvar_ps(up_one, best));
+        _mm512_mask_mov_ps(moved, above & above.wrapping_neg(), v)
+    }
+
+    /// Lane `lane` of `v`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn lane(v: __m512, lane: __m512i) -> f32 {
+        _mm_cvtss_f32(_mm512_castps512_ps128(_mm512_permutexvar_ps(lane, v)))
+    }
+
+    /// [`super::kth_smallest_small`] for `1 <= k <= VECTOR_K`. Lanes past `k - 1` hold values
+    /// pushed out of the k smallest (or `+inf`); only lane `k - 1` is read, and a value that
+    /// enters is below it, so it lands at or before it.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn kth_smallest_avx512(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f32 {
+        assert!((1..=VECTOR_K).contains(&k), "a k of 1 to {VECTOR_K}, not {k}");
+        let up_one = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
+        let kth_lane = _mm512_set1_epi32(k as i32 - 1);
+        let mut best = _mm512_set1_ps(f32::INFINITY);
+        let n = raw.len().min(scale.len()).min(offset.len());
+        let whole = n / CHUNK * CHUNK;
+        let mut kth = f32::INFINITY;
+        for start in (0..whole).step_by(CHUNK) {
+            let r: &[f32; CHUNK] = raw[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
+            let s: &[f32; CHUNK] = scale[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
+            let o: &[f32; CHUNK] = offset[start..start + CHUNK].try_into().unwrap_or(&[f32::INFINITY; CHUNK]);
+            let mut d = [0f32; CHUNK];
+            let mut beating = 0u32;
+            for i in 0..CHUNK {
+                d[i] = r[i] * s[i] + o[i];
+                beating |= u32::from(d[i] < kth) << i;
+            }
+            while beating != 0 {
+                let i = beating.trailing_zeros() as usize;
+                beating &= beating - 1;
+                best = insert(best, d[i], up_one);
+            }
+            kth = lane(best, kth_lane);
+        }
+        for i in whole..n {
+            let d = raw[i] * scale[i] + offset[i];
+            if d < kth {
+                best = insert(best, d, up_one);
+                kth = lane(best, kth_lane);
+            }
+        }
+        kth
     }
 }
 
@@ -213,7 +293,7 @@ mod tests {
 
     #[test]
     fn the_small_kth_equals_a_full_selection_with_ties_and_infinities() {
-        // Ties (values from a small set), infinities (removed rows) outnumbering the finite
+        // Ties (values from a small set), infinities and NaNs (removed rows) outnumbering the finite
         // values, negative values and zeros of both signs, k from 1 to SMALL_K.
         let mut seed = 17u64;
         for n in [1usize, 2, 5, 31, 32, 33, 100, 257] {
@@ -221,7 +301,9 @@ mod tests {
                 .map(|i| {
                     seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                     match (seed >> 60) % 8 {
-                        0 | 1 => f32::INFINITY,
+                        0 => f32::INFINITY,
+                        // A NaN (where `0 * inf` met a mapped file's huge values) counts as +inf.
+                        1 => f32::NAN,
                         2 => {
                             if i % 2 == 0 {
                                 0.0
@@ -234,7 +316,8 @@ mod tests {
                 })
                 .collect();
             for k in 1..=SMALL_K.min(n) {
-                let mut sorted = values.clone();
+                let mut sorted: Vec<f32> =
+                    values.iter().map(|&v| if v.is_nan() { f32::INFINITY } else { v }).collect();
                 let (_, want, _) = sorted.select_nth_unstable_by(k - 1, f32::total_cmp);
                 let (scale, offset) = (vec![1.0; n], vec![0.0; n]);
                 let got = kth_smallest_small(&values, &scale, &offset, k);
@@ -242,6 +325,15 @@ mod tests {
                     got == *want || (got.is_infinite() && want.is_infinite()),
                     "n {n} k {k}: {got} vs {want}"
                 );
+                #[cfg(target_arch = "x86_64")]
+                if k <= x86::VECTOR_K && SimdLevel::detect() == SimdLevel::Avx512 {
+                    // SAFETY: AVX-512 was detected just above.
+                    let got = unsafe { x86::kth_smallest_avx512(&values, &scale, &offset, k) };
+                    assert!(
+                        got == *want || (got.is_infinite() && want.is_infinite()),
+                        "AVX-512, n {n} k {k}: {got} vs {want}"
+                    );
+                }
             }
         }
     }

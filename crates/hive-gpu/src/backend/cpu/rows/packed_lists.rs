@@ -31,9 +31,11 @@ use crate::error::{HiveGpuError, Result};
 /// of one or two blocks wastes up to half of each block's lanes on padding, and the queries'
 /// components, laid side by side once per list and group of queries, cost as much as the
 /// multiply-adds of a block: on fmnistsmall (lists of about 10 rows) the packed scan ran at
-/// 0.8x of the in-place one (docs/PERFORMANCE.md, "Packed lists"). From four blocks both costs
-/// stay under a quarter.
-pub(super) const MIN_ROWS: usize = 4 * packed::BLOCK;
+/// 0.8x of the in-place one (docs/PERFORMANCE.md, "Packed lists"). From two blocks the packed
+/// scan is ahead: SIFT10K's IVF-Flat ran 5-10% faster with lists of 32-63 rows packed than
+/// with them in place (docs/PERFORMANCE.md, "Small searches without serial chains"); one block
+/// gained less.
+pub(super) const MIN_ROWS: usize = 2 * packed::BLOCK;
 
 /// One inverted list, packed (left empty where the list has fewer than [`MIN_ROWS`] rows).
 #[derive(Debug, Default)]
