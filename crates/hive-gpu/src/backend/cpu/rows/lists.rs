@@ -11,11 +11,12 @@
 //!
 //! [`RowStore::scan_lists`]: crate::backend::RowStore::scan_lists
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rayon::prelude::*;
 
-use super::packed_lists::PackedList;
+use super::packed_lists::{PackedList, PackedLists};
 use super::paths::{GEMM_MIN_QUERIES, QUERY_BLOCK, ROW_TILE, inner_products};
 use super::{CpuRows, Elements};
 use crate::backend::Neighbor;
@@ -31,19 +32,54 @@ use crate::types::GpuDistanceMetric;
 const FEW_QUERIES: usize = 16;
 
 impl CpuRows {
-    /// [`RowStore::scan_lists`](crate::backend::RowStore::scan_lists), on the library's pool.
-    pub(super) fn scan_lists_on_pool(
+    /// The packed copy of `probes.lists` where a scan of `queries` over them is small enough to
+    /// run on the caller's thread, with no parallel section (as a small flat search does,
+    /// `CpuRows::searches_here`): at most `Tuning::cpu_here_products` products (each query's
+    /// probed rows times the dimension) over lists already packed. A single query of SIFT10K
+    /// at nprobe 8 multiplies 800 rows, about 2 us of work, which the hand-over to the pool
+    /// and back tripled (docs/PERFORMANCE.md, "Small searches without serial chains").
+    pub(super) fn scans_here(
+        &self,
+        queries: &[f32],
+        probes: &ListProbes<'_>,
+        metric: GpuDistanceMetric,
+    ) -> Option<Arc<PackedLists>> {
+        if self.here_products == 0 || metric.is_difference_norm() || probes.nprobe == 0 {
+            return None;
+        }
+        let rows: usize = probes
+            .probes
+            .iter()
+            .map(|&l| probes.lists.get(l as usize).map_or(0, Vec::len))
+            .fold(0, usize::saturating_add);
+        if rows.saturating_mul(self.dim) > self.here_products || queries.len() / self.dim.max(1) > QUERY_BLOCK
+        {
+            return None;
+        }
+        self.current_packed_lists(probes)
+    }
+
+    /// [`RowStore::scan_lists`](crate::backend::RowStore::scan_lists): on the library's pool,
+    /// or with `here` (the current packed copy, from [`CpuRows::scans_here`]) on this thread,
+    /// one list and one query after another.
+    pub(super) fn scan_lists_in(
         &self,
         queries: &[f32],
         probes: &ListProbes<'_>,
         k: usize,
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
+        here: Option<Arc<PackedLists>>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         let dim = self.dim;
         let nq = check_scan(dim, queries, probes, k)?;
+        let sequential = here.is_some();
         // L1 and L-infinity have no products: their scans read the rows where they lie.
-        let packed_lists = if metric.is_difference_norm() { None } else { self.packed_lists(probes)? };
+        let packed_lists = match here {
+            Some(packed) => Some(packed),
+            None if metric.is_difference_norm() => None,
+            None => self.packed_lists(probes)?,
+        };
         if packed_lists.is_none() && (nq < GEMM_MIN_QUERIES || metric.is_difference_norm()) {
             // Few queries (or L1 / L-infinity, which have no product tiles): each reads its
             // lists' rows where they lie, split over the threads.
@@ -88,27 +124,28 @@ impl CpuRows {
         let gates: Vec<SharedGate> = (0..nq).map(|_| SharedGate::new()).collect();
         // Each thread keeps its buffers from call to call: a list asked by one or two queries
         // would otherwise cost little less than the fresh pages of its tile.
-        let scanned: Vec<Vec<Collector>> = order
-            .par_iter()
-            .map(|&l| {
-                let asking = &probing[starts[l]..starts[l + 1]];
-                let batch = Batch { kernel_queries, bounds: &bounds, gates: &gates, metric, k };
-                // The scans start no parallel work, so no other scan on this thread can borrow
-                // the buffers while one holds them.
-                // A list too short to pack is read in place (`packed_lists::MIN_ROWS`).
-                if let Some(packed) = &packed_lists
-                    && packed.lists[l].slots.len() == probes.lists[l].len()
-                {
-                    let list = &packed.lists[l];
-                    return Ok(SCRATCH.with(|scratch| {
-                        self.scan_packed_list(list, asking, allowed, &batch, &mut scratch.borrow_mut())
-                    }));
-                }
-                let members = self.live_members(&probes.lists[l], allowed)?;
-                Ok(SCRATCH
-                    .with(|scratch| self.scan_list(&members, asking, &batch, &mut scratch.borrow_mut())))
-            })
-            .collect::<Result<_>>()?;
+        let scan = |&l: &usize| -> Result<Vec<Collector>> {
+            let asking = &probing[starts[l]..starts[l + 1]];
+            let batch = Batch { kernel_queries, bounds: &bounds, gates: &gates, metric, k };
+            // The scans start no parallel work, so no other scan on this thread can borrow
+            // the buffers while one holds them.
+            // A list too short to pack is read in place (`packed_lists::MIN_ROWS`).
+            if let Some(packed) = &packed_lists
+                && packed.lists[l].slots.len() == probes.lists[l].len()
+            {
+                let list = &packed.lists[l];
+                return Ok(SCRATCH.with(|scratch| {
+                    self.scan_packed_list(list, asking, allowed, &batch, &mut scratch.borrow_mut())
+                }));
+            }
+            let members = self.live_members(&probes.lists[l], allowed)?;
+            Ok(SCRATCH.with(|scratch| self.scan_list(&members, asking, &batch, &mut scratch.borrow_mut())))
+        };
+        let scanned: Vec<Vec<Collector>> = if sequential {
+            order.iter().map(scan).collect::<Result<_>>()?
+        } else {
+            order.par_iter().map(scan).collect::<Result<_>>()?
+        };
         // Each query's collectors, one per list it probed, merged and re-ranked exactly.
         let mut per_query: Vec<Vec<Collector>> = (0..nq).map(|_| Vec::new()).collect();
         for (&l, collectors) in order.iter().zip(scanned) {
@@ -116,24 +153,24 @@ impl CpuRows {
                 per_query[q as usize].push(collector);
             }
         }
-        Ok(per_query
-            .into_par_iter()
-            .zip(queries.par_chunks_exact(dim))
-            .zip(&gates)
-            .map(|((collectors, q), gate)| {
-                let mut merged = Collector::new(k, ErrorBound { absolute: 0.0, relative: 0.0 });
-                let mut parts = collectors.into_iter();
-                if let Some(first) = parts.next() {
-                    merged = first;
-                    merged.adopt_gate(gate.get());
-                    for part in parts {
-                        merged.merge(part);
-                        self.thin(&mut merged, q, metric);
-                    }
+        let merge = |((collectors, q), gate): ((Vec<Collector>, &[f32]), &SharedGate)| {
+            let mut merged = Collector::new(k, ErrorBound { absolute: 0.0, relative: 0.0 });
+            let mut parts = collectors.into_iter();
+            if let Some(first) = parts.next() {
+                merged = first;
+                merged.adopt_gate(gate.get());
+                for part in parts {
+                    merged.merge(part);
+                    self.thin(&mut merged, q, metric);
                 }
-                self.rerank(q, &merged.into_slots(), k, metric)
-            })
-            .collect())
+            }
+            self.rerank(q, &merged.into_slots(), k, metric)
+        };
+        Ok(if sequential {
+            per_query.into_iter().zip(queries.chunks_exact(dim)).zip(gates.iter()).map(merge).collect()
+        } else {
+            per_query.into_par_iter().zip(queries.par_chunks_exact(dim)).zip(&gates).map(merge).collect()
+        })
     }
 
     /// The slots of `list` a search reads: stored, not removed, and in `allowed` where given.

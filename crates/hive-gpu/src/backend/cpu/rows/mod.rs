@@ -929,7 +929,10 @@ impl RowStore for CpuRows {
         metric: GpuDistanceMetric,
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        crate::exec::run(|| self.scan_lists_on_pool(queries, probes, k, metric, allowed))?
+        if let Some(packed) = self.scans_here(queries, probes, metric) {
+            return self.scan_lists_in(queries, probes, k, metric, allowed, Some(packed));
+        }
+        crate::exec::run(|| self.scan_lists_in(queries, probes, k, metric, allowed, None))?
     }
 
     fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>> {

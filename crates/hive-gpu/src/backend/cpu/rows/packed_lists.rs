@@ -64,6 +64,19 @@ impl PackedLists {
 }
 
 impl CpuRows {
+    /// The packed copy of `probes.lists` where one is already made for their generation, else
+    /// `None` (nothing is made here).
+    pub(super) fn current_packed_lists(&self, probes: &ListProbes<'_>) -> Option<Arc<PackedLists>> {
+        let held = self.packed.lock().unwrap_or_else(PoisonError::into_inner);
+        held.as_ref()
+            .filter(|current| {
+                probes.generation != 0
+                    && current.generation == probes.generation
+                    && current.lists.len() == probes.lists.len()
+            })
+            .map(Arc::clone)
+    }
+
     /// The packed copy of `probes.lists`, made or brought up to date first; `None` where the
     /// scan reads the rows in place: packing is off, the lists have no generation, or the rows
     /// are not f32 or are mapped. Where the host lacks the memory for the copy, a copy whose
@@ -296,5 +309,58 @@ mod tests {
         }
         rows.release_scratch();
         assert_eq!(rows.packed_lists_bytes(), 0, "a change of index frees the copy");
+    }
+
+    #[test]
+    fn a_small_list_scan_on_the_callers_thread_returns_what_the_pool_returns() {
+        // Once the lists are packed, a scan of few probed rows runs on this thread (no parallel
+        // section) and a larger one on the pool; before they are packed, or with the knob at 0,
+        // every scan goes to the pool. Lists short enough to stay in place, removed rows, a
+        // filter, every metric with products and k past the probed rows: both ways must give
+        // the in-place answer through `refine`.
+        let dim = 13;
+        let mut seed = 11u64;
+        let mut values =
+            |n: usize| -> Vec<f32> { (0..n * dim).map(|_| test_value(&mut seed) * 4.0).collect() };
+        let stored = values(500);
+        let queries = values(5);
+        let lists: Vec<Vec<u32>> =
+            vec![(0..200).collect(), (200..260).collect(), (260..270).collect(), (270..500).rev().collect()];
+        let probes: Vec<u32> = vec![0, 2, 1, 3, 3, 2, 0, 1, 2, 1];
+        let probes = ListProbes { lists: &lists, probes: &probes, nprobe: 2, generation: 5 };
+        let allowed = SlotSet::from_slots(500, (0..500).filter(|s| s % 7 != 3));
+        for here in [usize::MAX, 1, 0] {
+            let mut rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect())
+                .with_packed_lists(true)
+                .with_here_products(here);
+            rows.append(&stored).expect("append");
+            rows.tombstone(&[1, 201, 499]);
+            assert!(
+                rows.scans_here(&queries, &probes, GpuDistanceMetric::Euclidean).is_none(),
+                "not packed yet"
+            );
+            for metric in
+                [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine]
+            {
+                for filter in [None, Some(&allowed)] {
+                    for k in [1, 9, 300] {
+                        let got = rows.scan_lists(&queries, &probes, k, metric, filter).expect("scan");
+                        let want = scanned_by_refine(&rows, &queries, &probes, k, metric, filter);
+                        assert_eq!(
+                            got,
+                            want,
+                            "here {here}, {metric:?}, k {k}, filtered {}",
+                            filter.is_some()
+                        );
+                        let goes_here = rows.scans_here(&queries, &probes, metric).is_some();
+                        assert_eq!(
+                            goes_here,
+                            here == usize::MAX,
+                            "here {here}, {metric:?}: where the scan runs"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
