@@ -15,6 +15,23 @@ const CHUNK: usize = 16;
 /// (docs/PERFORMANCE.md, "Packed lists").
 const SMALL_K: usize = 32;
 
+/// The distances `raw[j] * scale[j] + offset[j]` of the chunk of 16 at `start` (which must
+/// lie inside all three), and the bit mask of those strictly below `limit` (never a NaN): one
+/// vector compare for the chunk.
+#[inline(always)]
+fn chunk_below(raw: &[f32], scale: &[f32], offset: &[f32], start: usize, limit: f32) -> ([f32; CHUNK], u32) {
+    let r: &[f32; CHUNK] = raw[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
+    let s: &[f32; CHUNK] = scale[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
+    let o: &[f32; CHUNK] = offset[start..start + CHUNK].try_into().unwrap_or(&[f32::INFINITY; CHUNK]);
+    let mut d = [0f32; CHUNK];
+    let mut below = 0u32;
+    for i in 0..CHUNK {
+        d[i] = r[i] * s[i] + o[i];
+        below |= u32::from(d[i] < limit) << i;
+    }
+    (d, below)
+}
+
 /// The `k`-th smallest distance `raw[j] * scale[j] + offset[j]` of a block (`k <= SMALL_K`
 /// and at most the block's length; `+inf` where fewer than `k` are finite and not NaN: a
 /// removed row's `+inf`, or NaN where `0 * inf` met a mapped file's huge values, can never
@@ -43,15 +60,7 @@ fn kth_smallest_small(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f
     let whole = n / CHUNK * CHUNK;
     let mut kth = f32::INFINITY;
     for start in (0..whole).step_by(CHUNK) {
-        let r: &[f32; CHUNK] = raw[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
-        let s: &[f32; CHUNK] = scale[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
-        let o: &[f32; CHUNK] = offset[start..start + CHUNK].try_into().unwrap_or(&[f32::INFINITY; CHUNK]);
-        let mut d = [0f32; CHUNK];
-        let mut beating = 0u32;
-        for i in 0..CHUNK {
-            d[i] = r[i] * s[i] + o[i];
-            beating |= u32::from(d[i] < kth) << i;
-        }
+        let (d, mut beating) = chunk_below(raw, scale, offset, start, kth);
         while beating != 0 {
             let i = beating.trailing_zeros() as usize;
             beating &= beating - 1;
@@ -260,15 +269,7 @@ mod x86 {
         let whole = n / CHUNK * CHUNK;
         let mut kth = f32::INFINITY;
         for start in (0..whole).step_by(CHUNK) {
-            let r: &[f32; CHUNK] = raw[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
-            let s: &[f32; CHUNK] = scale[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
-            let o: &[f32; CHUNK] = offset[start..start + CHUNK].try_into().unwrap_or(&[f32::INFINITY; CHUNK]);
-            let mut d = [0f32; CHUNK];
-            let mut beating = 0u32;
-            for i in 0..CHUNK {
-                d[i] = r[i] * s[i] + o[i];
-                beating |= u32::from(d[i] < kth) << i;
-            }
+            let (d, mut beating) = super::chunk_below(raw, scale, offset, start, kth);
             while beating != 0 {
                 let i = beating.trailing_zeros() as usize;
                 beating &= beating - 1;
