@@ -85,6 +85,7 @@ fn seed_generic<const AVX512: bool>(c: &mut Collector, raw: &[f32], scale: &[f32
     }
     #[cfg(target_arch = "x86_64")]
     if AVX512 && k <= x86::VECTOR_K {
+        debug_assert!(is_x86_feature_detected!("avx512f"), "the AVX-512 seed without AVX-512");
         // SAFETY: `AVX512` is true only inside `collect_avx512`, which runs only after
         // avx512f, avx512vl and fma were detected.
         c.limit_to(unsafe { x86::kth_smallest_avx512(raw, scale, offset, k) });
@@ -259,6 +260,10 @@ mod x86 {
     /// [`super::kth_smallest_small`] for `1 <= k <= VECTOR_K`. Lanes past `k - 1` hold values
     /// pushed out of the k smallest (or `+inf`); only lane `k - 1` is read, and a value that
     /// enters is below it, so it lands at or before it.
+    ///
+    /// # Safety
+    ///
+    /// The caller must have detected avx512f on this CPU.
     #[target_feature(enable = "avx512f")]
     pub(super) fn kth_smallest_avx512(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f32 {
         assert!((1..=VECTOR_K).contains(&k), "a k of 1 to {VECTOR_K}, not {k}");
@@ -294,46 +299,44 @@ mod tests {
 
     #[test]
     fn the_small_kth_equals_a_full_selection_with_ties_and_infinities() {
-        // Ties (values from a small set), infinities and NaNs (removed rows) outnumbering the finite
-        // values, negative values and zeros of both signs, k from 1 to SMALL_K.
+        // Ties (values from a small set), removed rows (scale 0, offset +inf: +inf, or NaN where
+        // the raw value is infinite) and NaNs outnumbering the finite values, -inf, negative
+        // values and zeros of both signs, scales and offsets, k from 1 to SMALL_K; both the
+        // portable seed and (where the CPU has it) the AVX-512 one.
         let mut seed = 17u64;
         for n in [1usize, 2, 5, 31, 32, 33, 100, 257] {
-            let values: Vec<f32> = (0..n)
-                .map(|i| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    match (seed >> 60) % 8 {
-                        0 => f32::INFINITY,
-                        // A NaN (where `0 * inf` met a mapped file's huge values) counts as +inf.
-                        1 => f32::NAN,
-                        2 => {
-                            if i % 2 == 0 {
-                                0.0
-                            } else {
-                                -0.0
-                            }
-                        }
-                        _ => ((seed >> 33) % 13) as f32 - 4.0,
-                    }
-                })
+            let (mut raw, mut scale, mut offset) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..n {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let small = ((seed >> 33) % 13) as f32 - 4.0;
+                let (r, s, o) = match (seed >> 59) % 16 {
+                    0 | 1 => (small, 0.0, f32::INFINITY),
+                    2 => (f32::INFINITY, 0.0, f32::INFINITY),
+                    3 => (f32::NAN, 1.0, 0.0),
+                    4 => (f32::NEG_INFINITY, 1.0, 0.0),
+                    5 | 6 => (if i % 2 == 0 { 0.0 } else { -0.0 }, 1.0, 0.0),
+                    7 => (small, -2.0, 3.0),
+                    _ => (small, 1.0, 0.0),
+                };
+                raw.push(r);
+                scale.push(s);
+                offset.push(o);
+            }
+            // What the collector takes: a NaN counts as +inf.
+            let distances: Vec<f32> = (0..n)
+                .map(|i| raw[i] * scale[i] + offset[i])
+                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
                 .collect();
             for k in 1..=SMALL_K.min(n) {
-                let mut sorted: Vec<f32> =
-                    values.iter().map(|&v| if v.is_nan() { f32::INFINITY } else { v }).collect();
+                let mut sorted = distances.clone();
                 let (_, want, _) = sorted.select_nth_unstable_by(k - 1, f32::total_cmp);
-                let (scale, offset) = (vec![1.0; n], vec![0.0; n]);
-                let got = kth_smallest_small(&values, &scale, &offset, k);
-                assert!(
-                    got == *want || (got.is_infinite() && want.is_infinite()),
-                    "n {n} k {k}: {got} vs {want}"
-                );
+                let got = kth_smallest_small(&raw, &scale, &offset, k);
+                assert!(got == *want, "n {n} k {k}: {got} vs {want}");
                 #[cfg(target_arch = "x86_64")]
                 if k <= x86::VECTOR_K && SimdLevel::detect() == SimdLevel::Avx512 {
                     // SAFETY: AVX-512 was detected just above.
-                    let got = unsafe { x86::kth_smallest_avx512(&values, &scale, &offset, k) };
-                    assert!(
-                        got == *want || (got.is_infinite() && want.is_infinite()),
-                        "AVX-512, n {n} k {k}: {got} vs {want}"
-                    );
+                    let got = unsafe { x86::kth_smallest_avx512(&raw, &scale, &offset, k) };
+                    assert!(got == *want, "AVX-512, n {n} k {k}: {got} vs {want}");
                 }
             }
         }

@@ -34,10 +34,14 @@ const FEW_QUERIES: usize = 16;
 impl CpuRows {
     /// The packed copy of `probes.lists` where a scan of `queries` over them is small enough to
     /// run on the caller's thread, with no parallel section (as a small flat search does,
-    /// `CpuRows::searches_here`): at most `Tuning::cpu_here_products` products (each query's
-    /// probed rows times the dimension) over lists already packed. A single query of SIFT10K
-    /// at nprobe 8 multiplies 800 rows, about 2 us of work, which the hand-over to the pool
-    /// and back tripled (docs/PERFORMANCE.md, "Small searches without serial chains").
+    /// `CpuRows::searches_here`): at most `Tuning::cpu_here_products` products (the rows the
+    /// batch's queries probe, summed over the queries, times the dimension) over lists already
+    /// packed for their generation (a copy the memory budget refused counts: its lists are all
+    /// scanned in place, on this thread too). A single query of SIFT10K at nprobe 8 multiplies
+    /// 800 rows, about 2 us of work, which the hand-over to the pool and back tripled
+    /// (docs/PERFORMANCE.md, "Small searches without serial chains"). The scan then uses this
+    /// thread's scan buffers (`SCRATCH`, one tile of rows and one of products at most), which
+    /// stay with the thread as the pool's threads' buffers do.
     pub(super) fn scans_here(
         &self,
         queries: &[f32],

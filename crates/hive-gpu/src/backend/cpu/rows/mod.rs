@@ -860,17 +860,18 @@ impl RowStore for CpuRows {
             let found = crate::exec::run(|| self.knn_on_pool(queries, n, metric, None))??;
             return Ok(found.iter().flatten().map(|neighbor| neighbor.slot as u32).collect());
         }
-        // A query's candidates hold every row whose f32 distance lies within twice the error
-        // bound of the k-th (`topk`), so each of its true n nearest; exactly n of them are
-        // therefore that set. Rows that tie exactly at the n-th are all candidates (each lies
-        // within the bound of the other), so a set chosen among ties always goes through the
-        // exact re-rank, which gives the lower slot as `knn` does. In an IVF probe of SIFT10K
-        // (100 centroids, nprobe 8) the re-rank was a tenth of the batch (docs/PERFORMANCE.md,
+        // `knn_here` is the exact re-rank of these very candidates down to n; where they are
+        // exactly n it keeps them all, so they are its set without their distances. (They are
+        // never fewer: every true n-nearest row is a candidate, `topk`.) Rows that tie exactly
+        // at the n-th are all candidates, so a choice among ties always goes through the
+        // re-rank, which takes the lower slot as `knn` does. In an IVF probe of SIFT10K (100
+        // centroids, nprobe 8) the re-rank was a tenth of the batch (docs/PERFORMANCE.md,
         // "Small searches without serial chains").
         let mut sets = Vec::with_capacity(queries.len() / self.dim.max(1) * n);
         for (candidates, q) in
             self.here_candidates(queries, n, metric)?.into_iter().zip(queries.chunks_exact(self.dim))
         {
+            debug_assert!(candidates.len() >= n, "fewer candidates than the n nearest");
             if candidates.len() == n {
                 sets.extend(candidates.iter().map(|&slot| slot as u32));
             } else {
