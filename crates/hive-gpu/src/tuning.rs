@@ -147,7 +147,9 @@ pub struct Tuning {
     /// every search goes to the pool, as tests use to cover the pool's paths with small data).
     /// A hand-over costs a thread's wake-up each way: on the 2-core VM a fifth of a 100-query
     /// search over 100 rows of 128 dimensions (SIFT10K's IVF probe; docs/PERFORMANCE.md, small
-    /// searches). `HIVE_GPU_CPU_HERE_PRODUCTS`.
+    /// searches). The same bound sends an IVF list scan (filtered or not) over lists already
+    /// packed to the caller's thread: the rows its queries probe times the dimension
+    /// (`CpuRows::scans_here`). `HIVE_GPU_CPU_HERE_PRODUCTS`.
     pub cpu_here_products: usize,
     /// The CPU backend keeps an IVF-Flat index's lists as a packed copy of their f32 rows
     /// (blocks of 16 rows, component-major), made at the first search of each state of the
