@@ -156,7 +156,10 @@ pub struct Tuning {
     /// lists, and scans that copy instead of the rows where they lie (false: in place, as tests
     /// use to cover that path). The copy doubles the memory of the collection's rows; on the
     /// 2-core VM it made SIFT10K's IVF-Flat batches faster (docs/PERFORMANCE.md, "Packed
-    /// lists"). `HIVE_GPU_CPU_PACKED_LISTS`.
+    /// lists"). The same switch governs the packed copy of an IVF-SQ8 index's byte codes
+    /// (`rows/code_lists.rs`; a quarter of the f32 rows' memory), whose scan ran IVF-SQ8 on
+    /// SIFT10K about twice as fast as the host scan (docs/PERFORMANCE.md, "Packed SQ8 codes").
+    /// `HIVE_GPU_CPU_PACKED_LISTS`.
     pub cpu_packed_lists: bool,
     /// The most bytes of rows one CUDA/ROCm collection keeps in device memory, where set (else
     /// as much as the device has). A collection that outgrows it, or the device, moves its

@@ -792,6 +792,7 @@ fn scan_codes_ranks_by_the_documented_code_distance_skipping_removed_and_filtere
             .backend()
             .new_rows(DIM, StoragePrecision::F32, SearchPrecision::Exact, context.tuning())
             .expect("a row store opens");
+        let copied = ListProbes::next_generation();
         for metric in METRICS {
             for filter in [None, Some(&allowed)] {
                 let mut queries = rng.normals(nq * DIM);
@@ -801,9 +802,14 @@ fn scan_codes_ranks_by_the_documented_code_distance_skipping_removed_and_filtere
                         q.iter_mut().for_each(|x| *x /= n);
                     }
                 }
-                for k in [1, 7, 400] {
-                    let what =
-                        format!("{} {metric:?} filtered {} k {k}", describe(&context), filter.is_some());
+                // Without a generation the codes are read afresh; with one a backend may scan
+                // its own copy of them (the CPU backend's packed codes, a GPU's device copy).
+                for (k, generation) in [(1, 0), (7, 0), (400, 0), (1, copied), (7, copied), (400, copied)] {
+                    let what = format!(
+                        "{} {metric:?} filtered {} k {k} generation {generation}",
+                        describe(&context),
+                        filter.is_some()
+                    );
                     let scan = CodeScan {
                         dim: DIM,
                         metric,
@@ -817,7 +823,7 @@ fn scan_codes_ranks_by_the_documented_code_distance_skipping_removed_and_filtere
                         nprobe,
                         removed: &removed,
                         allowed: filter,
-                        generation: 0,
+                        generation,
                     };
                     if metric.is_difference_norm() {
                         // No quantizer decomposes L1 or L-infinity: refused by name, never mis-scored.

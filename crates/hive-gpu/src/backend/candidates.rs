@@ -115,6 +115,49 @@ impl ListProbes<'_> {
     }
 }
 
+/// A batch's probes turned around: the queries that probe each list (ascending, by a counting
+/// sort), which is how every host list scan reads each list once per batch.
+pub(crate) struct ListAskers {
+    /// The queries of list `l` are `askers[starts[l]..starts[l + 1]]`.
+    starts: Vec<usize>,
+    askers: Vec<u32>,
+}
+
+impl ListAskers {
+    /// The askers of each of `lists` lists, from `nprobe` probes per query (every probe names
+    /// a list below `lists`: the scans check that first).
+    pub(crate) fn new(probes: &[u32], nprobe: usize, lists: usize) -> Self {
+        let mut starts = vec![0usize; lists + 1];
+        for &list in probes {
+            starts[list as usize + 1] += 1;
+        }
+        for l in 0..lists {
+            starts[l + 1] += starts[l];
+        }
+        let mut fill = starts.clone();
+        let mut askers = vec![0u32; probes.len()];
+        for (at, &list) in probes.iter().enumerate() {
+            askers[fill[list as usize]] = (at / nprobe.max(1)) as u32;
+            fill[list as usize] += 1;
+        }
+        Self { starts, askers }
+    }
+
+    /// The queries that probe list `l`, ascending.
+    pub(crate) fn of(&self, l: usize) -> &[u32] {
+        &self.askers[self.starts[l]..self.starts[l + 1]]
+    }
+
+    /// The lists some query probes and `rows(l)` finds rows in, the most work (rows times
+    /// queries) first, so that the last tasks of a parallel scan to finish are short ones.
+    pub(crate) fn by_work(&self, rows: impl Fn(usize) -> usize) -> Vec<usize> {
+        let lists = self.starts.len() - 1;
+        let mut order: Vec<usize> = (0..lists).filter(|&l| !self.of(l).is_empty() && rows(l) > 0).collect();
+        order.sort_by_key(|&l| std::cmp::Reverse(rows(l) * self.of(l).len()));
+        order
+    }
+}
+
 /// The check of its queries' values that [`RowStore::knn`](super::RowStore::knn),
 /// [`scan_lists`](super::RowStore::scan_lists) and [`refine`](super::RowStore::refine) (`what`)
 /// make on every backend, every path: a NaN or infinite component has no distance to rank, so

@@ -29,6 +29,7 @@ use std::collections::BinaryHeap;
 use rayon::prelude::*;
 
 use crate::backend::Neighbor;
+use crate::backend::candidates::ListAskers;
 use crate::error::{HiveGpuError, Result};
 use crate::exact::products::inner_products;
 use crate::slots::SlotSet;
@@ -137,30 +138,49 @@ impl CodeScan<'_> {
         let dim = self.dim;
         let query = &self.queries[q * dim..(q + 1) * dim];
         let centroid = &self.centroids[l * dim..(l + 1) * dim];
-        let mut offset = 0.0f64;
-        match self.metric {
-            GpuDistanceMetric::Euclidean => {
-                for d in 0..dim {
-                    let u = f64::from(query[d]) - f64::from(centroid[d]);
-                    offset += u * u - 2.0 * u * f64::from(self.base[d]);
-                    weights[d] = (-2.0 * u * f64::from(self.step[d])) as f32;
-                }
-            }
+        // The offset sums in f64 over LANES lanes, which the compiler keeps in vector
+        // registers: a serial f64 sum per (query, list) was an eighth of a packed SIFT10K scan
+        // (docs/PERFORMANCE.md, "Packed SQ8 codes").
+        const LANES: usize = 8;
+        let mut lanes = [0.0f64; LANES];
+        let euclidean = match self.metric {
+            GpuDistanceMetric::Euclidean => true,
+            GpuDistanceMetric::DotProduct | GpuDistanceMetric::Cosine => false,
             // Refused by `check`: no scalar quantizer's affine terms give them.
-            GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => {}
-            GpuDistanceMetric::DotProduct | GpuDistanceMetric::Cosine => {
-                for d in 0..dim {
-                    let x = f64::from(query[d]);
-                    offset -= x * (f64::from(centroid[d]) + f64::from(self.base[d]));
-                    weights[d] = (-x * f64::from(self.step[d])) as f32;
-                }
+            GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => return 0.0,
+        };
+        // Component `d` adds to lane `d % LANES`: whole chunks of LANES as arrays (no bounds
+        // check, so the loop vectorises), then the tail.
+        let term = |lane: &mut f64, x: f32, c: f32, base: f32, step: f32| -> f32 {
+            let (x, c, base, step) = (f64::from(x), f64::from(c), f64::from(base), f64::from(step));
+            if euclidean {
+                let u = x - c;
+                *lane += u * u - 2.0 * u * base;
+                (-2.0 * u * step) as f32
+            } else {
+                *lane -= x * (c + base);
+                (-x * step) as f32
+            }
+        };
+        let whole = dim / LANES * LANES;
+        for at in (0..whole).step_by(LANES) {
+            let x: &[f32; LANES] = query[at..at + LANES].try_into().expect("a whole chunk");
+            let c: &[f32; LANES] = centroid[at..at + LANES].try_into().expect("a whole chunk");
+            let b: &[f32; LANES] = self.base[at..at + LANES].try_into().expect("a whole chunk");
+            let s: &[f32; LANES] = self.step[at..at + LANES].try_into().expect("a whole chunk");
+            let w: &mut [f32; LANES] = (&mut weights[at..at + LANES]).try_into().expect("a whole chunk");
+            for i in 0..LANES {
+                w[i] = term(&mut lanes[i], x[i], c[i], b[i], s[i]);
             }
         }
-        offset as f32
+        for d in whole..dim {
+            weights[d] = term(&mut lanes[d - whole], query[d], centroid[d], self.base[d], self.step[d]);
+        }
+        lanes.iter().sum::<f64>() as f32
     }
 
     /// A row's term that depends on the row alone.
-    fn extra(&self, norm: f32) -> f32 {
+    pub(crate) fn extra(&self, norm: f32) -> f32 {
         if self.metric == GpuDistanceMetric::Euclidean { norm } else { 0.0 }
     }
 }
@@ -218,30 +238,12 @@ const QUERY_BLOCK: usize = 128;
 /// (allowed) rows of its lists, ascending, ties by slot; fewer where the lists hold fewer.
 pub(crate) fn scan_on_host(scan: &CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
     let nq = scan.check(k)?;
-    let lists = scan.slots.len();
-    // The queries of each list (a counting sort keeps them ascending).
-    let mut starts = vec![0usize; lists + 1];
-    for &list in scan.probes {
-        starts[list as usize + 1] += 1;
-    }
-    for l in 0..lists {
-        starts[l + 1] += starts[l];
-    }
-    let mut fill = starts.clone();
-    let mut asking = vec![0u32; scan.probes.len()];
-    for (at, &list) in scan.probes.iter().enumerate() {
-        asking[fill[list as usize]] = (at / scan.nprobe) as u32;
-        fill[list as usize] += 1;
-    }
-    // The largest lists first, so the last tasks to finish are short ones.
-    let mut order: Vec<usize> =
-        (0..lists).filter(|&l| starts[l + 1] > starts[l] && !scan.codes[l].is_empty()).collect();
-    order.sort_by_key(|&l| std::cmp::Reverse(scan.codes[l].len() * (starts[l + 1] - starts[l])));
-    let scanned: Vec<Vec<Best>> =
-        order.par_iter().map(|&l| scan_list(scan, l, &asking[starts[l]..starts[l + 1]], k)).collect();
+    let askers = ListAskers::new(scan.probes, scan.nprobe, scan.slots.len());
+    let order = askers.by_work(|l| scan.codes[l].len());
+    let scanned: Vec<Vec<Best>> = order.par_iter().map(|&l| scan_list(scan, l, askers.of(l), k)).collect();
     let mut per_query: Vec<Vec<Best>> = (0..nq).map(|_| Vec::new()).collect();
     for (&l, found) in order.iter().zip(scanned) {
-        for (&q, best) in asking[starts[l]..starts[l + 1]].iter().zip(found) {
+        for (&q, best) in askers.of(l).iter().zip(found) {
             per_query[q as usize].push(best);
         }
     }

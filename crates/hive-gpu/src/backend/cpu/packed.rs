@@ -12,6 +12,10 @@
 //! The sums run in component order with fused multiply-adds on x86 (plain multiplies and adds
 //! elsewhere): another order and rounding than the GEMM's, which the f32 error bound allows
 //! for a sum of `dim` products in any order ([`crate::exact::ErrorBound::gamma`]).
+//!
+//! The same layout holds byte codes (an SQ8 index's, `rows::code_lists`): [`code_products`]
+//! widens each 16-byte load to 16 f32 lanes in registers and goes on as the f32 kernel does,
+//! so the codes are read as bytes, never copied out as f32 tiles.
 
 use super::simd::SimdLevel;
 
@@ -24,15 +28,15 @@ pub(crate) fn packed_len(rows: usize, dim: usize) -> usize {
 }
 
 /// Appends `rows` (each `dim` long) after the `packed` rows already in `blocks`, filling the
-/// last block's padding first; padding lanes stay zero.
-pub(crate) fn append<'a>(
-    blocks: &mut Vec<f32>,
+/// last block's padding first; padding lanes stay zero (`T::default()`).
+pub(crate) fn append<'a, T: Copy + Default + 'a>(
+    blocks: &mut Vec<T>,
     packed: usize,
-    rows: impl ExactSizeIterator<Item = &'a [f32]>,
+    rows: impl ExactSizeIterator<Item = &'a [T]>,
     dim: usize,
 ) {
     let total = packed + rows.len();
-    blocks.resize(packed_len(total, dim), 0.0);
+    blocks.resize(packed_len(total, dim), T::default());
     for (r, row) in (packed..).zip(rows) {
         let block = &mut blocks[(r / BLOCK) * BLOCK * dim..][..BLOCK * dim];
         let lane = r % BLOCK;
@@ -69,14 +73,71 @@ pub(crate) fn products(
         SimdLevel::Avx512 => {
             // SAFETY: `SimdLevel::Avx512` is only produced after avx512f, avx512vl and fma were
             // detected.
-            unsafe { x86::products_avx512(queries, dim, blocks, out, stride) }
+            unsafe { x86::products_avx512(queries, &[], dim, blocks, out, stride) }
         }
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 => {
             // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.
-            unsafe { x86::products_avx2(queries, dim, blocks, out, stride) }
+            unsafe { x86::products_avx2(queries, &[], dim, blocks, out, stride) }
         }
         _ => portable(queries, dim, blocks, out, stride),
+    }
+}
+
+/// `out[i * stride + j] = starts[i] + weights[i] . codes(j)` for the `weights.len() / dim`
+/// weight vectors and every row of the whole blocks of byte codes in `blocks` (padding rows
+/// give `starts[i]`), each code taken as the f32 of its value. `stride` is at least the
+/// blocks' rows and `starts` holds one value per weight vector. The sums run in component
+/// order, as [`products`]' do.
+pub(crate) fn code_products(
+    level: SimdLevel,
+    weights: &[f32],
+    starts: &[f32],
+    dim: usize,
+    blocks: &[u8],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let nq = weights.len().checked_div(dim).unwrap_or(0);
+    let rows = blocks.len().checked_div(dim).unwrap_or(0);
+    assert!(
+        rows.is_multiple_of(BLOCK)
+            && starts.len() == nq
+            && stride >= rows
+            && out.len() >= nq.saturating_sub(1) * stride + rows,
+        "packed::code_products: {} codes of {dim} for {nq} weight vectors ({} starts) at stride {stride}, {} outputs",
+        blocks.len(),
+        starts.len(),
+        out.len()
+    );
+    if nq == 0 || rows == 0 {
+        return;
+    }
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => {
+            // SAFETY: `SimdLevel::Avx512` is only produced after avx512f, avx512vl and fma were
+            // detected.
+            unsafe { x86::code_products_avx512(weights, starts, dim, blocks, out, stride) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => {
+            // SAFETY: `SimdLevel::Avx2` is only produced after avx2 and fma were detected.
+            unsafe { x86::code_products_avx2(weights, starts, dim, blocks, out, stride) }
+        }
+        _ => {
+            for (b, block) in blocks.chunks_exact(BLOCK * dim).enumerate() {
+                for (i, (w, &start)) in weights.chunks_exact(dim).zip(starts).enumerate() {
+                    let mut acc = [start; BLOCK];
+                    for (lanes, &x) in block.chunks_exact(BLOCK).zip(w) {
+                        for (s, &c) in acc.iter_mut().zip(lanes) {
+                            *s += x * f32::from(c);
+                        }
+                    }
+                    out[i * stride + b * BLOCK..][..BLOCK].copy_from_slice(&acc);
+                }
+            }
+        }
     }
 }
 
@@ -111,66 +172,135 @@ mod x86 {
 
     use super::BLOCK;
 
-    /// One block against `Q` queries: `Q` accumulators of 16 lanes (AVX-512: one register
-    /// each; with the row vector, 9 of the 32 registers at `Q` = 8). `interleaved` holds the
-    /// queries' components side by side (`interleaved[d * Q + a]` is component `d` of query
-    /// `a`), so that one walk over it and the block needs no bounds check per component.
-    /// Query `a`'s products go to `out[a * stride..][..BLOCK]`.
+    /// One block row (component `d` of the block's 16 rows) as 16 f32 lanes.
     #[target_feature(enable = "avx512f,avx512vl,fma")]
     #[inline]
-    fn group_avx512<const Q: usize>(interleaved: &[f32], block: &[f32], out: &mut [f32], stride: usize) {
-        let mut acc = [_mm512_setzero_ps(); Q];
-        for (lanes, components) in block.chunks_exact(BLOCK).zip(interleaved.chunks_exact(Q)) {
-            let lanes: &[f32; BLOCK] = lanes.try_into().expect("a whole block row");
-            // SAFETY: `lanes` is 16 readable f32; the load needs no alignment.
-            let r = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
-            for (a, &x) in acc.iter_mut().zip(components) {
-                *a = _mm512_fmadd_ps(_mm512_set1_ps(x), r, *a);
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            let o: &mut [f32; BLOCK] = (&mut out[i * stride..][..BLOCK]).try_into().expect("16 outputs");
-            // SAFETY: `o` is 16 writable f32; the store needs no alignment.
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
-        }
+    fn lanes_avx512(lanes: &[f32; BLOCK]) -> __m512 {
+        // SAFETY: `lanes` is 16 readable f32; the load needs no alignment.
+        unsafe { _mm512_loadu_ps(lanes.as_ptr()) }
     }
 
-    /// [`group_avx512`] on AVX2: the 16 lanes in two registers, so `2 Q` accumulators (with
-    /// the two row halves, 10 of the 16 registers at `Q` = 4).
+    /// One block row of byte codes widened to 16 f32 lanes (exact: a byte is an f32 integer).
+    #[target_feature(enable = "avx512f,avx512vl,fma")]
+    #[inline]
+    fn code_lanes_avx512(lanes: &[u8; BLOCK]) -> __m512 {
+        // SAFETY: `lanes` is 16 readable bytes; the load needs no alignment.
+        let bytes = unsafe { _mm_loadu_si128(lanes.as_ptr().cast()) };
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes))
+    }
+
+    /// [`lanes_avx512`] on AVX2: the 16 lanes in two registers.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn group_avx2<const Q: usize>(interleaved: &[f32], block: &[f32], out: &mut [f32], stride: usize) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; Q];
-        for (lanes, components) in block.chunks_exact(BLOCK).zip(interleaved.chunks_exact(Q)) {
-            let lanes: &[f32; BLOCK] = lanes.try_into().expect("a whole block row");
-            let (lo, hi) = lanes.split_at(8);
-            // SAFETY: `lo` and `hi` are 8 readable f32 each; the loads need no alignment.
-            let (lo, hi) = unsafe { (_mm256_loadu_ps(lo.as_ptr()), _mm256_loadu_ps(hi.as_ptr())) };
-            for (a, &x) in acc.iter_mut().zip(components) {
-                let x = _mm256_set1_ps(x);
-                a[0] = _mm256_fmadd_ps(x, lo, a[0]);
-                a[1] = _mm256_fmadd_ps(x, hi, a[1]);
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            let o: &mut [f32; BLOCK] = (&mut out[i * stride..][..BLOCK]).try_into().expect("16 outputs");
-            let (lo, hi) = o.split_at_mut(8);
-            // SAFETY: `lo` and `hi` are 8 writable f32 each; the stores need no alignment.
-            unsafe {
-                _mm256_storeu_ps(lo.as_mut_ptr(), a[0]);
-                _mm256_storeu_ps(hi.as_mut_ptr(), a[1]);
-            }
-        }
+    fn lanes_avx2(lanes: &[f32; BLOCK]) -> [__m256; 2] {
+        let (lo, hi) = lanes.split_at(8);
+        // SAFETY: `lo` and `hi` are 8 readable f32 each; the loads need no alignment.
+        unsafe { [_mm256_loadu_ps(lo.as_ptr()), _mm256_loadu_ps(hi.as_ptr())] }
     }
 
+    /// [`code_lanes_avx512`] on AVX2: the 16 lanes in two registers.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn code_lanes_avx2(lanes: &[u8; BLOCK]) -> [__m256; 2] {
+        let (lo, hi) = lanes.split_at(8);
+        // SAFETY: `lo` and `hi` are 8 readable bytes each (`_mm_loadl_epi64` reads 8); the loads
+        // need no alignment.
+        let (lo, hi) = unsafe { (_mm_loadl_epi64(lo.as_ptr().cast()), _mm_loadl_epi64(hi.as_ptr().cast())) };
+        [_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi))]
+    }
+
+    macro_rules! group_kernels {
+        ($element:ty, $avx512:ident, $load512:ident, $avx2:ident, $load256:ident) => {
+            /// One block against `Q` queries: `Q` accumulators of 16 lanes (AVX-512: one
+            /// register each; with the row vector, 9 of the 32 registers at `Q` = 8), started
+            /// at `starts`. `interleaved` holds the queries' components side by side
+            /// (`interleaved[d * Q + a]` is component `d` of query `a`), so that one walk over
+            /// it and the block needs no bounds check per component. Query `a`'s sums go to
+            /// `out[a * stride..][..BLOCK]`.
+            #[target_feature(enable = "avx512f,avx512vl,fma")]
+            #[inline]
+            fn $avx512<const Q: usize>(
+                interleaved: &[f32],
+                starts: &[f32],
+                block: &[$element],
+                out: &mut [f32],
+                stride: usize,
+            ) {
+                let mut acc = [_mm512_setzero_ps(); Q];
+                for (a, &s) in acc.iter_mut().zip(starts) {
+                    *a = _mm512_set1_ps(s);
+                }
+                for (lanes, components) in block.chunks_exact(BLOCK).zip(interleaved.chunks_exact(Q)) {
+                    let r = $load512(lanes.try_into().expect("a whole block row"));
+                    for (a, &x) in acc.iter_mut().zip(components) {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(x), r, *a);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    let o: &mut [f32; BLOCK] =
+                        (&mut out[i * stride..][..BLOCK]).try_into().expect("16 outputs");
+                    // SAFETY: `o` is 16 writable f32; the store needs no alignment.
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+                }
+            }
+
+            /// The AVX-512 group on AVX2: the 16 lanes in two registers, so `2 Q` accumulators
+            /// (with the two row halves, 10 of the 16 registers at `Q` = 4).
+            #[target_feature(enable = "avx2,fma")]
+            #[inline]
+            fn $avx2<const Q: usize>(
+                interleaved: &[f32],
+                starts: &[f32],
+                block: &[$element],
+                out: &mut [f32],
+                stride: usize,
+            ) {
+                let mut acc = [[_mm256_setzero_ps(); 2]; Q];
+                for (a, &s) in acc.iter_mut().zip(starts) {
+                    *a = [_mm256_set1_ps(s); 2];
+                }
+                for (lanes, components) in block.chunks_exact(BLOCK).zip(interleaved.chunks_exact(Q)) {
+                    let [lo, hi] = $load256(lanes.try_into().expect("a whole block row"));
+                    for (a, &x) in acc.iter_mut().zip(components) {
+                        let x = _mm256_set1_ps(x);
+                        a[0] = _mm256_fmadd_ps(x, lo, a[0]);
+                        a[1] = _mm256_fmadd_ps(x, hi, a[1]);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    let o: &mut [f32; BLOCK] =
+                        (&mut out[i * stride..][..BLOCK]).try_into().expect("16 outputs");
+                    let (lo, hi) = o.split_at_mut(8);
+                    // SAFETY: `lo` and `hi` are 8 writable f32 each; the stores need no alignment.
+                    unsafe {
+                        _mm256_storeu_ps(lo.as_mut_ptr(), a[0]);
+                        _mm256_storeu_ps(hi.as_mut_ptr(), a[1]);
+                    }
+                }
+            }
+        };
+    }
+
+    group_kernels!(f32, group_avx512, lanes_avx512, group_avx2, lanes_avx2);
+    group_kernels!(u8, code_group_avx512, code_lanes_avx512, code_group_avx2, code_lanes_avx2);
+
     macro_rules! products_kernel {
-        ($name:ident, $group:ident, $features:literal, $most:literal, [$($q:literal),+]) => {
-            /// Every block against the queries, in groups of up to `$most` that share each
-            /// load of the block (see [`super::products`]).
+        ($name:ident, $element:ty, $group:ident, $features:literal, $most:literal, [$($q:literal),+]) => {
+            /// Every block against the queries (sums started at `starts`, zero where it is
+            /// empty), in groups of up to `$most` that share each load of the block (see
+            /// [`super::products`] and [`super::code_products`]).
             #[target_feature(enable = $features)]
-            pub(super) fn $name(queries: &[f32], dim: usize, blocks: &[f32], out: &mut [f32], stride: usize) {
+            pub(super) fn $name(
+                queries: &[f32],
+                starts: &[f32],
+                dim: usize,
+                blocks: &[$element],
+                out: &mut [f32],
+                stride: usize,
+            ) {
                 let nq = queries.len() / dim;
                 let mut interleaved = Vec::with_capacity(dim * $most);
+                let zeros = [0.0f32; $most];
                 let mut first = 0;
                 while first < nq {
                     let group = (nq - first).min($most);
@@ -178,10 +308,11 @@ mod x86 {
                     for d in 0..dim {
                         interleaved.extend((first..first + group).map(|q| queries[q * dim + d]));
                     }
+                    let starts = if starts.is_empty() { &zeros[..group] } else { &starts[first..first + group] };
                     for (b, block) in blocks.chunks_exact(BLOCK * dim).enumerate() {
                         let at = &mut out[first * stride + b * BLOCK..];
                         match group {
-                            $($q => $group::<$q>(&interleaved, block, at, stride),)+
+                            $($q => $group::<$q>(&interleaved, starts, block, at, stride),)+
                             _ => unreachable!("a group holds 1 to {} queries", $most),
                         }
                     }
@@ -191,13 +322,73 @@ mod x86 {
         };
     }
 
-    products_kernel!(products_avx512, group_avx512, "avx512f,avx512vl,fma", 8, [1, 2, 3, 4, 5, 6, 7, 8]);
-    products_kernel!(products_avx2, group_avx2, "avx2,fma", 4, [1, 2, 3, 4]);
+    products_kernel!(products_avx512, f32, group_avx512, "avx512f,avx512vl,fma", 8, [1, 2, 3, 4, 5, 6, 7, 8]);
+    products_kernel!(products_avx2, f32, group_avx2, "avx2,fma", 4, [1, 2, 3, 4]);
+    products_kernel!(
+        code_products_avx512,
+        u8,
+        code_group_avx512,
+        "avx512f,avx512vl,fma",
+        8,
+        [1, 2, 3, 4, 5, 6, 7, 8]
+    );
+    products_kernel!(code_products_avx2, u8, code_group_avx2, "avx2,fma", 4, [1, 2, 3, 4]);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_products_at_every_level_and_group_size_match_f64_and_padding_gives_the_start() {
+        // Byte codes across the whole 0..=255 range (a sign-extending widen would turn the
+        // upper half negative), weights of both signs, starts per query; query counts around
+        // every group size, rows short of a block, whole blocks and a partial last one.
+        let mut levels = vec![SimdLevel::detect(), SimdLevel::Scalar];
+        if SimdLevel::detect() == SimdLevel::Avx512 {
+            levels.push(SimdLevel::Avx2);
+        }
+        let mut seed = 23u64;
+        let mut next = || super::super::simd::test_value(&mut seed);
+        for dim in [1usize, 5, 16, 128, 131] {
+            for (nq, count) in [(1usize, 1usize), (3, 16), (4, 17), (8, 33), (9, 5), (13, 40)] {
+                let weights: Vec<f32> = (0..nq * dim).map(|_| next() * 8.0).collect();
+                let starts: Vec<f32> = (0..nq).map(|_| next() * 100.0).collect();
+                let rows: Vec<Vec<u8>> =
+                    (0..count).map(|_| (0..dim).map(|_| ((next() + 0.5) * 256.0) as u8).collect()).collect();
+                let mut blocks = Vec::new();
+                append(&mut blocks, 0, rows.iter().map(|r| &r[..]), dim);
+                let padded = blocks.len() / dim;
+                let stride = padded + 2;
+                for &level in &levels {
+                    let mut out = vec![f32::NAN; nq * stride];
+                    code_products(level, &weights, &starts, dim, &blocks, &mut out, stride);
+                    let gamma = f64::from(crate::exact::ErrorBound::gamma(dim + 1));
+                    for i in 0..nq {
+                        let w = &weights[i * dim..(i + 1) * dim];
+                        for j in 0..padded {
+                            let got = f64::from(out[i * stride + j]);
+                            let start = f64::from(starts[i]);
+                            if j >= count {
+                                assert_eq!(got, start, "{level:?} dim {dim} padding [{i}][{j}]");
+                                continue;
+                            }
+                            let terms = w.iter().zip(&rows[j]).map(|(&a, &c)| f64::from(a) * f64::from(c));
+                            let want = start + terms.clone().sum::<f64>();
+                            let scale = start.abs() + terms.map(f64::abs).sum::<f64>();
+                            assert!(
+                                (got - want).abs() <= gamma * scale + 1e-30,
+                                "{level:?} dim {dim} {nq}x{count} [{i}][{j}]: {got} vs {want}"
+                            );
+                        }
+                        for j in padded..stride.min(out.len() - i * stride) {
+                            assert!(out[i * stride + j].is_nan(), "{level:?} wrote past the rows");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_level_and_group_size_matches_f64_within_the_f32_bound_and_padding_gives_zero() {

@@ -224,6 +224,14 @@ impl Collector {
         }
     }
 
+    /// The surviving candidates as `(approximate distance, slot)`, unordered: the list cut to
+    /// the gate its k-th proves. Under a zero bound these are every offered row at or below
+    /// the k-th distance (with a few ulps), so the k best by (distance, slot) are among them.
+    pub fn into_entries(mut self) -> Vec<(f32, u32)> {
+        self.cut();
+        self.list.into_iter().map(|e| (e.distance, e.slot)).collect()
+    }
+
     /// The surviving candidate slots, unordered: the list cut to the gate its k-th proves.
     pub fn into_slots(mut self) -> Vec<usize> {
         self.cut();

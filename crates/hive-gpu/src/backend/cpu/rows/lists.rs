@@ -20,7 +20,7 @@ use super::packed_lists::{PackedList, PackedLists};
 use super::paths::{GEMM_MIN_QUERIES, QUERY_BLOCK, ROW_TILE, inner_products};
 use super::{CpuRows, Elements};
 use crate::backend::Neighbor;
-use crate::backend::candidates::{ListProbes, check_scan};
+use crate::backend::candidates::{ListAskers, ListProbes, check_scan};
 use crate::backend::cpu::topk::{Collector, ErrorBound};
 use crate::backend::cpu::{few, filter, packed};
 use crate::error::{HiveGpuError, Result};
@@ -104,24 +104,8 @@ impl CpuRows {
         let kernel_queries = super::kernel_queries(queries, dim, metric);
         let kernel_queries = &kernel_queries[..];
         let bounds = self.f32_bounds(kernel_queries, metric);
-        // The queries of each list (a counting sort keeps them ascending).
-        let lists = probes.lists.len();
-        let mut starts = vec![0usize; lists + 1];
-        for &list in probes.probes {
-            starts[list as usize + 1] += 1;
-        }
-        for l in 0..lists {
-            starts[l + 1] += starts[l];
-        }
-        let mut fill = starts.clone();
-        let mut probing = vec![0u32; probes.probes.len()];
-        for (at, &list) in probes.probes.iter().enumerate() {
-            probing[fill[list as usize]] = (at / probes.nprobe) as u32;
-            fill[list as usize] += 1;
-        }
-        // The largest lists first, so the last tasks to finish are short ones.
-        let mut order: Vec<usize> = (0..lists).filter(|&l| starts[l + 1] > starts[l]).collect();
-        order.sort_by_key(|&l| std::cmp::Reverse(probes.lists[l].len() * (starts[l + 1] - starts[l])));
+        let askers = ListAskers::new(probes.probes, probes.nprobe, probes.lists.len());
+        let order = askers.by_work(|l| probes.lists[l].len());
         // Each query's best gate so far, shared by the scans of its lists on every thread: a
         // list scanned after another of the same query takes in only rows that can still beat
         // the k rows found there (`Collector::adopt_gate`), instead of a k of its own.
@@ -129,7 +113,7 @@ impl CpuRows {
         // Each thread keeps its buffers from call to call: a list asked by one or two queries
         // would otherwise cost little less than the fresh pages of its tile.
         let scan = |&l: &usize| -> Result<Vec<Collector>> {
-            let asking = &probing[starts[l]..starts[l + 1]];
+            let asking = askers.of(l);
             let batch = Batch { kernel_queries, bounds: &bounds, gates: &gates, metric, k };
             // The scans start no parallel work, so no other scan on this thread can borrow
             // the buffers while one holds them.
@@ -153,7 +137,7 @@ impl CpuRows {
         // Each query's collectors, one per list it probed, merged and re-ranked exactly.
         let mut per_query: Vec<Vec<Collector>> = (0..nq).map(|_| Vec::new()).collect();
         for (&l, collectors) in order.iter().zip(scanned) {
-            for (&q, collector) in probing[starts[l]..starts[l + 1]].iter().zip(collectors) {
+            for (&q, collector) in askers.of(l).iter().zip(collectors) {
                 per_query[q as usize].push(collector);
             }
         }
@@ -408,19 +392,19 @@ impl Batch<'_> {
 /// thread. Every value stored is a gate some collector of the query reported, so it rests on k
 /// rows the query probes (see [`Collector::adopt_gate`]); it only goes down, and a scan that
 /// reads a stale (higher) value takes in a few more rows, never fewer.
-struct SharedGate(AtomicU32);
+pub(super) struct SharedGate(AtomicU32);
 
 impl SharedGate {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         SharedGate(AtomicU32::new(f32::INFINITY.to_bits()))
     }
 
-    fn get(&self) -> f32 {
+    pub(super) fn get(&self) -> f32 {
         f32::from_bits(self.0.load(Ordering::Relaxed))
     }
 
     /// Keeps the least of the stored gate and `gate` (a NaN is ignored).
-    fn lower(&self, gate: f32) {
+    pub(super) fn lower(&self, gate: f32) {
         let mut current = self.0.load(Ordering::Relaxed);
         while gate < f32::from_bits(current) {
             match self.0.compare_exchange_weak(current, gate.to_bits(), Ordering::Relaxed, Ordering::Relaxed)

@@ -2,6 +2,7 @@
 //! ([`paths`]), bounded by [`bounds`], then an exact f64 re-rank here.
 
 mod bounds;
+mod code_lists;
 mod lists;
 mod packed_lists;
 mod paths;
@@ -17,7 +18,7 @@ use super::simd::{self, SimdLevel};
 use super::topk::{self, ErrorBound};
 use super::{bf16, int8};
 use crate::backend::candidates::{Candidates, check_refine, check_select, live_candidates};
-use crate::backend::{Neighbor, RowStore};
+use crate::backend::{CodeScan, Neighbor, RowStore};
 use crate::error::{HiveGpuError, Result};
 use crate::exact::lanes;
 use crate::persist::MappedRows;
@@ -148,6 +149,8 @@ pub struct CpuRows {
     pack_lists: bool,
     /// That copy, for the lists' generation it was made for ([`packed_lists`]).
     packed: std::sync::Mutex<Option<std::sync::Arc<packed_lists::PackedLists>>>,
+    /// The packed copy of an SQ8 index's codes, for their generation ([`code_lists`]).
+    packed_codes: std::sync::Mutex<Option<std::sync::Arc<code_lists::PackedCodes>>>,
 }
 
 impl CpuRows {
@@ -173,6 +176,7 @@ impl CpuRows {
             here_products: crate::tuning::Tuning::default().cpu_here_products,
             pack_lists: crate::tuning::Tuning::default().cpu_packed_lists,
             packed: Default::default(),
+            packed_codes: Default::default(),
         }
     }
 
@@ -311,6 +315,7 @@ impl CpuRows {
             here_products: self.here_products,
             pack_lists: self.pack_lists,
             packed: Default::default(),
+            packed_codes: Default::default(),
         }
     }
 
@@ -834,7 +839,13 @@ impl RowStore for CpuRows {
 
     fn memory_bytes(&self) -> usize {
         let values = each_elements!(&self.elements, v => v.heap_bytes());
-        values + self.sq_norms.capacity() * 4 + self.dead.capacity_bytes() + self.packed_lists_bytes()
+        let codes = self
+            .packed_codes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |c| c.bytes());
+        values + self.sq_norms.capacity() * 4 + self.dead.capacity_bytes() + self.packed_lists_bytes() + codes
     }
 
     fn knn(
@@ -920,6 +931,7 @@ impl RowStore for CpuRows {
         // The packed copy of an index's lists (as large as the rows): kept for the next scan,
         // which a replaced or dropped index will never make.
         *self.packed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *self.packed_codes.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     fn scan_lists(
@@ -934,6 +946,17 @@ impl RowStore for CpuRows {
             return self.scan_lists_in(queries, probes, k, metric, allowed, Some(packed));
         }
         crate::exec::run(|| self.scan_lists_in(queries, probes, k, metric, allowed, None))?
+    }
+
+    fn scan_codes(&self, scan: &CodeScan<'_>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        scan.check(k)?;
+        if let Some(packed) = self.codes_here(scan) {
+            return Ok(self.scan_packed_codes(scan, k, &packed, true));
+        }
+        crate::exec::run(|| match self.packed_codes(scan) {
+            Some(packed) => Ok(self.scan_packed_codes(scan, k, &packed, false)),
+            None => crate::backend::codes::scan_on_host(scan, k),
+        })?
     }
 
     fn select_k(&self, scores: &[f32], width: usize, k: usize) -> Result<Vec<Vec<Neighbor>>> {
