@@ -224,8 +224,9 @@ fn collect_with(
     }
 }
 
-/// The k-th seed with the k smallest so far in one AVX-512 register, sorted: an insertion
-/// is a compare, a lane shift and two masked moves, with no branch on where the value goes.
+/// The k-th seed with the k smallest so far in one AVX-512 register (two past k = 16),
+/// sorted: an insertion is a compare, a lane shift and two masked moves per register, with no
+/// branch on where the value goes.
 /// The shifts of the scalar insertion, a mispredicted branch at each end, were most of the
 /// list scans' selection on SIFT10K (docs/PERFORMANCE.md, "Small searches without serial
 /// chains").
@@ -235,8 +236,10 @@ mod x86 {
 
     use super::CHUNK;
 
-    /// The largest k the register holds.
-    pub(super) const VECTOR_K: usize = 16;
+    /// The largest k the registers hold: one register to 16, two to 32.
+    pub(super) const VECTOR_K: usize = 2 * LANES;
+    /// f32 lanes of one register.
+    const LANES: usize = 16;
 
     /// `value` put into the sorted `best` after the lanes not above it, the lanes above it
     /// moved up one (the last lane's value leaves). A NaN changes nothing.
@@ -257,9 +260,28 @@ mod x86 {
         _mm_cvtss_f32(_mm512_castps512_ps128(_mm512_permutexvar_ps(lane, v)))
     }
 
-    /// [`super::kth_smallest_small`] for `1 <= k <= VECTOR_K`. Lanes past `k - 1` hold values
-    /// pushed out of the k smallest (or `+inf`); only lane `k - 1` is read, and a value that
-    /// enters is below it, so it lands at or before it.
+    /// `value` put into the sorted 32 lanes `low` then `high`, as [`insert`] does in one
+    /// register: the lanes above it move up one across both (lane 15 of `low` into lane 0 of
+    /// `high`), and the first lane above it takes it. `value` below a lane of `low` is below
+    /// every lane of `high` (sorted), so only one of the two first-above masks is kept.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn insert_two(low: &mut __m512, high: &mut __m512, value: f32, up_one: __m512i, across: __m512i) {
+        let v = _mm512_set1_ps(value);
+        let above_low = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(*low, v);
+        let above_high = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(*high, v);
+        let first_low = above_low & above_low.wrapping_neg();
+        let first_high = if above_low == 0 { above_high & above_high.wrapping_neg() } else { 0 };
+        let moved_high = _mm512_mask_mov_ps(*high, above_high, _mm512_permutex2var_ps(*low, across, *high));
+        *high = _mm512_mask_mov_ps(moved_high, first_high, v);
+        let moved_low = _mm512_mask_mov_ps(*low, above_low, _mm512_permutexvar_ps(up_one, *low));
+        *low = _mm512_mask_mov_ps(moved_low, first_low, v);
+    }
+
+    /// [`super::kth_smallest_small`] for `1 <= k <= VECTOR_K`: the k smallest in one register
+    /// to k = 16, in two to 32 (an IVF-SQ8 scan's 20 nominees a query). Lanes past `k - 1`
+    /// hold values pushed out of the k smallest (or `+inf`); only lane `k - 1` is read, and a
+    /// value that enters is below it, so it lands at or before it.
     ///
     /// # Safety
     ///
@@ -267,6 +289,9 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) fn kth_smallest_avx512(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f32 {
         assert!((1..=VECTOR_K).contains(&k), "a k of 1 to {VECTOR_K}, not {k}");
+        if k > LANES {
+            return kth_smallest_two(raw, scale, offset, k);
+        }
         let up_one = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
         let kth_lane = _mm512_set1_epi32(k as i32 - 1);
         let mut best = _mm512_set1_ps(f32::INFINITY);
@@ -287,6 +312,36 @@ mod x86 {
             if d < kth {
                 best = insert(best, d, up_one);
                 kth = lane(best, kth_lane);
+            }
+        }
+        kth
+    }
+
+    /// [`kth_smallest_avx512`] for `LANES < k <= VECTOR_K`, in two registers.
+    #[target_feature(enable = "avx512f")]
+    fn kth_smallest_two(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f32 {
+        let up_one = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
+        // Lane 0 takes lane 15 of the first operand, lane i > 0 lane i - 1 of the second.
+        let across = _mm512_setr_epi32(15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30);
+        let kth_lane = _mm512_set1_epi32((k - LANES) as i32 - 1);
+        let (mut low, mut high) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_ps(f32::INFINITY));
+        let n = raw.len().min(scale.len()).min(offset.len());
+        let whole = n / CHUNK * CHUNK;
+        let mut kth = f32::INFINITY;
+        for start in (0..whole).step_by(CHUNK) {
+            let (d, mut beating) = super::chunk_below(raw, scale, offset, start, kth);
+            while beating != 0 {
+                let i = beating.trailing_zeros() as usize;
+                beating &= beating - 1;
+                insert_two(&mut low, &mut high, d[i], up_one, across);
+            }
+            kth = lane(high, kth_lane);
+        }
+        for i in whole..n {
+            let d = raw[i] * scale[i] + offset[i];
+            if d < kth {
+                insert_two(&mut low, &mut high, d, up_one, across);
+                kth = lane(high, kth_lane);
             }
         }
         kth
