@@ -220,7 +220,7 @@ mod x86 {
             #[target_feature(enable = "avx512f,avx512vl,fma")]
             #[inline]
             fn $avx512<const Q: usize>(
-                interleaved: &[f32],
+                queries: &[f32],
                 starts: &[f32],
                 block: &[$element],
                 out: &mut [f32],
@@ -230,10 +230,16 @@ mod x86 {
                 for (a, &s) in acc.iter_mut().zip(starts) {
                     *a = _mm512_set1_ps(s);
                 }
-                for (lanes, components) in block.chunks_exact(BLOCK).zip(interleaved.chunks_exact(Q)) {
+                // Each query exactly `dim` long and `d` below `dim`: no bounds check in the loop.
+                let dim = block.len() / BLOCK;
+                let queries: [&[f32]; Q] = std::array::from_fn(|a| &queries[a * dim..][..dim]);
+                for q in &queries {
+                    assert!(q.len() == dim);
+                }
+                for (lanes, d) in block.chunks_exact(BLOCK).zip(0..dim) {
                     let r = $load512(lanes.try_into().expect("a whole block row"));
-                    for (a, &x) in acc.iter_mut().zip(components) {
-                        *a = _mm512_fmadd_ps(_mm512_set1_ps(x), r, *a);
+                    for (a, q) in acc.iter_mut().zip(&queries) {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), r, *a);
                     }
                 }
                 for (i, a) in acc.iter().enumerate() {
@@ -249,7 +255,7 @@ mod x86 {
             #[target_feature(enable = "avx2,fma")]
             #[inline]
             fn $avx2<const Q: usize>(
-                interleaved: &[f32],
+                queries: &[f32],
                 starts: &[f32],
                 block: &[$element],
                 out: &mut [f32],
@@ -259,10 +265,16 @@ mod x86 {
                 for (a, &s) in acc.iter_mut().zip(starts) {
                     *a = [_mm256_set1_ps(s); 2];
                 }
-                for (lanes, components) in block.chunks_exact(BLOCK).zip(interleaved.chunks_exact(Q)) {
+                // Each query exactly `dim` long and `d` below `dim`: no bounds check in the loop.
+                let dim = block.len() / BLOCK;
+                let queries: [&[f32]; Q] = std::array::from_fn(|a| &queries[a * dim..][..dim]);
+                for q in &queries {
+                    assert!(q.len() == dim);
+                }
+                for (lanes, d) in block.chunks_exact(BLOCK).zip(0..dim) {
                     let [lo, hi] = $load256(lanes.try_into().expect("a whole block row"));
-                    for (a, &x) in acc.iter_mut().zip(components) {
-                        let x = _mm256_set1_ps(x);
+                    for (a, q) in acc.iter_mut().zip(&queries) {
+                        let x = _mm256_set1_ps(q[d]);
                         a[0] = _mm256_fmadd_ps(x, lo, a[0]);
                         a[1] = _mm256_fmadd_ps(x, hi, a[1]);
                     }
@@ -299,20 +311,16 @@ mod x86 {
                 stride: usize,
             ) {
                 let nq = queries.len() / dim;
-                let mut interleaved = Vec::with_capacity(dim * $most);
                 let zeros = [0.0f32; $most];
                 let mut first = 0;
                 while first < nq {
                     let group = (nq - first).min($most);
-                    interleaved.clear();
-                    for d in 0..dim {
-                        interleaved.extend((first..first + group).map(|q| queries[q * dim + d]));
-                    }
+                    let group_queries = &queries[first * dim..(first + group) * dim];
                     let starts = if starts.is_empty() { &zeros[..group] } else { &starts[first..first + group] };
                     for (b, block) in blocks.chunks_exact(BLOCK * dim).enumerate() {
                         let at = &mut out[first * stride + b * BLOCK..];
                         match group {
-                            $($q => $group::<$q>(&interleaved, starts, block, at, stride),)+
+                            $($q => $group::<$q>(group_queries, starts, block, at, stride),)+
                             _ => unreachable!("a group holds 1 to {} queries", $most),
                         }
                     }
