@@ -211,82 +211,102 @@ mod x86 {
 
     macro_rules! group_kernels {
         ($element:ty, $avx512:ident, $load512:ident, $avx2:ident, $load256:ident) => {
-            /// One block against `Q` queries: `Q` accumulators of 16 lanes (AVX-512: one
-            /// register each; with the row vector, 9 of the 32 registers at `Q` = 8), started
-            /// at `starts`. `interleaved` holds the queries' components side by side
-            /// (`interleaved[d * Q + a]` is component `d` of query `a`), so that one walk over
-            /// it and the block needs no bounds check per component. Query `a`'s sums go to
-            /// `out[a * stride..][..BLOCK]`.
+            /// `B` consecutive blocks (`dim` rows of 16 lanes each) against `Q` queries:
+            /// `B x Q` accumulators of 16 lanes (one AVX-512 register each; with the `B` row
+            /// vectors, 9 of the 32 registers at `Q` = 8, `B` = 1, and 12 at `Q` = 2, `B` = 4),
+            /// started at `starts`. Block `b`'s sums of query `a` go to
+            /// `out[a * stride + b * BLOCK..][..BLOCK]`. More blocks at once serve few queries: a
+            /// single query's block is one chain of `dim` dependent multiply-adds, and `B` chains
+            /// overlap their latency (docs/PERFORMANCE.md, "Packed SQ8 codes").
             #[target_feature(enable = "avx512f,avx512vl,fma")]
             #[inline]
-            fn $avx512<const Q: usize>(
+            fn $avx512<const Q: usize, const B: usize>(
                 queries: &[f32],
                 starts: &[f32],
-                block: &[$element],
+                blocks: &[$element],
                 out: &mut [f32],
                 stride: usize,
             ) {
-                let mut acc = [_mm512_setzero_ps(); Q];
-                for (a, &s) in acc.iter_mut().zip(starts) {
-                    *a = _mm512_set1_ps(s);
+                let mut acc = [[_mm512_setzero_ps(); Q]; B];
+                for acc in acc.iter_mut() {
+                    for (a, &s) in acc.iter_mut().zip(starts) {
+                        *a = _mm512_set1_ps(s);
+                    }
                 }
                 // Each query exactly `dim` long and `d` below `dim`: no bounds check in the loop.
-                let dim = block.len() / BLOCK;
+                let dim = blocks.len() / (B * BLOCK);
                 let queries: [&[f32]; Q] = std::array::from_fn(|a| &queries[a * dim..][..dim]);
                 for q in &queries {
                     assert!(q.len() == dim);
                 }
-                for (lanes, d) in block.chunks_exact(BLOCK).zip(0..dim) {
-                    let r = $load512(lanes.try_into().expect("a whole block row"));
-                    for (a, q) in acc.iter_mut().zip(&queries) {
-                        *a = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), r, *a);
+                let mut rows: [_; B] =
+                    std::array::from_fn(|b| blocks[b * BLOCK * dim..][..BLOCK * dim].chunks_exact(BLOCK));
+                for d in 0..dim {
+                    for (acc, rows) in acc.iter_mut().zip(rows.iter_mut()) {
+                        let lanes = rows.next().expect("a whole block row");
+                        let r = $load512(lanes.try_into().expect("a whole block row"));
+                        for (a, q) in acc.iter_mut().zip(&queries) {
+                            *a = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), r, *a);
+                        }
                     }
                 }
-                for (i, a) in acc.iter().enumerate() {
-                    let o: &mut [f32; BLOCK] =
-                        (&mut out[i * stride..][..BLOCK]).try_into().expect("16 outputs");
-                    // SAFETY: `o` is 16 writable f32; the store needs no alignment.
-                    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+                for (b, acc) in acc.iter().enumerate() {
+                    for (i, a) in acc.iter().enumerate() {
+                        let o: &mut [f32; BLOCK] =
+                            (&mut out[i * stride + b * BLOCK..][..BLOCK]).try_into().expect("16 outputs");
+                        // SAFETY: `o` is 16 writable f32; the store needs no alignment.
+                        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+                    }
                 }
             }
 
-            /// The AVX-512 group on AVX2: the 16 lanes in two registers, so `2 Q` accumulators
-            /// (with the two row halves, 10 of the 16 registers at `Q` = 4).
+            /// The AVX-512 group on AVX2: the 16 lanes in two registers, so `2 B Q`
+            /// accumulators (with the row halves, 10 of the 16 registers at `Q` = 4, `B` = 1,
+            /// and 12 at `Q` = 2, `B` = 2).
             #[target_feature(enable = "avx2,fma")]
             #[inline]
-            fn $avx2<const Q: usize>(
+            fn $avx2<const Q: usize, const B: usize>(
                 queries: &[f32],
                 starts: &[f32],
-                block: &[$element],
+                blocks: &[$element],
                 out: &mut [f32],
                 stride: usize,
             ) {
-                let mut acc = [[_mm256_setzero_ps(); 2]; Q];
-                for (a, &s) in acc.iter_mut().zip(starts) {
-                    *a = [_mm256_set1_ps(s); 2];
+                let mut acc = [[[_mm256_setzero_ps(); 2]; Q]; B];
+                for acc in acc.iter_mut() {
+                    for (a, &s) in acc.iter_mut().zip(starts) {
+                        *a = [_mm256_set1_ps(s); 2];
+                    }
                 }
                 // Each query exactly `dim` long and `d` below `dim`: no bounds check in the loop.
-                let dim = block.len() / BLOCK;
+                let dim = blocks.len() / (B * BLOCK);
                 let queries: [&[f32]; Q] = std::array::from_fn(|a| &queries[a * dim..][..dim]);
                 for q in &queries {
                     assert!(q.len() == dim);
                 }
-                for (lanes, d) in block.chunks_exact(BLOCK).zip(0..dim) {
-                    let [lo, hi] = $load256(lanes.try_into().expect("a whole block row"));
-                    for (a, q) in acc.iter_mut().zip(&queries) {
-                        let x = _mm256_set1_ps(q[d]);
-                        a[0] = _mm256_fmadd_ps(x, lo, a[0]);
-                        a[1] = _mm256_fmadd_ps(x, hi, a[1]);
+                let mut rows: [_; B] =
+                    std::array::from_fn(|b| blocks[b * BLOCK * dim..][..BLOCK * dim].chunks_exact(BLOCK));
+                for d in 0..dim {
+                    for (acc, rows) in acc.iter_mut().zip(rows.iter_mut()) {
+                        let lanes = rows.next().expect("a whole block row");
+                        let [lo, hi] = $load256(lanes.try_into().expect("a whole block row"));
+                        for (a, q) in acc.iter_mut().zip(&queries) {
+                            let x = _mm256_set1_ps(q[d]);
+                            a[0] = _mm256_fmadd_ps(x, lo, a[0]);
+                            a[1] = _mm256_fmadd_ps(x, hi, a[1]);
+                        }
                     }
                 }
-                for (i, a) in acc.iter().enumerate() {
-                    let o: &mut [f32; BLOCK] =
-                        (&mut out[i * stride..][..BLOCK]).try_into().expect("16 outputs");
-                    let (lo, hi) = o.split_at_mut(8);
-                    // SAFETY: `lo` and `hi` are 8 writable f32 each; the stores need no alignment.
-                    unsafe {
-                        _mm256_storeu_ps(lo.as_mut_ptr(), a[0]);
-                        _mm256_storeu_ps(hi.as_mut_ptr(), a[1]);
+                for (b, acc) in acc.iter().enumerate() {
+                    for (i, a) in acc.iter().enumerate() {
+                        let o: &mut [f32; BLOCK] =
+                            (&mut out[i * stride + b * BLOCK..][..BLOCK]).try_into().expect("16 outputs");
+                        let (lo, hi) = o.split_at_mut(8);
+                        // SAFETY: `lo` and `hi` are 8 writable f32 each; the stores need no alignment.
+                        unsafe {
+                            _mm256_storeu_ps(lo.as_mut_ptr(), a[0]);
+                            _mm256_storeu_ps(hi.as_mut_ptr(), a[1]);
+                        }
                     }
                 }
             }
@@ -297,10 +317,11 @@ mod x86 {
     group_kernels!(u8, code_group_avx512, code_lanes_avx512, code_group_avx2, code_lanes_avx2);
 
     macro_rules! products_kernel {
-        ($name:ident, $element:ty, $group:ident, $features:literal, $most:literal, [$($q:literal),+]) => {
+        ($name:ident, $element:ty, $group:ident, $features:literal, $most:literal, [$($q:literal),+], $wide:literal) => {
             /// Every block against the queries (sums started at `starts`, zero where it is
             /// empty), in groups of up to `$most` that share each load of the block (see
-            /// [`super::products`] and [`super::code_products`]).
+            /// [`super::products`] and [`super::code_products`]); a group of one or two
+            /// queries takes `$wide` blocks at a time.
             #[target_feature(enable = $features)]
             pub(super) fn $name(
                 queries: &[f32],
@@ -317,12 +338,24 @@ mod x86 {
                     let group = (nq - first).min($most);
                     let group_queries = &queries[first * dim..(first + group) * dim];
                     let starts = if starts.is_empty() { &zeros[..group] } else { &starts[first..first + group] };
-                    for (b, block) in blocks.chunks_exact(BLOCK * dim).enumerate() {
-                        let at = &mut out[first * stride + b * BLOCK..];
+                    let mut done = 0;
+                    if group <= 2 {
+                        for wide in blocks.chunks_exact($wide * BLOCK * dim) {
+                            let at = &mut out[first * stride + done * BLOCK..];
+                            match group {
+                                1 => $group::<1, $wide>(group_queries, starts, wide, at, stride),
+                                _ => $group::<2, $wide>(group_queries, starts, wide, at, stride),
+                            }
+                            done += $wide;
+                        }
+                    }
+                    for block in blocks[done * BLOCK * dim..].chunks_exact(BLOCK * dim) {
+                        let at = &mut out[first * stride + done * BLOCK..];
                         match group {
-                            $($q => $group::<$q>(group_queries, starts, block, at, stride),)+
+                            $($q => $group::<$q, 1>(group_queries, starts, block, at, stride),)+
                             _ => unreachable!("a group holds 1 to {} queries", $most),
                         }
+                        done += 1;
                     }
                     first += group;
                 }
@@ -330,17 +363,26 @@ mod x86 {
         };
     }
 
-    products_kernel!(products_avx512, f32, group_avx512, "avx512f,avx512vl,fma", 8, [1, 2, 3, 4, 5, 6, 7, 8]);
-    products_kernel!(products_avx2, f32, group_avx2, "avx2,fma", 4, [1, 2, 3, 4]);
+    products_kernel!(
+        products_avx512,
+        f32,
+        group_avx512,
+        "avx512f,avx512vl,fma",
+        8,
+        [1, 2, 3, 4, 5, 6, 7, 8],
+        4
+    );
+    products_kernel!(products_avx2, f32, group_avx2, "avx2,fma", 4, [1, 2, 3, 4], 2);
     products_kernel!(
         code_products_avx512,
         u8,
         code_group_avx512,
         "avx512f,avx512vl,fma",
         8,
-        [1, 2, 3, 4, 5, 6, 7, 8]
+        [1, 2, 3, 4, 5, 6, 7, 8],
+        4
     );
-    products_kernel!(code_products_avx2, u8, code_group_avx2, "avx2,fma", 4, [1, 2, 3, 4]);
+    products_kernel!(code_products_avx2, u8, code_group_avx2, "avx2,fma", 4, [1, 2, 3, 4], 2);
 }
 
 #[cfg(test)]
@@ -351,7 +393,9 @@ mod tests {
     fn code_products_at_every_level_and_group_size_match_f64_and_padding_gives_the_start() {
         // Byte codes across the whole 0..=255 range (a sign-extending widen would turn the
         // upper half negative), weights of both signs, starts per query; query counts around
-        // every group size, rows short of a block, whole blocks and a partial last one.
+        // every group size, rows short of a block, whole blocks and a partial last one, and
+        // one or two queries over blocks taken several at a time (4 on AVX-512, 2 on AVX2)
+        // with single blocks after them.
         let mut levels = vec![SimdLevel::detect(), SimdLevel::Scalar];
         if SimdLevel::detect() == SimdLevel::Avx512 {
             levels.push(SimdLevel::Avx2);
@@ -359,7 +403,9 @@ mod tests {
         let mut seed = 23u64;
         let mut next = || super::super::simd::test_value(&mut seed);
         for dim in [1usize, 5, 16, 128, 131] {
-            for (nq, count) in [(1usize, 1usize), (3, 16), (4, 17), (8, 33), (9, 5), (13, 40)] {
+            for (nq, count) in
+                [(1usize, 1usize), (3, 16), (4, 17), (8, 33), (9, 5), (13, 40), (1, 100), (2, 130), (2, 64)]
+            {
                 let weights: Vec<f32> = (0..nq * dim).map(|_| next() * 8.0).collect();
                 let starts: Vec<f32> = (0..nq).map(|_| next() * 100.0).collect();
                 let rows: Vec<Vec<u8>> =
@@ -408,8 +454,11 @@ mod tests {
         let mut next = || super::super::simd::test_value(&mut seed);
         for dim in [1usize, 3, 16, 25, 128, 131] {
             // Row counts short of a block, whole blocks and a partial last one; query counts
-            // around every group size (AVX-512 groups of 8, AVX2 and portable of 4).
-            for (nq, count) in [(1usize, 1usize), (3, 16), (4, 17), (8, 33), (9, 5), (13, 40)] {
+            // around every group size (AVX-512 groups of 8, AVX2 and portable of 4); one or two
+            // queries over blocks taken several at a time, with single blocks after them.
+            for (nq, count) in
+                [(1usize, 1usize), (3, 16), (4, 17), (8, 33), (9, 5), (13, 40), (1, 100), (2, 130), (2, 64)]
+            {
                 let queries: Vec<f32> = (0..nq * dim).map(|_| next()).collect();
                 let rows: Vec<Vec<f32>> = (0..count).map(|_| (0..dim).map(|_| next()).collect()).collect();
                 // Packed in two appends, the second filling the first's padding.
