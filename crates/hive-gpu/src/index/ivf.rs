@@ -751,8 +751,9 @@ impl Ivf {
             // One list a query: the 1-NN primitive, the same pick as the k-NN below without its
             // selection and lists (the nearest-row kernel on CUDA/ROCm).
             probes.extend(self.probe.nearest_rows(queries)?.into_iter().map(|slot| slot as u32));
-        } else if self.coded.is_none() {
-            // IVF-Flat's scan reads the union of a query's lists: which lists is all it needs.
+        } else {
+            // Every scan reads the union of a query's lists (IVF-Flat's rows, the coded indexes'
+            // codes with terms per list): which lists is all it needs, not their order.
             probes = self.probe.nearest_sets(queries, nprobe, self.metric)?;
             if probes.len() != queries.len() / self.dim() * nprobe {
                 return Err(HiveGpuError::Internal(format!(
@@ -760,16 +761,6 @@ impl Ivf {
                     probes.len(),
                     queries.len() / self.dim()
                 )));
-            }
-        } else {
-            for found in &self.probe.knn(queries, nprobe, self.metric, None)? {
-                if found.len() != nprobe {
-                    return Err(HiveGpuError::Internal(format!(
-                        "probing found {} of {nprobe} lists",
-                        found.len()
-                    )));
-                }
-                probes.extend(found.iter().map(|n| n.slot as u32));
             }
         }
         let probed = began.elapsed();
