@@ -280,9 +280,9 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// Each query's `n` nearest live rows under `metric` as a set: the slots that
     /// [`RowStore::knn`] with k = `n` returns for a row-major batch, `n` per query one query
     /// after another, in no particular order within a query, without their distances; an
-    /// error where that `knn` fails. What an IVF-Flat search probes its centroids with: its
-    /// scan reads the union of the lists, so it needs which ones, not how far or in what
-    /// order. This default is that `knn`; a backend overrides it with a pass that must pick the
+    /// error where that `knn` fails. What every IVF search probes its centroids with: its
+    /// scan reads the union of the lists (rows or codes), so it needs which ones, not how far
+    /// or in what order. This default is that `knn`; a backend overrides it with a pass that must pick the
     /// same rows (the CPU backend's keeps a query's f32 candidates without the exact re-rank
     /// where they are exactly `n`, which proves them the set).
     fn nearest_sets(&self, queries: &[f32], n: usize, metric: GpuDistanceMetric) -> Result<Vec<u32>> {

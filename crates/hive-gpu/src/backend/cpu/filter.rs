@@ -289,42 +289,31 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) fn kth_smallest_avx512(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f32 {
         assert!((1..=VECTOR_K).contains(&k), "a k of 1 to {VECTOR_K}, not {k}");
-        if k > LANES {
-            return kth_smallest_two(raw, scale, offset, k);
-        }
         let up_one = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
-        let kth_lane = _mm512_set1_epi32(k as i32 - 1);
-        let mut best = _mm512_set1_ps(f32::INFINITY);
-        let n = raw.len().min(scale.len()).min(offset.len());
-        let whole = n / CHUNK * CHUNK;
-        let mut kth = f32::INFINITY;
-        for start in (0..whole).step_by(CHUNK) {
-            let (d, mut beating) = super::chunk_below(raw, scale, offset, start, kth);
-            while beating != 0 {
-                let i = beating.trailing_zeros() as usize;
-                beating &= beating - 1;
-                best = insert(best, d[i], up_one);
-            }
-            kth = lane(best, kth_lane);
+        if k <= LANES {
+            let kth_lane = _mm512_set1_epi32(k as i32 - 1);
+            let mut best = _mm512_set1_ps(f32::INFINITY);
+            return walk(raw, scale, offset, |value| {
+                best = insert(best, value, up_one);
+                lane(best, kth_lane)
+            });
         }
-        for i in whole..n {
-            let d = raw[i] * scale[i] + offset[i];
-            if d < kth {
-                best = insert(best, d, up_one);
-                kth = lane(best, kth_lane);
-            }
-        }
-        kth
-    }
-
-    /// [`kth_smallest_avx512`] for `LANES < k <= VECTOR_K`, in two registers.
-    #[target_feature(enable = "avx512f")]
-    fn kth_smallest_two(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f32 {
-        let up_one = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
         // Lane 0 takes lane 15 of the first operand, lane i > 0 lane i - 1 of the second.
         let across = _mm512_setr_epi32(15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30);
         let kth_lane = _mm512_set1_epi32((k - LANES) as i32 - 1);
         let (mut low, mut high) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_ps(f32::INFINITY));
+        walk(raw, scale, offset, |value| {
+            insert_two(&mut low, &mut high, value, up_one, across);
+            lane(high, kth_lane)
+        })
+    }
+
+    /// Offers every distance `raw[j] * scale[j] + offset[j]` below the k-th so far to `insert`
+    /// (which keeps the k smallest and returns their k-th), 16 at a time compared with it;
+    /// returns the last k-th (`+inf` while fewer than k were inserted).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn walk(raw: &[f32], scale: &[f32], offset: &[f32], mut insert: impl FnMut(f32) -> f32) -> f32 {
         let n = raw.len().min(scale.len()).min(offset.len());
         let whole = n / CHUNK * CHUNK;
         let mut kth = f32::INFINITY;
@@ -333,15 +322,13 @@ mod x86 {
             while beating != 0 {
                 let i = beating.trailing_zeros() as usize;
                 beating &= beating - 1;
-                insert_two(&mut low, &mut high, d[i], up_one, across);
+                kth = insert(d[i]);
             }
-            kth = lane(high, kth_lane);
         }
         for i in whole..n {
             let d = raw[i] * scale[i] + offset[i];
             if d < kth {
-                insert_two(&mut low, &mut high, d, up_one, across);
-                kth = lane(high, kth_lane);
+                kth = insert(d);
             }
         }
         kth

@@ -403,9 +403,19 @@ mod tests {
         let mut seed = 23u64;
         let mut next = || super::super::simd::test_value(&mut seed);
         for dim in [1usize, 5, 16, 128, 131] {
-            for (nq, count) in
-                [(1usize, 1usize), (3, 16), (4, 17), (8, 33), (9, 5), (13, 40), (1, 100), (2, 130), (2, 64)]
-            {
+            for (nq, count) in [
+                (1usize, 1usize),
+                (3, 16),
+                (4, 17),
+                (8, 33),
+                (9, 5),
+                (13, 40),
+                (1, 100),
+                (2, 130),
+                (2, 64),
+                (9, 64),
+                (10, 70),
+            ] {
                 let weights: Vec<f32> = (0..nq * dim).map(|_| next() * 8.0).collect();
                 let starts: Vec<f32> = (0..nq).map(|_| next() * 100.0).collect();
                 let rows: Vec<Vec<u8>> =
@@ -456,9 +466,19 @@ mod tests {
             // Row counts short of a block, whole blocks and a partial last one; query counts
             // around every group size (AVX-512 groups of 8, AVX2 and portable of 4); one or two
             // queries over blocks taken several at a time, with single blocks after them.
-            for (nq, count) in
-                [(1usize, 1usize), (3, 16), (4, 17), (8, 33), (9, 5), (13, 40), (1, 100), (2, 130), (2, 64)]
-            {
+            for (nq, count) in [
+                (1usize, 1usize),
+                (3, 16),
+                (4, 17),
+                (8, 33),
+                (9, 5),
+                (13, 40),
+                (1, 100),
+                (2, 130),
+                (2, 64),
+                (9, 64),
+                (10, 70),
+            ] {
                 let queries: Vec<f32> = (0..nq * dim).map(|_| next()).collect();
                 let rows: Vec<Vec<f32>> = (0..count).map(|_| (0..dim).map(|_| next()).collect()).collect();
                 // Packed in two appends, the second filling the first's padding.

@@ -13,6 +13,10 @@
 //! answers where there is no copy: lists without a generation, packing off
 //! ([`crate::Tuning::cpu_packed_lists`]), or a copy the host's memory budget refused.
 //!
+//! A row whose code distance overflows f32 (a query farther from a centroid than f32's range
+//! allows) is never nominated, as in IVF-Flat's scan; the host scan may nominate such rows,
+//! whose f64 re-rank would then be finite.
+//!
 //! The copy belongs to one generation of the lists (their codes are a function of it) and adds
 //! the codes' bytes again (a quarter of an f32 collection's rows, besides the rows the exact
 //! re-rank reads); it is counted in [`RowStore::memory_bytes`]. A new generation repacks every
@@ -41,8 +45,10 @@ use crate::backend::{CodeScan, Neighbor};
 pub(super) struct PackedCodes {
     /// The [`CodeScan::generation`] of the codes copied.
     generation: u64,
+    /// Components per row (bytes per row of codes).
     dim: usize,
-    /// List `l`'s codes, `packed::packed_len(rows, dim)` bytes.
+    /// List `l`'s codes, `packed::packed_len(rows, dim)` bytes (rows padded to whole blocks of
+    /// 16, which for short lists adds up to 15 rows' bytes to the copy).
     lists: Vec<Vec<u8>>,
 }
 
@@ -92,6 +98,8 @@ impl CpuRows {
         self.current_packed_codes(scan)
     }
 
+    /// The packed copy of `scan`'s codes where one is already made for their generation, else
+    /// `None` (nothing is made here).
     fn current_packed_codes(&self, scan: &CodeScan<'_>) -> Option<Arc<PackedCodes>> {
         let held = self.packed_codes.lock().unwrap_or_else(PoisonError::into_inner);
         held.as_ref().filter(|current| current.holds(scan)).map(Arc::clone)
@@ -112,7 +120,9 @@ impl CpuRows {
             if let Some(current) = held.as_ref().filter(|current| current.holds(scan)) {
                 return Some(Arc::clone(current));
             }
-            // The old copy goes before the new one is made, so the two are never held at once.
+            // The old copy is let go before the new one is made: only scans still reading it
+            // keep it alive meanwhile. (Two first scans of one generation may both pack; the
+            // later copy replaces the earlier.)
             *held = None;
         }
         let dim = scan.dim;
@@ -283,6 +293,7 @@ struct Scratch {
     weights: Vec<f32>,
     /// The group's offsets (where each query's sums start).
     starts: Vec<f32>,
+    /// One tile's sums for the group, a query's at a stride of whole blocks.
     products: Vec<f32>,
     /// Each row's own term, `+inf` for a row not to be returned.
     offset: Vec<f32>,
@@ -423,16 +434,18 @@ mod tests {
             .collect();
         // Every query probes the long list and two others.
         let probes: Vec<u32> = (0..nq as u32).flat_map(|q| [3, q % 3, 4 + q % 2]).collect();
-        // List 1 (7 rows) wholly removed.
-        let removed = SlotSet::from_slots(total, (0..total).filter(|s| s % 11 == 0 || (7..14).contains(s)));
+        // List 1 (slots 0-6) wholly removed.
+        let removed = SlotSet::from_slots(total, (0..total).filter(|s| s % 11 == 0 || *s < 7));
         let allowed = SlotSet::from_slots(total, (0..total).filter(|s| s % 5 != 2));
-        for (codes, generation) in
-            [(&first_codes, ListProbes::next_generation()), (&second_codes, ListProbes::next_generation())]
-        {
-            for here in [usize::MAX, 0] {
-                let rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect())
-                    .with_packed_lists(true)
-                    .with_here_products(here);
+        let generations =
+            [(&first_codes, ListProbes::next_generation()), (&second_codes, ListProbes::next_generation())];
+        for here in [usize::MAX, 0] {
+            // One store for both generations: the second's codes, of the same shapes as the
+            // first's, must be packed afresh, not served from the first's copy.
+            let rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect())
+                .with_packed_lists(true)
+                .with_here_products(here);
+            for (codes, generation) in generations {
                 for metric in
                     [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine]
                 {
@@ -474,12 +487,12 @@ mod tests {
                         }
                     }
                 }
-                let copy = sizes.iter().map(|&n| packed::packed_len(n, dim)).sum::<usize>();
-                let before = rows.memory_bytes();
-                assert!(before >= copy, "{before} bytes counted, the copy holds {copy}");
-                rows.release_scratch();
-                assert!(rows.memory_bytes() + copy <= before, "the copy is freed");
             }
+            let copy = sizes.iter().map(|&n| packed::packed_len(n, dim)).sum::<usize>();
+            let before = rows.memory_bytes();
+            assert!(before >= copy, "{before} bytes counted, the copy holds {copy}");
+            rows.release_scratch();
+            assert!(rows.memory_bytes() + copy <= before, "the copy is freed");
         }
     }
 

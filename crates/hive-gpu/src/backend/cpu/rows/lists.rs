@@ -395,10 +395,12 @@ impl Batch<'_> {
 pub(super) struct SharedGate(AtomicU32);
 
 impl SharedGate {
+    /// A gate that lets every row in (`+inf`).
     pub(super) fn new() -> Self {
         SharedGate(AtomicU32::new(f32::INFINITY.to_bits()))
     }
 
+    /// The least gate stored so far.
     pub(super) fn get(&self) -> f32 {
         f32::from_bits(self.0.load(Ordering::Relaxed))
     }
