@@ -824,6 +824,7 @@ fn scan_codes_ranks_by_the_documented_code_distance_skipping_removed_and_filtere
                         removed: &removed,
                         allowed: filter,
                         generation,
+                        lineage: 0,
                     };
                     if metric.is_difference_norm() {
                         // No quantizer decomposes L1 or L-infinity: refused by name, never mis-scored.
@@ -906,6 +907,7 @@ fn scan_codes_ranks_by_the_documented_code_distance_skipping_removed_and_filtere
             removed: &removed,
             allowed: None,
             generation: 0,
+            lineage: 0,
         };
         let e = rows.scan_codes(&scan, 3).unwrap_err().to_string();
         assert!(e.contains("scan_codes") && e.contains("list 6"), "{e}");
@@ -1308,6 +1310,7 @@ fn scan_and_refine_is_the_exact_best_of_the_scans_nominees_never_a_repeated_or_r
                                 removed: &removed,
                                 allowed: filter,
                                 generation: 0,
+                                lineage: 0,
                             };
                             let pq_scan = PqScan {
                                 dim: DIM,

@@ -87,6 +87,14 @@ pub struct CodeScan<'a> {
     /// Names this state of the lists, as [`super::ListProbes::generation`] does: a backend
     /// may keep its own copy of the codes while the value holds; 0 means none.
     pub generation: u64,
+    /// Names the run of states these lists went through by appending rows alone: it holds
+    /// while vectors are only appended to the lists (each append renews `generation`), and
+    /// whoever owns the lists gives a new value (from
+    /// [`super::ListProbes::next_generation`]) whenever rows leave a list, move within it or
+    /// get other codes (a build, a compaction, a clear). A backend whose copy of the codes was
+    /// made at an earlier generation of the same lineage may keep each list's rows it holds
+    /// and copy only the rows after them. 0 means none: a new generation is copied afresh.
+    pub lineage: u64,
 }
 
 impl CodeScan<'_> {

@@ -76,6 +76,10 @@ pub(crate) struct Ivf {
     /// Renewed whenever `lists` change ([`ListProbes::generation`]): a GPU backend keeps the
     /// lists in device memory while it holds.
     generation: u64,
+    /// Renewed whenever the lists change other than by appending rows (a build, an open, a
+    /// compaction's renumbering, a clear): [`CodeScan::lineage`], so that a backend's copy of
+    /// the codes made before some adds keeps what it holds and copies only the new rows.
+    lineage: u64,
     /// What training measured.
     pub(crate) trained: Trained,
 }
@@ -246,6 +250,7 @@ impl Ivf {
             coded: None,
             precision: config.precision,
             generation: ListProbes::next_generation(),
+            lineage: ListProbes::next_generation(),
             trained: Trained { training_vectors: trained.training_vectors, iterations: trained.iterations },
         };
         if spec == IndexSpec::Binary {
@@ -385,6 +390,7 @@ impl Ivf {
             coded: None,
             precision: config.precision,
             generation: ListProbes::next_generation(),
+            lineage: ListProbes::next_generation(),
             trained: Trained {
                 training_vectors: stored.training_vectors as usize,
                 iterations: stored.iterations as usize,
@@ -643,6 +649,7 @@ impl Ivf {
     pub(crate) fn remap(&mut self, keep: &[usize], old_slots: usize) {
         const GONE: u32 = u32::MAX;
         self.generation = ListProbes::next_generation();
+        self.lineage = ListProbes::next_generation();
         let dim = self.dim();
         let mut renumbered = vec![GONE; old_slots];
         for (new, &old) in keep.iter().enumerate() {
@@ -685,6 +692,7 @@ impl Ivf {
     /// Empties every list; the centroids (and quantizer) stay trained.
     pub(crate) fn clear(&mut self) {
         self.generation = ListProbes::next_generation();
+        self.lineage = ListProbes::next_generation();
         self.lists.iter_mut().for_each(Vec::clear);
         match &mut self.coded {
             Some(Coded::Sq8 { codes, .. } | Coded::Pq { codes, .. }) => {
@@ -808,6 +816,7 @@ impl Ivf {
                         removed,
                         allowed,
                         generation: self.generation,
+                        lineage: self.lineage,
                     }),
                     Coded::Pq { quantizer, codes } => QuantizedScan::Pq(PqScan {
                         dim,

@@ -19,9 +19,11 @@
 //!
 //! The copy belongs to one generation of the lists (their codes are a function of it) and adds
 //! the codes' bytes again (a quarter of an f32 collection's rows, besides the rows the exact
-//! re-rank reads); it is counted in [`RowStore::memory_bytes`]. A new generation repacks every
-//! list: unlike f32 rows, which the store holds by slot, codes come with the index, and a
-//! retrained index may file the same slots with other codes.
+//! re-rank reads); it is counted in [`RowStore::memory_bytes`]. A new generation of the same
+//! [`CodeScan::lineage`] (vectors added since) keeps every list's packed rows and packs only the
+//! rows appended after them; any other new generation repacks every list: unlike f32 rows,
+//! which the store holds by slot, codes come with the index, and a retrained or compacted index
+//! may file the same slots with other codes.
 //!
 //! [`RowStore::scan_codes`]: crate::backend::RowStore::scan_codes
 //! [`RowStore::memory_bytes`]: crate::backend::RowStore::memory_bytes
@@ -45,11 +47,15 @@ use crate::backend::{CodeScan, Neighbor};
 pub(super) struct PackedCodes {
     /// The [`CodeScan::generation`] of the codes copied.
     generation: u64,
+    /// Their [`CodeScan::lineage`]: a later generation of it only appended rows.
+    lineage: u64,
     /// Components per row (bytes per row of codes).
     dim: usize,
-    /// List `l`'s codes, `packed::packed_len(rows, dim)` bytes (rows padded to whole blocks of
-    /// 16, which for short lists adds up to 15 rows' bytes to the copy).
+    /// List `l`'s codes, `packed::packed_len(rows[l], dim)` bytes (rows padded to whole
+    /// blocks of 16, which for short lists adds up to 15 rows' bytes to the copy).
     lists: Vec<Vec<u8>>,
+    /// Rows of each list copied.
+    rows: Vec<usize>,
 }
 
 impl PackedCodes {
@@ -65,11 +71,7 @@ impl PackedCodes {
             && self.generation == scan.generation
             && self.dim == scan.dim
             && self.lists.len() == scan.codes.len()
-            && self
-                .lists
-                .iter()
-                .zip(scan.codes)
-                .all(|(p, c)| p.len() == packed::packed_len(c.len(), scan.dim))
+            && self.rows.iter().zip(scan.codes).all(|(&r, c)| r == c.len())
     }
 }
 
@@ -115,7 +117,7 @@ impl CpuRows {
         }
         // The lock is never held across parallel work: a pool thread waiting in it could
         // otherwise pick up another search's scan that asks for the same lock.
-        {
+        let old = {
             let mut held = self.packed_codes.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(current) = held.as_ref().filter(|current| current.holds(scan)) {
                 return Some(Arc::clone(current));
@@ -123,26 +125,58 @@ impl CpuRows {
             // The old copy is let go before the new one is made: only scans still reading it
             // keep it alive meanwhile. (Two first scans of one generation may both pack; the
             // later copy replaces the earlier.)
-            *held = None;
-        }
+            held.take()
+        };
         let dim = scan.dim;
-        let wanted: usize = scan.codes.iter().map(|c| packed::packed_len(c.len(), dim)).sum();
+        let lists = scan.codes.len();
+        // A copy of an earlier generation of the same lineage keeps its rows: since it was
+        // made, rows were only appended to the lists, so each list's first rows are the same
+        // rows with the same codes (the lineage's contract), and only the rest are packed. A
+        // single add thus costs the new rows, not a repack of every list (as 128 MB of codes
+        // of 1M x 128 would). Any other copy is dropped, and so is one another scan still reads.
+        let (mut blocks, mut packed_rows) = old
+            .filter(|o| {
+                scan.lineage != 0
+                    && o.lineage == scan.lineage
+                    && o.dim == dim
+                    && o.lists.len() == lists
+                    && o.rows.iter().zip(scan.codes).all(|(&r, c)| r <= c.len())
+            })
+            .and_then(|o| Arc::try_unwrap(o).ok())
+            .map_or_else(|| (vec![Vec::new(); lists], vec![0; lists]), |o| (o.lists, o.rows));
+        let wanted: usize = scan
+            .codes
+            .iter()
+            .zip(&blocks)
+            .map(|(c, b)| packed::packed_len(c.len(), dim).saturating_sub(b.len()))
+            .sum();
         // Claimed like an append's rows: a copy must not take the memory later adds were
         // promised. Refused, the scan reads the codes as they are (and asks again next time).
         crate::memory::claim(wanted as u64).ok()?;
-        let lists: Option<Vec<Vec<u8>>> = scan
-            .codes
-            .par_iter()
-            .map(|list| {
-                let mut blocks = Vec::new();
-                // Reserved first, so that an allocation the budget did not foresee fails here
-                // (the copy is given up) instead of aborting the process.
-                blocks.try_reserve_exact(packed::packed_len(list.len(), dim)).ok()?;
-                packed::append(&mut blocks, 0, list.codes.chunks_exact(dim), dim);
-                Some(blocks)
-            })
-            .collect();
-        let fresh = Arc::new(PackedCodes { generation: scan.generation, dim, lists: lists? });
+        let packed_all =
+            blocks.par_iter_mut().zip(packed_rows.par_iter_mut()).zip(scan.codes.par_iter()).all(
+                |((blocks, rows), list)| {
+                    let total = packed::packed_len(list.len(), dim);
+                    // Reserved first, so that an allocation the budget did not foresee fails here
+                    // (the copy is given up) instead of aborting the process.
+                    if blocks.try_reserve_exact(total.saturating_sub(blocks.len())).is_err() {
+                        return false;
+                    }
+                    packed::append(blocks, *rows, list.codes[*rows * dim..].chunks_exact(dim), dim);
+                    *rows = list.len();
+                    true
+                },
+            );
+        if !packed_all {
+            return None;
+        }
+        let fresh = Arc::new(PackedCodes {
+            generation: scan.generation,
+            lineage: scan.lineage,
+            dim,
+            lists: blocks,
+            rows: packed_rows,
+        });
         *self.packed_codes.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&fresh));
         Some(fresh)
     }
@@ -437,15 +471,18 @@ mod tests {
         // List 1 (slots 0-6) wholly removed.
         let removed = SlotSet::from_slots(total, (0..total).filter(|s| s % 11 == 0 || *s < 7));
         let allowed = SlotSet::from_slots(total, (0..total).filter(|s| s % 5 != 2));
-        let generations =
-            [(&first_codes, ListProbes::next_generation()), (&second_codes, ListProbes::next_generation())];
+        // Two trainings of one index: same slots, other codes, each its own lineage.
+        let generations = [
+            (&first_codes, ListProbes::next_generation(), ListProbes::next_generation()),
+            (&second_codes, ListProbes::next_generation(), ListProbes::next_generation()),
+        ];
         for here in [usize::MAX, 0] {
             // One store for both generations: the second's codes, of the same shapes as the
             // first's, must be packed afresh, not served from the first's copy.
             let rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect())
                 .with_packed_lists(true)
                 .with_here_products(here);
-            for (codes, generation) in generations {
+            for (codes, generation, lineage) in generations {
                 for metric in
                     [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine]
                 {
@@ -468,6 +505,7 @@ mod tests {
                                 removed: &removed,
                                 allowed: filter,
                                 generation,
+                                lineage,
                             };
                             let what = format!(
                                 "generation {generation}, here {here}, {metric:?}, filtered {}, {batch} queries, k {k}",
@@ -524,12 +562,91 @@ mod tests {
             removed: &removed,
             allowed: None,
             generation,
+            lineage: 0,
         };
         for (pack, generation) in [(true, 0), (false, ListProbes::next_generation())] {
             let rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect()).with_packed_lists(pack);
             let got = rows.scan_codes(&scan(generation), 5).expect("scan");
             assert_best(&scan(generation), 5, &got, &format!("pack {pack}, generation {generation}"));
             assert!(rows.packed_codes.lock().expect("lock").is_none(), "no copy made");
+        }
+    }
+
+    #[test]
+    fn rows_appended_within_a_lineage_are_packed_after_the_rows_kept_and_rank_as_the_reference() {
+        // Adds after a first scan: a list that was empty, one whose last block was partial
+        // and fills past it, one untouched, one growing by a row; then more adds. Each state
+        // is a new generation of one lineage, so the copy keeps what it holds (the untouched
+        // list's blocks stay where they were) and packs only the new rows; every scan, here and
+        // on the pool, must rank as the f64 reference.
+        let dim = 9;
+        let mut seed = 29u64;
+        let mut value = move || test_value(&mut seed);
+        let base: Vec<f32> = (0..dim).map(|_| value() - 0.5).collect();
+        let step: Vec<f32> = (0..dim).map(|_| 0.02 + 0.01 * value().abs()).collect();
+        let centroids: Vec<f32> = (0..4 * dim).map(|_| value() * 3.0).collect();
+        let queries: Vec<f32> = (0..3 * dim).map(|_| value() * 3.0).collect();
+        let mut slots: Vec<Vec<u32>> = vec![Vec::new(); 4];
+        let mut codes: Vec<ListCodes> = vec![ListCodes::default(); 4];
+        let mut next_slot = 0u32;
+        let mut add = |slots: &mut Vec<Vec<u32>>, codes: &mut Vec<ListCodes>, list: usize, n: usize| {
+            for _ in 0..n {
+                let row: Vec<u8> = (0..dim).map(|_| ((value() + 0.5) * 255.0) as u8).collect();
+                let norm: f64 = (0..dim)
+                    .map(|d| (f64::from(base[d]) + f64::from(step[d]) * f64::from(row[d])).powi(2))
+                    .sum();
+                codes[list].codes.extend_from_slice(&row);
+                codes[list].norms.push(norm as f32);
+                slots[list].push(next_slot);
+                next_slot += 1;
+            }
+        };
+        add(&mut slots, &mut codes, 1, 5);
+        add(&mut slots, &mut codes, 2, 16);
+        add(&mut slots, &mut codes, 3, 40);
+        let probes: Vec<u32> = vec![0, 1, 2, 1, 2, 3, 3, 0, 2];
+        let removed = SlotSet::default();
+        let lineage = ListProbes::next_generation();
+        for here in [usize::MAX, 0] {
+            let rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect())
+                .with_packed_lists(true)
+                .with_here_products(here);
+            let (mut slots, mut codes) = (slots.clone(), codes.clone());
+            let mut untouched_at = None;
+            for (round, growth) in [[0usize, 0, 0, 0], [3, 20, 0, 1], [1, 0, 0, 17]].into_iter().enumerate() {
+                for (list, &n) in growth.iter().enumerate() {
+                    add(&mut slots, &mut codes, list, n);
+                }
+                let scan = CodeScan {
+                    dim,
+                    metric: GpuDistanceMetric::Euclidean,
+                    queries: &queries,
+                    centroids: &centroids,
+                    base: &base,
+                    step: &step,
+                    slots: &slots,
+                    codes: &codes,
+                    probes: &probes,
+                    nprobe: 3,
+                    removed: &removed,
+                    allowed: None,
+                    generation: ListProbes::next_generation(),
+                    lineage,
+                };
+                for k in [1, 7, 100] {
+                    let got = rows.scan_codes(&scan, k).expect("a packed scan");
+                    assert_best(&scan, k, &got, &format!("here {here}, round {round}, k {k}"));
+                }
+                let held = rows.packed_codes.lock().expect("lock").clone().expect("a copy");
+                assert_eq!(held.rows, codes.iter().map(ListCodes::len).collect::<Vec<_>>(), "round {round}");
+                // List 2 never grows: its blocks are the ones first packed.
+                let at = held.lists[2].as_ptr();
+                assert_eq!(
+                    *untouched_at.get_or_insert(at),
+                    at,
+                    "here {here}, round {round}: list 2 repacked"
+                );
+            }
         }
     }
 }
