@@ -13,9 +13,11 @@
 //!   (cosine codes encode unit vectors, and its queries come as unit vectors).
 //!
 //! Each is `offset(q, l) + weights(q, l) . c + extra(row)`: one product of a float query term
-//! with the byte codes per row, which is what the host path multiplies in GEMM tiles (the codes
-//! widened to f32 a tile at a time, each tile read once per batch for every query that probes
-//! its list) and what a device kernel computes from codes in shared memory.
+//! with the byte codes per row, which is what the host path here multiplies in GEMM tiles (the
+//! codes widened to f32 a tile at a time, each tile read once per batch for every query that
+//! probes its list), what the CPU backend's scan of a packed copy of the codes computes in
+//! registers (`backend/cpu/rows/code_lists.rs`) and what a device kernel computes from codes in
+//! shared memory.
 //!
 //! The distances are approximations that only nominate candidates; the index re-ranks them
 //! exactly against the stored vectors ([`RowStore::refine`]).
