@@ -125,15 +125,9 @@ fn collect_generic<const AVX512: bool>(
     let mut gate = c.gate();
     let whole = raw.len() / CHUNK * CHUNK;
     for start in (0..whole).step_by(CHUNK) {
-        let r: &[f32; CHUNK] = raw[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
-        let s: &[f32; CHUNK] = scale[start..start + CHUNK].try_into().unwrap_or(&[0.0; CHUNK]);
-        let o: &[f32; CHUNK] = offset[start..start + CHUNK].try_into().unwrap_or(&[f32::INFINITY; CHUNK]);
-        let mut d = [0f32; CHUNK];
-        let mut passing = 0u32;
-        for i in 0..CHUNK {
-            d[i] = r[i] * s[i] + o[i];
-            passing |= u32::from(d[i] <= gate) << i;
-        }
+        // `d <= gate` is `d < gate.next_up()` (no f32 lies between them); at a gate of +inf it
+        // leaves out +inf distances, which the collector never takes anyway.
+        let (d, mut passing) = chunk_below(raw, scale, offset, start, gate.next_up());
         // Only the lanes that passed are visited (a bit mask from one vector compare): in an
         // IVF list scan about one value in a chunk passes, and walking all 16 lanes for it
         // was most of this function's time (docs/PERFORMANCE.md, "Packed lists").

@@ -268,8 +268,10 @@ impl CpuRows {
         let Scratch { weights, starts, products, offset, ones } = scratch;
         products.resize(block * stride, 0.0);
         offset.resize(tile, 0.0);
-        ones.clear();
-        ones.resize(tile, 1.0);
+        // Only ever 1.0: grown when a longer tile needs it, never refilled.
+        if ones.len() < tile {
+            ones.resize(tile, 1.0);
+        }
         for (b, group) in asking.chunks(block).enumerate() {
             weights.resize(group.len() * dim, 0.0);
             starts.clear();
