@@ -55,28 +55,39 @@ pub fn pack_queries(queries: &[f32], dim: usize, out: &mut Vec<u32>) {
     let nq = queries.len() / dim;
     let nquads = quads(dim);
     out.clear();
-    out.resize(nq.div_ceil(QUERY_GROUP) * QUERY_GROUP * nquads, 0);
-    for (q, packed) in queries.chunks_exact(dim).zip(out.chunks_exact_mut(nquads)) {
-        for (j, slot) in packed.iter_mut().enumerate() {
-            let byte = |i: usize| q.get(4 * j + i).map_or(0u8, |&x| (x as i32 - 128) as i8 as u8);
-            *slot = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
-        }
+    for q in queries.chunks_exact(dim) {
+        append_query(q, out);
     }
+    out.resize(nq.div_ceil(QUERY_GROUP) * QUERY_GROUP * nquads, 0);
 }
 
 /// Packs byte-valued rows as unsigned quads interleaved across 16 lanes (as
 /// [`super::bf16::pack_rows`] does for pairs), padded with zero rows to a multiple of
 /// [`ROW_GROUP`]; `sums` receives each row's component sum.
 pub fn pack_rows(rows: &[f32], dim: usize, out: &mut Vec<u32>, sums: &mut Vec<i32>) {
-    let count = rows.len() / dim;
-    let nquads = quads(dim);
-    let padded = count.div_ceil(ROW_GROUP) * ROW_GROUP;
     out.clear();
-    out.resize(padded * nquads, 0);
     sums.clear();
+    append_rows(out, sums, 0, rows.chunks_exact(dim), dim);
+}
+
+/// Packs `rows` (byte-valued, `dim` components each) as rows `from, from + 1, ...` of a copy
+/// that [`pack_rows`] laid out and that holds `from` rows: what is packed stays, the padding
+/// rows the new ones land on are written, and `out` and `sums` grow (zeroed) to the next
+/// multiple of [`ROW_GROUP`] rows. The caller reserves the room first where an allocation
+/// must not abort.
+pub fn append_rows<'a>(
+    out: &mut Vec<u32>,
+    sums: &mut Vec<i32>,
+    from: usize,
+    rows: impl ExactSizeIterator<Item = &'a [f32]>,
+    dim: usize,
+) {
+    let nquads = quads(dim);
+    let padded = (from + rows.len()).div_ceil(ROW_GROUP) * ROW_GROUP;
+    out.resize(padded * nquads, 0);
     sums.resize(padded, 0);
     let mut bytes = vec![0u8; nquads * 4];
-    for (r, row) in rows.chunks_exact(dim).enumerate() {
+    for (r, row) in (from..).zip(rows) {
         sums[r] = row_to_bytes(row, &mut bytes[..dim]);
         let (group, lane) = (r / 16, r % 16);
         let packed = &mut out[group * 16 * nquads..(group + 1) * 16 * nquads];
@@ -84,6 +95,15 @@ pub fn pack_rows(rows: &[f32], dim: usize, out: &mut Vec<u32>, sums: &mut Vec<i3
             packed[j * 16 + lane] = u32::from_le_bytes(*quad);
         }
     }
+}
+
+/// The packed quads of one byte-valued query ([`pack_queries`]' layout for one query,
+/// `quads(dim)` values), appended to `out`.
+pub fn append_query(query: &[f32], out: &mut Vec<u32>) {
+    out.extend(query.chunks(4).map(|quad| {
+        let byte = |i: usize| quad.get(i).map_or(0u8, |&x| (x as i32 - 128) as i8 as u8);
+        u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)])
+    }));
 }
 
 /// Writes the byte value of each component of `row` into `out` and returns their sum.
@@ -131,6 +151,42 @@ pub fn products(
     cfg!(target_arch = "x86_64")
 }
 
+/// [`products`] for any number of packed queries: runs of 8 share each load of the rows, and
+/// the 1 to 7 left take register blocks of 4, 2 and 1 (an IVF list is asked by a few queries
+/// of a batch, often fewer than 8: padding them to 8 would multiply up to 8 times the rows).
+/// Returns false, computing nothing, where the CPU lacks the instructions or the shapes do not
+/// fit: rows a multiple of [`ROW_GROUP`], `stride` at least the rows, `out` room for every
+/// query's row of products.
+pub fn products_any(
+    queries: &[u32],
+    rows: &[u32],
+    nquads: usize,
+    stride: usize,
+    sums: &[i32],
+    out: &mut [f32],
+) -> bool {
+    if nquads == 0 {
+        return false;
+    }
+    let nq = queries.len() / nquads;
+    let nrows = rows.len() / nquads;
+    if !available()
+        || !nrows.is_multiple_of(ROW_GROUP)
+        || sums.len() < nrows
+        || stride < nrows
+        || out.len() < nq * stride
+    {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `available()` confirmed avx512f and avx512vnni at run time; the shapes were
+    // checked above, and the kernel indexes only through bounds-checked slices.
+    unsafe {
+        kernel::products_any(queries, rows, nquads, stride, sums, out)
+    };
+    cfg!(target_arch = "x86_64")
+}
+
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use std::arch::x86_64::*;
@@ -153,7 +209,7 @@ mod kernel {
             for g in 0..groups {
                 let block = &rows[g * ROW_GROUP * nquads..(g + 1) * ROW_GROUP * nquads];
                 let row_sums = &sums[g * ROW_GROUP..(g + 1) * ROW_GROUP];
-                let acc = block_products(qs, block, nquads, row_sums);
+                let acc = block_products::<QUERY_GROUP>(qs, block, nquads, row_sums);
                 for (q, lanes) in acc.iter().enumerate() {
                     let at = (qg * QUERY_GROUP + q) * stride + g * ROW_GROUP;
                     let dst = &mut out[at..at + ROW_GROUP];
@@ -164,17 +220,70 @@ mod kernel {
         }
     }
 
-    /// 8 queries x 32 rows: 16 i32 accumulators in registers, one pass over the quads.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) fn products_any(
+        queries: &[u32],
+        rows: &[u32],
+        nquads: usize,
+        stride: usize,
+        sums: &[i32],
+        out: &mut [f32],
+    ) {
+        let nq = queries.len() / nquads;
+        let mut q0 = 0;
+        while q0 < nq {
+            let left = nq - q0;
+            match left {
+                8.. => run::<8>(queries, rows, nquads, stride, sums, out, q0),
+                4..=7 => run::<4>(queries, rows, nquads, stride, sums, out, q0),
+                2..=3 => run::<2>(queries, rows, nquads, stride, sums, out, q0),
+                _ => run::<1>(queries, rows, nquads, stride, sums, out, q0),
+            }
+            q0 += match left {
+                8.. => 8,
+                4..=7 => 4,
+                2..=3 => 2,
+                _ => 1,
+            };
+        }
+    }
+
+    /// Queries `q0..q0 + G` over every row group.
     #[target_feature(enable = "avx512f,avx512vnni")]
     #[inline]
-    fn block_products(
+    fn run<const G: usize>(
+        queries: &[u32],
+        rows: &[u32],
+        nquads: usize,
+        stride: usize,
+        sums: &[i32],
+        out: &mut [f32],
+        q0: usize,
+    ) {
+        let qs = &queries[q0 * nquads..(q0 + G) * nquads];
+        for g in 0..rows.len() / (nquads * ROW_GROUP) {
+            let block = &rows[g * ROW_GROUP * nquads..(g + 1) * ROW_GROUP * nquads];
+            let acc = block_products::<G>(qs, block, nquads, &sums[g * ROW_GROUP..(g + 1) * ROW_GROUP]);
+            for (q, lanes) in acc.iter().enumerate() {
+                let at = (q0 + q) * stride + g * ROW_GROUP;
+                let dst = &mut out[at..at + ROW_GROUP];
+                dst[..16].copy_from_slice(&lanes[0]);
+                dst[16..].copy_from_slice(&lanes[1]);
+            }
+        }
+    }
+
+    /// G queries x 32 rows: 2G i32 accumulators in registers, one pass over the quads.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    #[inline]
+    fn block_products<const G: usize>(
         qs: &[u32],
         block: &[u32],
         nquads: usize,
         row_sums: &[i32],
-    ) -> [[[f32; 16]; 2]; QUERY_GROUP] {
+    ) -> [[[f32; 16]; 2]; G] {
         let (low, high) = block.split_at(nquads * 16);
-        let mut acc = [[_mm512_setzero_si512(); 2]; QUERY_GROUP];
+        let mut acc = [[_mm512_setzero_si512(); 2]; G];
         for j in 0..nquads {
             let b0 = load(&low[j * 16..j * 16 + 16]);
             let b1 = load(&high[j * 16..j * 16 + 16]);
@@ -187,14 +296,15 @@ mod kernel {
         // x.q = x.(q - 128) + 128 sum(x)
         let shift0 = _mm512_slli_epi32::<7>(load_i32(&row_sums[..16]));
         let shift1 = _mm512_slli_epi32::<7>(load_i32(&row_sums[16..]));
-        let mut out = [[_mm512_setzero_ps(); 2]; QUERY_GROUP];
+        let mut out = [[[0f32; 16]; 2]; G];
         for (o, lanes) in out.iter_mut().zip(acc) {
-            o[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(lanes[0], shift0));
-            o[1] = _mm512_cvtepi32_ps(_mm512_add_epi32(lanes[1], shift1));
+            // SAFETY: each `o[h]` is 16 writable f32; the stores need no alignment.
+            unsafe {
+                _mm512_storeu_ps(o[0].as_mut_ptr(), _mm512_cvtepi32_ps(_mm512_add_epi32(lanes[0], shift0)));
+                _mm512_storeu_ps(o[1].as_mut_ptr(), _mm512_cvtepi32_ps(_mm512_add_epi32(lanes[1], shift1)));
+            }
         }
-        // SAFETY: [[__m512; 2]; 8] and [[[f32; 16]; 2]; 8] have the same size and every bit
-        // pattern is a valid f32.
-        unsafe { std::mem::transmute::<[[__m512; 2]; QUERY_GROUP], [[[f32; 16]; 2]; QUERY_GROUP]>(out) }
+        out
     }
 
     /// Converts byte-valued f32 to bytes 16 at a time (`vcvttps2dq` + `vpmovdb`).
@@ -250,6 +360,48 @@ mod tests {
             assert!(!all_bytes(&values), "a fraction at {miss}");
         }
         assert!(is_byte(-0.0) && !is_byte(254.99998) && !is_byte(f32::INFINITY) && !is_byte(1e-45));
+    }
+
+    #[test]
+    fn products_of_any_count_of_queries_over_rows_packed_in_two_appends_are_exact() {
+        // 1 to 19 queries (every register block: runs of 8, then 4, 2 and 1), rows packed as
+        // 37 and then 30 more (the second append lands in the first one's padding), a stride
+        // past the rows, and the extreme values 0 and 255 on both sides.
+        if !available() {
+            return; // nothing to check on CPUs without AVX512-VNNI; the other paths serve them
+        }
+        for dim in [1usize, 6, 128, 131] {
+            let value = |i: usize| match i % 11 {
+                0 => 0.0,
+                1 => 255.0,
+                _ => ((i * 7919 + 13) % 256) as f32,
+            };
+            let rows: Vec<f32> = (0..67 * dim).map(|i| value(i * 31 + 7)).collect();
+            let (mut packed, mut sums) = (Vec::new(), Vec::new());
+            append_rows(&mut packed, &mut sums, 0, rows[..37 * dim].chunks_exact(dim), dim);
+            append_rows(&mut packed, &mut sums, 37, rows[37 * dim..].chunks_exact(dim), dim);
+            let (mut whole, mut whole_sums) = (Vec::new(), Vec::new());
+            pack_rows(&rows, dim, &mut whole, &mut whole_sums);
+            assert_eq!((&packed, &sums), (&whole, &whole_sums), "dim {dim}: two appends pack as one");
+            let nquads = quads(dim);
+            let stride = packed.len() / nquads + 32;
+            for nq in 1..=19 {
+                let queries: Vec<f32> = (0..nq * dim).map(value).collect();
+                let mut quads_of = Vec::new();
+                for q in queries.chunks_exact(dim) {
+                    append_query(q, &mut quads_of);
+                }
+                let mut out = vec![f32::NAN; nq * stride];
+                assert!(products_any(&quads_of, &packed, nquads, stride, &sums, &mut out));
+                for q in 0..nq {
+                    for r in 0..67 {
+                        let want: i64 =
+                            (0..dim).map(|i| queries[q * dim + i] as i64 * rows[r * dim + i] as i64).sum();
+                        assert_eq!(out[q * stride + r], want as f32, "dim {dim}, {nq} queries: q {q} r {r}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

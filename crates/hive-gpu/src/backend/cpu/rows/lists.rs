@@ -22,7 +22,7 @@ use super::{CpuRows, Elements};
 use crate::backend::Neighbor;
 use crate::backend::candidates::{ListAskers, ListProbes, check_scan};
 use crate::backend::cpu::topk::{Collector, ErrorBound};
-use crate::backend::cpu::{few, filter, packed};
+use crate::backend::cpu::{few, filter, int8, packed};
 use crate::error::{HiveGpuError, Result};
 use crate::slots::SlotSet;
 use crate::types::GpuDistanceMetric;
@@ -104,6 +104,18 @@ impl CpuRows {
         let kernel_queries = super::kernel_queries(queries, dim, metric);
         let kernel_queries = &kernel_queries[..];
         let bounds = self.f32_bounds(kernel_queries, metric);
+        // A copy with byte rows and a batch of byte-valued queries: their quads, for the exact
+        // integer products (`int8`). One query with a fraction keeps the batch on f32.
+        let byte_queries: Option<Vec<u32>> = packed_lists
+            .as_ref()
+            .filter(|packed| packed.bytes && int8::all_bytes(kernel_queries))
+            .map(|_| {
+                let mut quads = Vec::with_capacity(nq * int8::quads(dim));
+                for q in kernel_queries.chunks_exact(dim) {
+                    int8::append_query(q, &mut quads);
+                }
+                quads
+            });
         let askers = ListAskers::new(probes.probes, probes.nprobe, probes.lists.len());
         let order = askers.by_work(|l| probes.lists[l].len());
         // Each query's best gate so far, shared by the scans of its lists on every thread: a
@@ -114,7 +126,14 @@ impl CpuRows {
         // would otherwise cost little less than the fresh pages of its tile.
         let scan = |&l: &usize| -> Result<Vec<Collector>> {
             let asking = askers.of(l);
-            let batch = Batch { kernel_queries, bounds: &bounds, gates: &gates, metric, k };
+            let batch = Batch {
+                kernel_queries,
+                byte_queries: byte_queries.as_deref(),
+                bounds: &bounds,
+                gates: &gates,
+                metric,
+                k,
+            };
             // The scans start no parallel work, so no other scan on this thread can borrow
             // the buffers while one holds them.
             // A list too short to pack is read in place (`packed_lists::MIN_ROWS`).
@@ -197,7 +216,7 @@ impl CpuRows {
         }
         let block = asking.len().min(QUERY_BLOCK);
         let tile = members.len().min(ROW_TILE);
-        let Scratch { block_queries, rows, products, scale, offset, slots, widened } = scratch;
+        let Scratch { block_queries, rows, products, scale, offset, slots, widened, .. } = scratch;
         products.resize(block * tile, 0.0);
         scale.resize(tile, 0.0);
         offset.resize(tile, 0.0);
@@ -268,11 +287,14 @@ impl CpuRows {
             return collectors;
         }
         let block = asking.len().min(QUERY_BLOCK);
-        // Whole blocks per tile, so that every tile after the first starts on a block.
-        const { assert!(ROW_TILE.is_multiple_of(packed::BLOCK)) };
+        // Whole blocks per tile (of both layouts), so that every tile after the first starts
+        // on a block.
+        const { assert!(ROW_TILE.is_multiple_of(packed::BLOCK) && ROW_TILE.is_multiple_of(int8::ROW_GROUP)) };
         let tile = rows.min(ROW_TILE);
-        let stride = tile.next_multiple_of(packed::BLOCK);
-        let Scratch { block_queries, products, scale, offset, .. } = scratch;
+        let stride = tile.next_multiple_of(packed::BLOCK.max(int8::ROW_GROUP));
+        let byte_queries = batch.byte_queries.filter(|_| !list.bytes.is_empty());
+        let nquads = int8::quads(dim);
+        let Scratch { block_queries, group_quads, products, scale, offset, .. } = scratch;
         products.resize(block * stride, 0.0);
         scale.resize(tile, 0.0);
         offset.resize(tile, 0.0);
@@ -291,8 +313,26 @@ impl CpuRows {
             let blocks = &list.blocks[start * dim..][..packed::packed_len(count, dim)];
             let offered = Offered { scale: &scale[..count], offset: &offset[..count], slots };
             for (b, group) in asking.chunks(block).enumerate() {
-                batch.gather_queries(group, dim, block_queries);
-                packed::products(self.simd, block_queries, dim, blocks, products, stride);
+                let exact = byte_queries.is_some_and(|quads| {
+                    group_quads.clear();
+                    for &q in group {
+                        group_quads.extend_from_slice(&quads[q as usize * nquads..(q as usize + 1) * nquads]);
+                    }
+                    let padded = count.next_multiple_of(int8::ROW_GROUP);
+                    let (bytes, sums) = (&list.bytes[start * nquads..], &list.sums[start..]);
+                    int8::products_any(
+                        group_quads,
+                        &bytes[..padded * nquads],
+                        nquads,
+                        stride,
+                        &sums[..padded],
+                        products,
+                    )
+                });
+                if !exact {
+                    batch.gather_queries(group, dim, block_queries);
+                    packed::products(self.simd, block_queries, dim, blocks, products, stride);
+                }
                 let first = b * block;
                 self.collect_group(
                     &mut collectors[first..first + group.len()],
@@ -350,6 +390,8 @@ thread_local! {
 #[derive(Default)]
 struct Scratch {
     block_queries: Vec<f32>,
+    /// The byte quads of one group of queries.
+    group_quads: Vec<u32>,
     rows: Vec<f32>,
     products: Vec<f32>,
     scale: Vec<f32>,
@@ -364,6 +406,9 @@ struct Scratch {
 struct Batch<'a> {
     /// The queries as the kernels see them (unit vectors under cosine), row-major.
     kernel_queries: &'a [f32],
+    /// Each kernel query's quads ([`int8::append_query`]), where the packed copy has byte
+    /// rows and every query is byte-valued.
+    byte_queries: Option<&'a [u32]>,
     /// Each query's error bound on the GEMM path.
     bounds: &'a [ErrorBound],
     /// Each query's best gate so far over the lists it probes.

@@ -476,13 +476,24 @@ impl CpuRows {
         &self,
         q: &[f32],
         q_norm: f64,
-        slots: impl ExactSizeIterator<Item = usize>,
+        slots: impl ExactSizeIterator<Item = usize> + Clone,
         metric: GpuDistanceMetric,
         scratch: &mut Vec<f32>,
         out: &mut Vec<f64>,
     ) {
         let dim = self.dim;
         out.reserve(slots.len());
+        // The candidates are scattered rows that the scan before did not read (an IVF scan
+        // reads its packed copy, a coded scan its codes): each group's loads waited on memory,
+        // about half of the re-rank's samples (`perf`, docs/PERFORMANCE.md "Re-ranks that do
+        // not wait"). Rows are asked for a few groups ahead of their sums, within about
+        // 16 KiB, so they arrive while the groups before are summed.
+        let row_bytes = dim * crate::exact::elements::element_bytes(self.precision());
+        let ahead_rows = (16 * 1024 / row_bytes.max(1)).clamp(lanes::LANES, 2 * lanes::LANES);
+        let mut ahead = slots.clone();
+        for slot in ahead.by_ref().take(ahead_rows) {
+            self.prefetch_row(slot);
+        }
         let mut group = [0usize; lanes::LANES];
         let mut filled = 0;
         let flush = |group: &[usize], scratch: &mut Vec<f32>, out: &mut Vec<f64>| {
@@ -506,6 +517,9 @@ impl CpuRows {
             out.extend_from_slice(&scored[..group.len()]);
         };
         for slot in slots {
+            if let Some(next) = ahead.next() {
+                self.prefetch_row(next);
+            }
             group[filled] = slot;
             filled += 1;
             if filled == lanes::LANES {

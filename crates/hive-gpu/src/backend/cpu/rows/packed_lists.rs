@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use super::{CpuRows, Elements};
 use crate::backend::candidates::ListProbes;
-use crate::backend::cpu::packed;
+use crate::backend::cpu::{int8, packed};
 use crate::error::{HiveGpuError, Result};
 
 /// Lists of fewer rows than this are not packed: their scans read the rows in place. A list
@@ -44,6 +44,18 @@ pub(super) struct PackedList {
     pub(super) slots: Vec<u32>,
     /// `packed::packed_len(slots.len(), dim)` values.
     pub(super) blocks: Vec<f32>,
+    /// Where the copy is of byte-valued rows ([`PackedLists::bytes`]): the same rows as
+    /// [`int8`] packs them (unsigned quads, groups of [`int8::ROW_GROUP`]), else empty.
+    pub(super) bytes: Vec<u32>,
+    /// Each byte row's component sum ([`int8::pack_rows`]), padded as `bytes`.
+    pub(super) sums: Vec<i32>,
+}
+
+impl PackedList {
+    /// Bytes of host memory held.
+    fn bytes_held(&self) -> usize {
+        (self.slots.capacity() + self.blocks.capacity() + self.bytes.capacity() + self.sums.capacity()) * 4
+    }
 }
 
 /// Every list of one generation, packed.
@@ -53,12 +65,18 @@ pub(super) struct PackedLists {
     generation: u64,
     /// List `l` of those lists, packed.
     pub(super) lists: Vec<PackedList>,
+    /// Whether every packed list also holds its rows as bytes ([`PackedList::bytes`]): every
+    /// stored value was an integer in 0..=255 when the copy was made (SIFT, BIGANN, image
+    /// pixels) and the CPU has AVX512-VNNI. A batch of byte-valued queries then multiplies
+    /// them exactly in integers at four times the rate of f32 multiply-adds, a quarter of
+    /// the bytes read (docs/PERFORMANCE.md, "Byte-valued lists").
+    pub(super) bytes: bool,
 }
 
 impl PackedLists {
     /// Bytes of host memory held.
     pub(super) fn bytes(&self) -> usize {
-        self.lists.iter().map(|l| l.slots.capacity() * 4 + l.blocks.capacity() * 4).sum::<usize>()
+        self.lists.iter().map(PackedList::bytes_held).sum::<usize>()
             + self.lists.capacity() * std::mem::size_of::<PackedList>()
     }
 }
@@ -108,16 +126,24 @@ impl CpuRows {
             }
         }
         let dim = self.dim;
+        let as_bytes = self.all_bytes && dim <= int8::MAX_DIM && int8::available();
+        // A byte row: its quads and its sum.
+        let byte_row = if as_bytes { (int8::quads(dim) + 1) * 4 } else { 0 };
         let wanted: usize = probes
             .lists
             .iter()
             .filter(|l| l.len() >= MIN_ROWS)
-            .map(|l| packed::packed_len(l.len(), dim) * 4 + l.len() * 4)
+            .map(|l| {
+                packed::packed_len(l.len(), dim) * 4
+                    + l.len() * 4
+                    + l.len().next_multiple_of(int8::ROW_GROUP) * byte_row
+            })
             .sum();
-        // The old copy's lists are reused where no other scan still reads them.
-        let mut old: Vec<PackedList> =
-            old.and_then(|o| Arc::try_unwrap(o).ok()).map(|o| o.lists).unwrap_or_default();
-        let reusable: usize = old.iter().map(|l| l.blocks.capacity() * 4 + l.slots.capacity() * 4).sum();
+        // The old copy's lists are reused where no other scan still reads them; their byte
+        // rows only where the old copy had them too.
+        let (mut old, old_bytes): (Vec<PackedList>, bool) =
+            old.and_then(|o| Arc::try_unwrap(o).ok()).map(|o| (o.lists, o.bytes)).unwrap_or_default();
+        let reusable: usize = old.iter().map(PackedList::bytes_held).sum();
         // Claimed like an append's rows (with its headroom): a copy as large as the rows must
         // not take the memory later adds were promised. Refused, the scan reads in place.
         if crate::memory::claim(wanted.saturating_sub(reusable) as u64).is_err() {
@@ -136,23 +162,44 @@ impl CpuRows {
                     packed.slots = Vec::new();
                     packed.blocks = Vec::new();
                 }
+                if !keeps || list.len() < MIN_ROWS || !as_bytes || !old_bytes {
+                    packed.bytes = Vec::new();
+                    packed.sums = Vec::new();
+                }
                 if list.len() < MIN_ROWS {
                     return Some(packed);
                 }
                 let from = packed.slots.len();
+                // Byte rows kept, or none (packed again from the list's first row).
+                let bytes_from = if packed.bytes.is_empty() { 0 } else { from };
                 // Reserved first, so that an allocation the budget did not foresee fails here
                 // (the copy is given up) instead of aborting the process.
                 let more = packed::packed_len(list.len(), dim).saturating_sub(packed.blocks.len());
                 packed.blocks.try_reserve_exact(more).ok()?;
                 packed.slots.try_reserve_exact(list.len() - from).ok()?;
-                let rows = list[from..].iter().map(|&s| &values[s as usize * dim..(s as usize + 1) * dim]);
-                packed::append(&mut packed.blocks, from, rows, dim);
+                let row = |&s: &u32| &values[s as usize * dim..(s as usize + 1) * dim];
+                if as_bytes {
+                    let rows = list.len().next_multiple_of(int8::ROW_GROUP);
+                    packed
+                        .bytes
+                        .try_reserve_exact((rows * int8::quads(dim)).saturating_sub(packed.bytes.len()))
+                        .ok()?;
+                    packed.sums.try_reserve_exact(rows.saturating_sub(packed.sums.len())).ok()?;
+                    int8::append_rows(
+                        &mut packed.bytes,
+                        &mut packed.sums,
+                        bytes_from,
+                        list[bytes_from..].iter().map(row),
+                        dim,
+                    );
+                }
+                packed::append(&mut packed.blocks, from, list[from..].iter().map(row), dim);
                 packed.slots.extend_from_slice(&list[from..]);
                 Some(packed)
             })
             .collect();
         let Some(lists) = lists else { return Ok(Some(self.keep_unpacked(probes))) };
-        let fresh = Arc::new(PackedLists { generation: probes.generation, lists });
+        let fresh = Arc::new(PackedLists { generation: probes.generation, lists, bytes: as_bytes });
         *self.packed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&fresh));
         Ok(Some(fresh))
     }
@@ -162,7 +209,7 @@ impl CpuRows {
     /// the same lists neither asks the budget again nor checks their slots again.
     fn keep_unpacked(&self, probes: &ListProbes<'_>) -> Arc<PackedLists> {
         let lists = probes.lists.iter().map(|_| PackedList::default()).collect();
-        let unpacked = Arc::new(PackedLists { generation: probes.generation, lists });
+        let unpacked = Arc::new(PackedLists { generation: probes.generation, lists, bytes: false });
         *self.packed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&unpacked));
         unpacked
     }
@@ -283,6 +330,77 @@ mod tests {
         let err =
             rows.scan_lists(&queries[..dim], &probes, 1, GpuDistanceMetric::Euclidean, None).unwrap_err();
         assert!(err.to_string().contains("list slot 400"), "{err}");
+    }
+
+    #[test]
+    fn byte_valued_lists_multiply_in_integers_through_tiles_adds_filters_and_a_value_with_a_fraction() {
+        // Byte-valued rows (every value an integer in 0..=255, as SIFT's) get a byte copy
+        // beside the f32 blocks, and byte-valued batches multiply it exactly in integers: a
+        // list of three tiles (1,100 rows, the last tile partial), lists asked by 1 to 40
+        // queries (every register block: 8, 4, 2, 1), a dimension that is not a multiple of
+        // 4, removed rows and a filter, rows added within the lineage (the byte rows kept and
+        // the new ones packed after them), a batch with one value with a fraction (the f32
+        // blocks), then a stored row with a fraction (no byte copy any more). Every scan must
+        // equal the exact answer through `refine`.
+        let dim = 19;
+        let mut seed = 5u64;
+        let mut bytes = |n: usize| -> Vec<f32> {
+            (0..n * dim).map(|_| (test_value(&mut seed) * 1e4).abs().floor() % 256.0).collect()
+        };
+        let mut rows = CpuRows::new(dim, StoragePrecision::F32, SimdLevel::detect()).with_packed_lists(true);
+        rows.append(&bytes(1400)).expect("append");
+        let mut lists: Vec<Vec<u32>> =
+            vec![(0..1100).collect(), (1100..1170).collect(), (1170..1400).rev().collect()];
+        let queries = bytes(40);
+        let byte_copy = |rows: &CpuRows| {
+            let held = rows.packed.lock().unwrap_or_else(PoisonError::into_inner);
+            held.as_ref().is_some_and(|p| p.bytes && p.lists.iter().all(|l| l.bytes.len() >= l.slots.len()))
+        };
+        let check = |rows: &CpuRows,
+                     lists: &[Vec<u32>],
+                     generation: u64,
+                     queries: &[f32],
+                     allowed: Option<&SlotSet>,
+                     what: &str| {
+            for nq in [1usize, 3, 7, 40] {
+                // Query q probes lists q % 3 and (q + 1) % 3: each list is asked by about
+                // two thirds of the batch.
+                let probes: Vec<u32> = (0..nq as u32).flat_map(|q| [q % 3, (q + 1) % 3]).collect();
+                let probes = ListProbes { lists, probes: &probes, nprobe: 2, generation };
+                for metric in
+                    [GpuDistanceMetric::Euclidean, GpuDistanceMetric::DotProduct, GpuDistanceMetric::Cosine]
+                {
+                    for k in [1, 10, 150] {
+                        let q = &queries[..nq * dim];
+                        let got = rows.scan_lists(q, &probes, k, metric, allowed).expect("scan");
+                        let want = scanned_by_refine(rows, q, &probes, k, metric, allowed);
+                        assert_eq!(got, want, "{what}: {nq} queries, {metric:?}, k = {k}");
+                    }
+                }
+            }
+        };
+        check(&rows, &lists, 1, &queries, None, "byte rows");
+        assert_eq!(byte_copy(&rows), int8::available(), "a byte copy where the CPU has VNNI");
+        rows.tombstone(&[0, 513, 1100, 1399]);
+        let allowed = SlotSet::from_slots(1400, (0..1400).filter(|s| s % 5 != 2));
+        check(&rows, &lists, 1, &queries, Some(&allowed), "removed rows and a filter");
+        // Rows added within the lineage: appended to every list.
+        rows.append(&bytes(90)).expect("append");
+        for s in 1400..1490u32 {
+            lists[(s % 3) as usize].push(s);
+        }
+        check(&rows, &lists, 2, &queries, None, "after adds");
+        assert_eq!(byte_copy(&rows), int8::available(), "the byte copy follows the adds");
+        let mut fraction = queries.clone();
+        fraction[3 * dim + 5] += 0.5;
+        check(&rows, &lists, 2, &fraction, None, "a query with a fraction");
+        // A stored value with a fraction: the next copy has no byte rows.
+        let mut odd = bytes(1);
+        odd[4] = 7.25;
+        rows.append(&odd).expect("append");
+        lists[1].push(1490);
+        check(&rows, &lists, 3, &queries, None, "a stored value with a fraction");
+        assert!(!byte_copy(&rows), "no byte copy once a stored value has a fraction");
     }
 
     #[test]
