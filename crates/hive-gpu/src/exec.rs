@@ -173,6 +173,11 @@ pub(crate) fn run_small<R: Send>(small: bool, section: impl FnOnce() -> R + Send
     run(section)
 }
 
+/// The threads of the library's pool (1 where it cannot start: its callers then run alone).
+pub(crate) fn pool_threads() -> usize {
+    pool().map_or(1, rayon::ThreadPool::current_num_threads)
+}
+
 /// The pool, started on first use. A failure to start it (the OS refused threads) is
 /// reported, and the next call tries again.
 fn pool() -> Result<&'static rayon::ThreadPool> {

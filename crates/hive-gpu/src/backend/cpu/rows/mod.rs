@@ -876,7 +876,9 @@ impl RowStore for CpuRows {
         // every other is parallel: on the library's pool, since the caller may hold a
         // collection's lock (`crate::exec`).
         if allowed.is_none() && self.searches_here(queries.len() / self.dim.max(1)) {
-            return self.knn_here(queries, k, metric);
+            // The whole batch is checked here, so that an error names it and not a part.
+            check_knn(queries, self.dim, k, self.len_slots() - self.dead.count())?;
+            return self.split_here(queries, |part| self.knn_here(part, k, metric));
         }
         crate::exec::run(|| self.knn_on_pool(queries, k, metric, allowed))?
     }
@@ -894,20 +896,8 @@ impl RowStore for CpuRows {
         // re-rank, which takes the lower slot as `knn` does. In an IVF probe of SIFT10K (100
         // centroids, nprobe 8) the re-rank was a tenth of the batch (docs/PERFORMANCE.md,
         // "Small searches without serial chains").
-        let mut sets = Vec::with_capacity(queries.len() / self.dim.max(1) * n);
-        for (candidates, q) in
-            self.here_candidates(queries, n, metric)?.into_iter().zip(queries.chunks_exact(self.dim))
-        {
-            debug_assert!(candidates.len() >= n, "fewer candidates than the n nearest");
-            if candidates.len() == n {
-                sets.extend(candidates.iter().map(|&slot| slot as u32));
-            } else {
-                sets.extend(
-                    self.rerank(q, &candidates, n, metric).iter().map(|neighbor| neighbor.slot as u32),
-                );
-            }
-        }
-        Ok(sets)
+        check_knn(queries, self.dim, n, self.len_slots() - self.dead.count())?;
+        self.split_here(queries, |part| self.sets_here(part, n, metric))
     }
 
     fn gather(&self, slots: &[usize]) -> Result<Vec<f32>> {
@@ -1024,6 +1014,10 @@ fn check_knn(queries: &[f32], dim: usize, k: usize, live: usize) -> Result<()> {
     Ok(())
 }
 
+/// Queries from which a search small enough for the caller's thread is split over the pool's
+/// threads instead ([`CpuRows::split_here`]): each part keeps at least half of this.
+const SPLIT_HERE_QUERIES: usize = 32;
+
 /// Values (candidates x dimension, or scores) from which a refine or a selection spreads its
 /// queries over threads.
 const PARALLEL_REFINE_VALUES: usize = 1 << 16;
@@ -1036,6 +1030,47 @@ impl CpuRows {
         self.here_products > 0
             && nq.saturating_mul(self.len_slots()).saturating_mul(self.dim) <= self.here_products
             && nq <= paths::QUERY_BLOCK
+    }
+
+    /// `work` (a search on the caller's thread, [`CpuRows::searches_here`]) over `queries`, or
+    /// over parts of them side by side on the library's pool where they are many: a batch of
+    /// [`SPLIT_HERE_QUERIES`] or more whose products fit one thread (an IVF probe of 100
+    /// queries over 100 centroids) would otherwise leave the other threads idle for the whole
+    /// of it, serial before the parallel list scans (docs/PERFORMANCE.md, "Byte-valued
+    /// lists"). Each part runs the same lean path; results stay in query order.
+    fn split_here<T: Send>(
+        &self,
+        queries: &[f32],
+        work: impl Fn(&[f32]) -> Result<Vec<T>> + Sync,
+    ) -> Result<Vec<T>> {
+        let nq = queries.len() / self.dim.max(1);
+        let threads = crate::exec::pool_threads();
+        if nq < SPLIT_HERE_QUERIES || threads < 2 {
+            return work(queries);
+        }
+        let parts = threads.min(nq / (SPLIT_HERE_QUERIES / 2));
+        let per = nq.div_ceil(parts) * self.dim;
+        let found =
+            crate::exec::run(|| queries.par_chunks(per).map(&work).collect::<Result<Vec<Vec<T>>>>())??;
+        Ok(found.into_iter().flatten().collect())
+    }
+
+    /// [`RowStore::nearest_sets`] on this thread.
+    fn sets_here(&self, queries: &[f32], n: usize, metric: GpuDistanceMetric) -> Result<Vec<u32>> {
+        let mut sets = Vec::with_capacity(queries.len() / self.dim.max(1) * n);
+        for (candidates, q) in
+            self.here_candidates(queries, n, metric)?.into_iter().zip(queries.chunks_exact(self.dim))
+        {
+            debug_assert!(candidates.len() >= n, "fewer candidates than the n nearest");
+            if candidates.len() == n {
+                sets.extend(candidates.iter().map(|&slot| slot as u32));
+            } else {
+                sets.extend(
+                    self.rerank(q, &candidates, n, metric).iter().map(|neighbor| neighbor.slot as u32),
+                );
+            }
+        }
+        Ok(sets)
     }
 
     /// An unfiltered search on this thread, with no parallel section (so it may run under a
@@ -1121,8 +1156,9 @@ mod tests {
 
     #[test]
     fn a_small_search_on_the_callers_thread_returns_what_the_pool_returns() {
-        // More rows than a GEMM tile, 1 to 20 queries (the pool scans below 4 and may take the
-        // bf16 kernel from 16), f32 and byte-valued data (the pool's byte kernel), f16 storage,
+        // More rows than a GEMM tile, 1 to 45 queries (the pool scans below 4 and may take the
+        // bf16 kernel from 16; 45 are split over the pool's threads where it has two or more,
+        // `split_here`), f32 and byte-valued data (the pool's byte kernel), f16 storage,
         // repeated rows (exact ties) and removed rows, every metric, k up to every live row:
         // the caller's thread takes one GEMM task instead, and both must end in the same exact
         // re-rank, or the same error.
@@ -1142,7 +1178,7 @@ mod tests {
             (&bytes, StoragePrecision::F32),
             (&floats, StoragePrecision::F16),
         ] {
-            for nq in [1, 3, 7, 20] {
+            for nq in [1, 3, 7, 20, 45] {
                 let queries: Vec<f32> = values[..nq * dim].iter().map(|x| x + 1.0).collect();
                 for metric in GpuDistanceMetric::ALL {
                     for k in [12, live, live + 1] {
