@@ -301,14 +301,17 @@ impl CpuRows {
         for start in (0..rows).step_by(tile) {
             let slots = &list.slots[start..(start + tile).min(rows)];
             let count = slots.len();
-            for (j, &slot) in slots.iter().enumerate() {
-                let slot = slot as usize;
-                (scale[j], offset[j]) =
+            // The rows' norms lie in list order beside the copy: reading each from the
+            // collection's array by slot waited on memory at every row, a sixth of a single
+            // query's scan (`perf`, docs/PERFORMANCE.md "Byte-valued lists").
+            transforms(metric, &list.norms[start..start + count], &mut scale[..count], &mut offset[..count]);
+            if self.dead.count() > 0 || allowed.is_some() {
+                for (j, &slot) in slots.iter().enumerate() {
+                    let slot = slot as usize;
                     if self.dead.contains(slot) || allowed.is_some_and(|a| !a.contains(slot)) {
-                        (0.0, f32::INFINITY)
-                    } else {
-                        self.row_transform(metric, false, slot)
-                    };
+                        (scale[j], offset[j]) = (0.0, f32::INFINITY);
+                    }
+                }
             }
             let blocks = &list.blocks[start * dim..][..packed::packed_len(count, dim)];
             let offered = Offered { scale: &scale[..count], offset: &offset[..count], slots };
@@ -368,6 +371,22 @@ impl CpuRows {
             filter::collect_at(self.simd, c, &p[..count], offered.scale, offered.offset, offered.slots);
             self.thin(c, &kernel_queries[q * dim..(q + 1) * dim], metric);
             gates[q].lower(c.gate());
+        }
+    }
+}
+
+/// Each row's `scale` and `offset` from its squared norm, as `CpuRows::row_transform` gives
+/// them for products (`raw_is_l2` false): one loop per metric instead of a branch per row.
+fn transforms(metric: GpuDistanceMetric, norms: &[f32], scale: &mut [f32], offset: &mut [f32]) {
+    let pairs = scale.iter_mut().zip(offset.iter_mut()).zip(norms);
+    match metric {
+        GpuDistanceMetric::Euclidean => pairs.for_each(|((s, o), &norm)| (*s, *o) = (-2.0, norm)),
+        GpuDistanceMetric::DotProduct => pairs.for_each(|((s, o), _)| (*s, *o) = (-1.0, 0.0)),
+        GpuDistanceMetric::Cosine => pairs.for_each(|((s, o), &norm)| {
+            (*s, *o) = (if norm > 0.0 { -1.0 / norm.sqrt() } else { 0.0 }, 0.0);
+        }),
+        GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => {
+            pairs.for_each(|((s, o), _)| (*s, *o) = (1.0, 0.0));
         }
     }
 }

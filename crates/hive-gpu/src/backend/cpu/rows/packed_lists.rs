@@ -44,6 +44,8 @@ pub(super) struct PackedList {
     pub(super) slots: Vec<u32>,
     /// `packed::packed_len(slots.len(), dim)` values.
     pub(super) blocks: Vec<f32>,
+    /// Each row's squared norm, in the order of `slots`.
+    pub(super) norms: Vec<f32>,
     /// Where the copy is of byte-valued rows ([`PackedLists::bytes`]): the same rows as
     /// [`int8`] packs them (unsigned quads, groups of [`int8::ROW_GROUP`]), else empty.
     pub(super) bytes: Vec<u32>,
@@ -54,7 +56,12 @@ pub(super) struct PackedList {
 impl PackedList {
     /// Bytes of host memory held.
     fn bytes_held(&self) -> usize {
-        (self.slots.capacity() + self.blocks.capacity() + self.bytes.capacity() + self.sums.capacity()) * 4
+        (self.slots.capacity()
+            + self.blocks.capacity()
+            + self.norms.capacity()
+            + self.bytes.capacity()
+            + self.sums.capacity())
+            * 4
     }
 }
 
@@ -135,7 +142,7 @@ impl CpuRows {
             .filter(|l| l.len() >= MIN_ROWS)
             .map(|l| {
                 packed::packed_len(l.len(), dim) * 4
-                    + l.len() * 4
+                    + l.len() * 8
                     + l.len().next_multiple_of(int8::ROW_GROUP) * byte_row
             })
             .sum();
@@ -161,6 +168,7 @@ impl CpuRows {
                 if !keeps || list.len() < MIN_ROWS {
                     packed.slots = Vec::new();
                     packed.blocks = Vec::new();
+                    packed.norms = Vec::new();
                 }
                 if !keeps || list.len() < MIN_ROWS || !as_bytes || !old_bytes {
                     packed.bytes = Vec::new();
@@ -177,6 +185,7 @@ impl CpuRows {
                 let more = packed::packed_len(list.len(), dim).saturating_sub(packed.blocks.len());
                 packed.blocks.try_reserve_exact(more).ok()?;
                 packed.slots.try_reserve_exact(list.len() - from).ok()?;
+                packed.norms.try_reserve_exact(list.len() - from).ok()?;
                 let row = |&s: &u32| &values[s as usize * dim..(s as usize + 1) * dim];
                 if as_bytes {
                     let rows = list.len().next_multiple_of(int8::ROW_GROUP);
@@ -195,6 +204,7 @@ impl CpuRows {
                 }
                 packed::append(&mut packed.blocks, from, list[from..].iter().map(row), dim);
                 packed.slots.extend_from_slice(&list[from..]);
+                packed.norms.extend(list[from..].iter().map(|&s| self.sq_norms[s as usize]));
                 Some(packed)
             })
             .collect();
@@ -294,9 +304,10 @@ mod tests {
         let short = lists[0].split_off(cut);
         lists.push(short);
         check(&rows, &lists, 1, None, "first packing");
-        // The five long lists' blocks and slots (the list of lists adds a few hundred bytes).
+        // The five long lists' blocks, slots and norms (the list of lists adds a few hundred
+        // bytes; where the rows are byte-valued, their byte copy adds more: not these rows).
         let copied: usize =
-            lists[..5].iter().map(|l| packed::packed_len(l.len(), dim) * 4 + l.len() * 4).sum();
+            lists[..5].iter().map(|l| packed::packed_len(l.len(), dim) * 4 + l.len() * 8).sum();
         let bytes = rows.packed_lists_bytes();
         assert!(bytes >= copied, "the copy is counted: {bytes} of {copied}");
         assert!(bytes < copied + 20 * dim * 4, "the short list is not copied: {bytes} of {copied}");
