@@ -166,6 +166,7 @@ mod x86 {
 
     /// `rows[l][at..at + 8]`, one vector.
     #[target_feature(enable = "avx2")]
+    #[inline]
     fn load8(row: &[f32], at: usize) -> __m256 {
         let v: &[f32; BLOCK] = row[at..at + BLOCK].try_into().expect("8 components");
         // SAFETY: `v` is 8 readable f32 and the load needs no alignment.
@@ -175,6 +176,7 @@ mod x86 {
     /// The 8 x 8 block of `rows` at components `at..at + 8`, transposed: entry `j` holds
     /// component `at + j` of rows 0 to 7, lane `l` row `l`.
     #[target_feature(enable = "avx2")]
+    #[inline]
     fn transposed(rows: &[&[f32]; LANES], at: usize) -> [__m256; BLOCK] {
         let r: [__m256; LANES] = std::array::from_fn(|l| load8(rows[l], at));
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
