@@ -86,7 +86,11 @@ impl CpuRows {
     /// at most one query block, over codes already packed for their generation (as
     /// `CpuRows::scans_here` decides for IVF-Flat).
     pub(super) fn codes_here(&self, scan: &CodeScan<'_>) -> Option<Arc<PackedCodes>> {
-        if self.here_products == 0 || scan.dim == 0 || scan.queries.len() / scan.dim > QUERY_BLOCK {
+        if self.here_products == 0
+            || scan.dim == 0
+            || scan.queries.len() / scan.dim > QUERY_BLOCK
+            || super::spreads(scan.queries.len() / scan.dim)
+        {
             return None;
         }
         let rows: usize = scan

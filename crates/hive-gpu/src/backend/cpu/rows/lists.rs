@@ -41,7 +41,8 @@ impl CpuRows {
     /// 800 rows, about 2 us of work, which the hand-over to the pool and back tripled
     /// (docs/PERFORMANCE.md, "Small searches without serial chains"). The scan then uses this
     /// thread's scan buffers (`SCRATCH`, one tile of rows and one of products at most), which
-    /// stay with the thread as the pool's threads' buffers do.
+    /// stay with the thread as the pool's threads' buffers do. A batch of many queries goes to
+    /// the pool however few its products (`spreads`).
     pub(super) fn scans_here(
         &self,
         queries: &[f32],
@@ -56,8 +57,8 @@ impl CpuRows {
             .iter()
             .map(|&l| probes.lists.get(l as usize).map_or(0, Vec::len))
             .fold(0, usize::saturating_add);
-        if rows.saturating_mul(self.dim) > self.here_products || queries.len() / self.dim.max(1) > QUERY_BLOCK
-        {
+        let nq = queries.len() / self.dim.max(1);
+        if rows.saturating_mul(self.dim) > self.here_products || nq > QUERY_BLOCK || super::spreads(nq) {
             return None;
         }
         self.current_packed_lists(probes)

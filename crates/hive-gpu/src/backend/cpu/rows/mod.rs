@@ -883,6 +883,19 @@ impl RowStore for CpuRows {
         crate::exec::run(|| self.knn_on_pool(queries, k, metric, allowed))?
     }
 
+    /// The 1-NN set of each point: [`RowStore::nearest_sets`] at n = 1 picks the very row
+    /// `knn` at k = 1 would (a lone candidate is proven the nearest; ties go through the exact
+    /// re-rank, lower slot first), without re-ranking every point's one candidate. An IVF
+    /// probe at nprobe 1 took the re-rank and ran slower than at nprobe 2 (docs/PERFORMANCE.md,
+    /// "Byte-valued lists"); k-means assigns through this too.
+    fn nearest_rows(&self, points: &[f32]) -> Result<Vec<usize>> {
+        Ok(self
+            .nearest_sets(points, 1, GpuDistanceMetric::Euclidean)?
+            .into_iter()
+            .map(|slot| slot as usize)
+            .collect())
+    }
+
     fn nearest_sets(&self, queries: &[f32], n: usize, metric: GpuDistanceMetric) -> Result<Vec<u32>> {
         crate::backend::candidates::check_finite_queries("nearest_sets", self.dim, queries)?;
         if !self.searches_here(queries.len() / self.dim.max(1)) {
@@ -1018,6 +1031,15 @@ fn check_knn(queries: &[f32], dim: usize, k: usize, live: usize) -> Result<()> {
 /// threads instead ([`CpuRows::split_here`]): each part keeps at least half of this.
 const SPLIT_HERE_QUERIES: usize = 32;
 
+/// Whether a batch of `nq` queries small enough in products for the caller's thread has
+/// enough queries to be worth the pool's threads instead: [`SPLIT_HERE_QUERIES`] or more, and
+/// a pool of two threads or more. A list scan of 100 queries at nprobe 1 over 100-row lists
+/// (1.28M products) ran on one thread of two and slower than the same batch at nprobe 2
+/// (docs/PERFORMANCE.md, "Byte-valued lists").
+pub(super) fn spreads(nq: usize) -> bool {
+    nq >= SPLIT_HERE_QUERIES && crate::exec::pool_threads() > 1
+}
+
 /// Values (candidates x dimension, or scores) from which a refine or a selection spreads its
 /// queries over threads.
 const PARALLEL_REFINE_VALUES: usize = 1 << 16;
@@ -1044,11 +1066,10 @@ impl CpuRows {
         work: impl Fn(&[f32]) -> Result<Vec<T>> + Sync,
     ) -> Result<Vec<T>> {
         let nq = queries.len() / self.dim.max(1);
-        let threads = crate::exec::pool_threads();
-        if nq < SPLIT_HERE_QUERIES || threads < 2 {
+        if !spreads(nq) {
             return work(queries);
         }
-        let parts = threads.min(nq / (SPLIT_HERE_QUERIES / 2));
+        let parts = crate::exec::pool_threads().min(nq / (SPLIT_HERE_QUERIES / 2));
         let per = nq.div_ceil(parts) * self.dim;
         let found =
             crate::exec::run(|| queries.par_chunks(per).map(&work).collect::<Result<Vec<Vec<T>>>>())??;
