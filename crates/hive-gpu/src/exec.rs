@@ -14,8 +14,9 @@
 //!   searches where their parallel work arises (a CPU search, a big batch's preparation, its
 //!   results), so a single GPU query, which has none, keeps the caller's thread and pays no
 //!   hand-over (about 15 us on the H100 machine, 7% of that query: docs/PERFORMANCE.md), and
-//!   so do a small unfiltered CPU search and a small scan of packed IVF lists, written without
-//!   a parallel section for that (`Tuning::cpu_here_products`). No
+//!   so do a small unfiltered CPU search and a small scan of packed IVF lists of few queries,
+//!   written without a parallel section for that (`Tuning::cpu_here_products`; one of 32
+//!   queries or more enters the pool in parts). No
 //!   code under a collection's lock calls rayon except inside [`run`] or a scope of
 //!   [`run_off_pool`];
 //! - no pool thread blocks on work that needs other pool threads to finish: a section that

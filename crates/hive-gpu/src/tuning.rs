@@ -149,7 +149,9 @@ pub struct Tuning {
     /// search over 100 rows of 128 dimensions (SIFT10K's IVF probe; docs/PERFORMANCE.md, small
     /// searches). The same bound sends an IVF list scan (filtered or not) over lists already
     /// packed to the caller's thread: the rows its queries probe times the dimension
-    /// (`CpuRows::scans_here`). `HIVE_GPU_CPU_HERE_PRODUCTS`.
+    /// (`CpuRows::scans_here`). A batch of 32 queries or more still uses the pool where it has
+    /// two threads or more: a search split by queries, a list scan by lists (`spreads`).
+    /// `HIVE_GPU_CPU_HERE_PRODUCTS`.
     pub cpu_here_products: usize,
     /// The CPU backend keeps an IVF-Flat index's lists as a packed copy of their f32 rows
     /// (blocks of 16 rows, component-major), made at the first search of each state of the

@@ -273,7 +273,8 @@ pub trait RowStore: Send + Sync + std::fmt::Debug {
     /// points over few rows that k-means assignments, IVF adds and product-quantization
     /// encoding run. This default is that `knn` ([`nearest_by_knn`]); a backend overrides it
     /// with a cheaper pass that must pick the same rows (the CUDA/ROCm engine's
-    /// `hg_nearest_rows`, whose picks are proven before they are kept).
+    /// `hg_nearest_rows`, whose picks are proven before they are kept; the CPU backend's
+    /// [`RowStore::nearest_sets`] at n = 1, a lone candidate proven, ties re-ranked).
     fn nearest_rows(&self, points: &[f32]) -> Result<Vec<usize>> {
         nearest_by_knn(self, points)
     }

@@ -3,8 +3,9 @@
 //!
 //! The centroids live in a flat row store of the context's backend, so every assignment step is
 //! the backend's exact 1-NN of the training vectors over them ([`RowStore::nearest_rows`]: the
-//! device's nearest-row kernel on CUDA/ROCm, the exact k-NN elsewhere), and probing a trained
-//! index is that store's `knn` with `nprobe` (`nearest_rows` again at nprobe 1). The
+//! device's nearest-row kernel on CUDA/ROCm, `nearest_sets` at n = 1 on the CPU, the exact
+//! k-NN elsewhere), and probing a trained index is that store's `nearest_sets` with `nprobe`
+//! (`nearest_rows` again at nprobe 1). The
 //! update step sums each cluster's members on the host in f64, cluster by cluster over the
 //! members in their order, so it is deterministic: exact search breaks ties by slot on every
 //! backend, hence the same seed gives the same centroids, bit for bit, on every backend.

@@ -313,7 +313,7 @@ mod x86 {
 
     /// [`super::chunk_below`] in one register: the compiler split the portable loop into
     /// 8-, 4-, 2- and 1-lane pieces, each with its own compare and mask merge, a third of
-    /// the list scans' selection (`perf`, docs/PERFORMANCE.md "Re-ranks that do not wait").
+    /// the list scans' selection (`perf`, docs/PERFORMANCE.md "Byte-valued lists").
     /// The same multiply then add, each rounded, so the same distances.
     #[target_feature(enable = "avx512f")]
     #[inline]

@@ -55,10 +55,25 @@ pub fn pack_queries(queries: &[f32], dim: usize, out: &mut Vec<u32>) {
     let nq = queries.len() / dim;
     let nquads = quads(dim);
     out.clear();
-    for q in queries.chunks_exact(dim) {
-        append_query(q, out);
-    }
+    append_queries(queries, dim, out);
     out.resize(nq.div_ceil(QUERY_GROUP) * QUERY_GROUP * nquads, 0);
+}
+
+/// The packed quads of byte-valued queries ([`pack_queries`]' layout, `quads(dim)` per query,
+/// no padding queries), appended to `out`. `x - 128` of a byte is the byte with its top bit
+/// flipped; the conversion is [`row_to_bytes`]'s, 16 values at a time: a value at a time it was
+/// a tenth of a batch over small lists (docs/PERFORMANCE.md, "Byte-valued lists").
+pub fn append_queries(queries: &[f32], dim: usize, out: &mut Vec<u32>) {
+    let nquads = quads(dim);
+    let mut bytes = vec![0u8; nquads * 4];
+    out.reserve(queries.len() / dim.max(1) * nquads);
+    for q in queries.chunks_exact(dim) {
+        row_to_bytes(q, &mut bytes[..dim]);
+        for b in &mut bytes[..dim] {
+            *b ^= 0x80;
+        }
+        out.extend(bytes.as_chunks::<4>().0.iter().map(|quad| u32::from_le_bytes(*quad)));
+    }
 }
 
 /// Packs byte-valued rows as unsigned quads interleaved across 16 lanes (as
@@ -95,15 +110,6 @@ pub fn append_rows<'a>(
             packed[j * 16 + lane] = u32::from_le_bytes(*quad);
         }
     }
-}
-
-/// The packed quads of one byte-valued query ([`pack_queries`]' layout for one query,
-/// `quads(dim)` values), appended to `out`.
-pub fn append_query(query: &[f32], out: &mut Vec<u32>) {
-    out.extend(query.chunks(4).map(|quad| {
-        let byte = |i: usize| quad.get(i).map_or(0u8, |&x| (x as i32 - 128) as i8 as u8);
-        u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)])
-    }));
 }
 
 /// Writes the byte value of each component of `row` into `out` and returns their sum.
@@ -388,9 +394,7 @@ mod tests {
             for nq in 1..=19 {
                 let queries: Vec<f32> = (0..nq * dim).map(value).collect();
                 let mut quads_of = Vec::new();
-                for q in queries.chunks_exact(dim) {
-                    append_query(q, &mut quads_of);
-                }
+                append_queries(&queries, dim, &mut quads_of);
                 let mut out = vec![f32::NAN; nq * stride];
                 assert!(products_any(&quads_of, &packed, nquads, stride, &sums, &mut out));
                 for q in 0..nq {

@@ -107,14 +107,20 @@ impl CpuRows {
         let bounds = self.f32_bounds(kernel_queries, metric);
         // A copy with byte rows and a batch of byte-valued queries: their quads, for the exact
         // integer products (`int8`). One query with a fraction keeps the batch on f32.
+        // Only where a probed list holds byte rows (lists too short to pack have none).
         let byte_queries: Option<Vec<u32>> = packed_lists
             .as_ref()
-            .filter(|packed| packed.bytes && int8::all_bytes(kernel_queries))
+            .filter(|packed| {
+                packed.bytes
+                    && probes
+                        .probes
+                        .iter()
+                        .any(|&l| packed.lists.get(l as usize).is_some_and(|l| !l.bytes.is_empty()))
+                    && int8::all_bytes(kernel_queries)
+            })
             .map(|_| {
-                let mut quads = Vec::with_capacity(nq * int8::quads(dim));
-                for q in kernel_queries.chunks_exact(dim) {
-                    int8::append_query(q, &mut quads);
-                }
+                let mut quads = Vec::new();
+                int8::append_queries(kernel_queries, dim, &mut quads);
                 quads
             });
         let askers = ListAskers::new(probes.probes, probes.nprobe, probes.lists.len());
@@ -333,6 +339,9 @@ impl CpuRows {
                         products,
                     )
                 });
+                // The shapes are the copy's own: a refusal here would be a defect, not a CPU
+                // without VNNI (the copy has no byte rows then).
+                debug_assert!(exact || byte_queries.is_none(), "the byte products refused their shapes");
                 if !exact {
                     batch.gather_queries(group, dim, block_queries);
                     packed::products(self.simd, block_queries, dim, blocks, products, stride);
@@ -426,7 +435,7 @@ struct Scratch {
 struct Batch<'a> {
     /// The queries as the kernels see them (unit vectors under cosine), row-major.
     kernel_queries: &'a [f32],
-    /// Each kernel query's quads ([`int8::append_query`]), where the packed copy has byte
+    /// Each kernel query's quads ([`int8::append_queries`]), where the packed copy has byte
     /// rows and every query is byte-valued.
     byte_queries: Option<&'a [u32]>,
     /// Each query's error bound on the GEMM path.

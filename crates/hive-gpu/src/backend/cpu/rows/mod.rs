@@ -485,8 +485,8 @@ impl CpuRows {
         out.reserve(slots.len());
         // The candidates are scattered rows that the scan before did not read (an IVF scan
         // reads its packed copy, a coded scan its codes): each group's loads waited on memory,
-        // about half of the re-rank's samples (`perf`, docs/PERFORMANCE.md "Re-ranks that do
-        // not wait"). Rows are asked for a few groups ahead of their sums, within about
+        // about half of the re-rank's samples (`perf`, docs/PERFORMANCE.md "Byte-valued
+        // lists"). Rows are asked for a few groups ahead of their sums, within about
         // 16 KiB, so they arrive while the groups before are summed.
         let row_bytes = dim * crate::exact::elements::element_bytes(self.precision());
         let ahead_rows = (16 * 1024 / row_bytes.max(1)).clamp(lanes::LANES, 4 * lanes::LANES);
@@ -872,9 +872,10 @@ impl RowStore for CpuRows {
         allowed: Option<&SlotSet>,
     ) -> Result<Vec<Vec<Neighbor>>> {
         crate::backend::candidates::check_finite_queries("knn", self.dim, queries)?;
-        // A small unfiltered search runs on the caller's thread, without a parallel section;
-        // every other is parallel: on the library's pool, since the caller may hold a
-        // collection's lock (`crate::exec`).
+        // A small unfiltered search of few queries runs on the caller's thread, without a
+        // parallel section (of many queries, in parts on the pool: `split_here`); every other
+        // is parallel: on the library's pool, since the caller may hold a collection's lock
+        // (`crate::exec`).
         if allowed.is_none() && self.searches_here(queries.len() / self.dim.max(1)) {
             // The whole batch is checked here, so that an error names it and not a part.
             check_knn(queries, self.dim, k, self.len_slots() - self.dead.count())?;
@@ -1028,7 +1029,7 @@ fn check_knn(queries: &[f32], dim: usize, k: usize, live: usize) -> Result<()> {
 }
 
 /// Queries from which a search small enough for the caller's thread is split over the pool's
-/// threads instead ([`CpuRows::split_here`]): each part keeps at least half of this.
+/// threads instead ([`CpuRows::split_here`]): parts of about half of this or more.
 const SPLIT_HERE_QUERIES: usize = 32;
 
 /// Whether a batch of `nq` queries small enough in products for the caller's thread has
@@ -1210,6 +1211,7 @@ mod tests {
                             rows.append(values).expect("rows");
                             rows.tombstone(&removed);
                             assert_eq!(rows.searches_here(nq), here > 0);
+                            assert_eq!(spreads(nq), nq >= 32 && crate::exec::pool_threads() > 1);
                             rows.knn(&queries, k, metric, None).map_err(|e| e.to_string())
                         });
                         assert_eq!(searches[0], searches[1], "{precision:?} nq {nq} {metric:?} k {k}");

@@ -352,7 +352,8 @@ mod tests {
         // 4, removed rows and a filter, rows added within the lineage (the byte rows kept and
         // the new ones packed after them), a batch with one value with a fraction (the f32
         // blocks), then a stored row with a fraction (no byte copy any more). Every scan must
-        // equal the exact answer through `refine`.
+        // equal the exact answer through `refine`. (Under cosine the kernels take unit queries,
+        // which are not byte-valued: those batches check the f32 blocks beside the bytes.)
         let dim = 19;
         let mut seed = 5u64;
         let mut bytes = |n: usize| -> Vec<f32> {
@@ -365,7 +366,14 @@ mod tests {
         let queries = bytes(40);
         let byte_copy = |rows: &CpuRows| {
             let held = rows.packed.lock().unwrap_or_else(PoisonError::into_inner);
-            held.as_ref().is_some_and(|p| p.bytes && p.lists.iter().all(|l| l.bytes.len() >= l.slots.len()))
+            // Every list's byte rows and sums cover its slots, padded to whole groups.
+            held.as_ref().is_some_and(|p| {
+                p.bytes
+                    && p.lists.iter().all(|l| {
+                        let rows = l.slots.len().next_multiple_of(int8::ROW_GROUP);
+                        l.bytes.len() == rows * int8::quads(dim) && l.sums.len() == rows
+                    })
+            })
         };
         let check = |rows: &CpuRows,
                      lists: &[Vec<u32>],
