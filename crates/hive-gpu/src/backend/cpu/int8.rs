@@ -128,7 +128,9 @@ fn row_to_bytes(row: &[f32], out: &mut [u8]) -> i32 {
 }
 
 /// `out[q * stride + r] = query_q . row_r` (exact, then rounded to f32) for every packed
-/// query and row. Returns false, computing nothing, where the CPU lacks the instructions.
+/// query and row, the queries padded to whole groups of [`QUERY_GROUP`] ([`pack_queries`]).
+/// Returns false, computing nothing, where the CPU lacks the instructions or the shapes do not
+/// fit ([`products_any`]).
 pub fn products(
     queries: &[u32],
     rows: &[u32],
@@ -137,24 +139,9 @@ pub fn products(
     sums: &[i32],
     out: &mut [f32],
 ) -> bool {
-    let nq = queries.len() / nquads;
-    let nrows = rows.len() / nquads;
-    if !available()
-        || !nq.is_multiple_of(QUERY_GROUP)
-        || !nrows.is_multiple_of(ROW_GROUP)
-        || sums.len() < nrows
-        || stride < nrows
-        || out.len() < nq * stride
-    {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `available()` confirmed avx512f and avx512vnni at run time; the shapes were
-    // checked above, and the kernel indexes only through bounds-checked slices.
-    unsafe {
-        kernel::products(queries, rows, nquads, stride, sums, out)
-    };
-    cfg!(target_arch = "x86_64")
+    nquads > 0
+        && (queries.len() / nquads).is_multiple_of(QUERY_GROUP)
+        && products_any(queries, rows, nquads, stride, sums, out)
 }
 
 /// [`products`] for any number of packed queries: runs of 8 share each load of the rows, and
@@ -197,34 +184,7 @@ pub fn products_any(
 mod kernel {
     use std::arch::x86_64::*;
 
-    use super::{QUERY_GROUP, ROW_GROUP};
-
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    pub(super) fn products(
-        queries: &[u32],
-        rows: &[u32],
-        nquads: usize,
-        stride: usize,
-        sums: &[i32],
-        out: &mut [f32],
-    ) {
-        let nq = queries.len() / nquads;
-        let groups = rows.len() / (nquads * ROW_GROUP);
-        for qg in 0..nq / QUERY_GROUP {
-            let qs = &queries[qg * QUERY_GROUP * nquads..(qg + 1) * QUERY_GROUP * nquads];
-            for g in 0..groups {
-                let block = &rows[g * ROW_GROUP * nquads..(g + 1) * ROW_GROUP * nquads];
-                let row_sums = &sums[g * ROW_GROUP..(g + 1) * ROW_GROUP];
-                let acc = block_products::<QUERY_GROUP>(qs, block, nquads, row_sums);
-                for (q, lanes) in acc.iter().enumerate() {
-                    let at = (qg * QUERY_GROUP + q) * stride + g * ROW_GROUP;
-                    let dst = &mut out[at..at + ROW_GROUP];
-                    dst[..16].copy_from_slice(&lanes[0]);
-                    dst[16..].copy_from_slice(&lanes[1]);
-                }
-            }
-        }
-    }
+    use super::ROW_GROUP;
 
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub(super) fn products_any(
