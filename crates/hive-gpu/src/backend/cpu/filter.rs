@@ -292,6 +292,9 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) fn kth_smallest_avx512(raw: &[f32], scale: &[f32], offset: &[f32], k: usize) -> f32 {
         assert!((1..=VECTOR_K).contains(&k), "a k of 1 to {VECTOR_K}, not {k}");
+        if k == 1 {
+            return least(raw, scale, offset);
+        }
         let up_one = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
         if k <= LANES {
             let kth_lane = _mm512_set1_epi32(k as i32 - 1);
@@ -340,6 +343,34 @@ mod x86 {
             _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, _mm512_set1_ps(limit))
         };
         (d, u32::from(below))
+    }
+
+    /// The least distance `raw[j] * scale[j] + offset[j]` (`+inf` where none is finite and not
+    /// NaN): k = 1, an IVF probe at nprobe 1, as a running minimum 16 lanes wide instead of an
+    /// insertion per value that beats it (the probe's selection was a seventh of such a
+    /// batch: docs/PERFORMANCE.md, "Byte-valued lists").
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn least(raw: &[f32], scale: &[f32], offset: &[f32]) -> f32 {
+        let n = raw.len().min(scale.len()).min(offset.len());
+        let whole = n / CHUNK * CHUNK;
+        let inf = _mm512_set1_ps(f32::INFINITY);
+        let mut min = inf;
+        for start in (0..whole).step_by(CHUNK) {
+            // Lanes below +inf (ordered: a NaN never is) take part; the others stay +inf.
+            let (d, below) = chunk_below_avx512(raw, scale, offset, start, f32::INFINITY);
+            // SAFETY: `d` is 16 readable f32; the load needs no alignment.
+            let v = unsafe { _mm512_loadu_ps(d.as_ptr()) };
+            min = _mm512_min_ps(min, _mm512_mask_mov_ps(inf, below as __mmask16, v));
+        }
+        let mut least = _mm512_reduce_min_ps(min);
+        for i in whole..n {
+            let d = raw[i] * scale[i] + offset[i];
+            if d < least {
+                least = d;
+            }
+        }
+        least
     }
 
     /// Offers every distance `raw[j] * scale[j] + offset[j]` below the k-th so far to `insert`
@@ -414,6 +445,21 @@ mod tests {
                     let got = unsafe { x86::kth_smallest_avx512(&raw, &scale, &offset, k) };
                     assert!(got == *want, "AVX-512, n {n} k {k}: {got} vs {want}");
                 }
+            }
+        }
+        // NaNs alone, and a NaN in the last lane of the last whole chunk: k = 1's running
+        // minimum must skip them as the selection does.
+        for (raw, want) in [
+            (vec![f32::NAN; 16], f32::INFINITY),
+            ((0..32).map(|i| if i == 31 { f32::NAN } else { 5.0 + i as f32 }).collect(), 5.0),
+        ] {
+            let ones = vec![1.0; raw.len()];
+            let zeros = vec![0.0; raw.len()];
+            assert_eq!(kth_smallest_small(&raw, &ones, &zeros, 1), want);
+            #[cfg(target_arch = "x86_64")]
+            if SimdLevel::detect() == SimdLevel::Avx512 {
+                // SAFETY: AVX-512 was detected just above.
+                assert_eq!(unsafe { x86::kth_smallest_avx512(&raw, &ones, &zeros, 1) }, want);
             }
         }
     }
