@@ -32,6 +32,11 @@ pub struct Tuning {
     /// Row tiles each block of CUDA's fused filter streams (at least 1; tests use 3).
     /// `HIVE_GPU_FUSED_TILES`.
     pub fused_tiles: usize,
+    /// Blocks per multiprocessor that CUDA's fused filter's grid aims for: a block streams
+    /// fewer than `fused_tiles` row tiles where the grid would otherwise hold fewer (0: always
+    /// `fused_tiles`; tests use 0 to keep blocks of several tiles covered).
+    /// `HIVE_GPU_FUSED_BLOCKS_PER_SM`.
+    pub fused_blocks_per_sm: usize,
     /// CUDA's fused filter multiplies f32 rows rounded to f16 where their range allows (false:
     /// TF32 always). `HIVE_GPU_F16_FILTER=0` turns it off.
     pub f16_filter: bool,
@@ -186,6 +191,8 @@ impl Default for Tuning {
             // batch of 1,000 8-23% faster (1e8), and 100 queries 1.8x slower (1e7).
             fused_min_work: 100_000_000,
             fused_tiles: 32,
+            // Two blocks of the f16 filter fit a multiprocessor at d = 128: 8 is four waves.
+            fused_blocks_per_sm: 8,
             f16_filter: true,
             rounded_copy_bytes: 512 << 20,
             select_min_candidates: 8192,
@@ -300,10 +307,11 @@ impl Tuning {
         switch("HIVE_GPU_CPU_PACKED_LISTS", &mut t.cpu_packed_lists)?;
         switch("HIVE_GPU_NEAREST_KERNEL", &mut t.nearest_kernel)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 26] = [
+        let sizes: [(&str, usize, &mut usize); 27] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
+            ("HIVE_GPU_FUSED_BLOCKS_PER_SM", 0, &mut t.fused_blocks_per_sm),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", 0, &mut t.rounded_copy_bytes),
             ("HIVE_GPU_SELECT_MIN", 1, &mut t.select_min_candidates),
             ("HIVE_GPU_TILE_QUERIES", 1, &mut t.tile_queries),
@@ -361,6 +369,7 @@ mod tests {
             ("HIVE_GPU_FUSED", "0"),
             ("HIVE_GPU_FUSED_MIN_ROWS", "1"),
             ("HIVE_GPU_FUSED_MIN_WORK", "77"),
+            ("HIVE_GPU_FUSED_BLOCKS_PER_SM", "0"),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", "0"),
             ("HIVE_GPU_TILE_ROWS", "512"),
             ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
@@ -391,7 +400,7 @@ mod tests {
         assert_eq!((t.nearest_min_points, t.nearest_piece_bytes), (5, 4096));
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
-        assert_eq!(t.fused_min_work, 77);
+        assert_eq!((t.fused_min_work, t.fused_blocks_per_sm), (77, 0));
         assert_eq!((t.device_rows_bytes, t.stream_window_bytes), (Some(4096), 1024));
         assert_eq!((t.cpu_bf16_min_rows, t.cpu_here_products), (0, 0));
         assert_eq!((t.small_search_rows, t.small_piece_workers), (0, 6));

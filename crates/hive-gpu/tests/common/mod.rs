@@ -107,6 +107,7 @@ pub fn contexts_with_forced_paths() -> Vec<GpuContext> {
         let fused = |t: &mut Tuning| {
             t.fused_min_rows = 1;
             t.fused_tiles = 3;
+            t.fused_blocks_per_sm = 0;
         };
         let variants: Vec<Tuning> = match context.backend_type() {
             GpuBackendType::Cuda | GpuBackendType::Rocm => vec![

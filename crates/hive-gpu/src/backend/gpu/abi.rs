@@ -207,6 +207,13 @@ kernel_params! {
         sortn: U32, lists: Ptr, evicted: Ptr, thresholds: Ptr,
     }
 
+    /// Each query's fused-filter threshold from its products with a sample of the rows
+    /// (`hg_sample_tau`).
+    struct SampleTau for ["hg_sample_tau"] {
+        dots: Ptr, ldc: U32, rows_n: U32, stride: U32, norms: Ptr, dead: Ptr, metric: I32,
+        inv_scale: Ptr, gate_add: Ptr, j: U32, widen: F32, tau: Ptr, evicted: Ptr,
+    }
+
     /// Merges a query's candidate lists, checks its band, re-ranks in f64 and writes its
     /// results (`hg_finalize`).
     struct Finalize for [

@@ -157,6 +157,7 @@ kernel_table!(
     scan_all_i8: ScanAll,
     scan_all_u8: ScanAll,
     tile_topk: TileTopk,
+    sample_tau: SampleTau,
     finalize_f32: Finalize,
     finalize_f16: Finalize,
     finalize_bf16: Finalize,

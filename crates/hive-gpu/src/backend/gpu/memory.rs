@@ -118,8 +118,6 @@ pub(super) struct Workspace<D: Driver> {
     /// The k pairs the linear selection of a long re-ranked list keeps, before they are sorted.
     pub(super) selected_keys: Scratch<D>,
     pub(super) selected_slots: Scratch<D>,
-    /// Results of the fused filter's sample search.
-    pub(super) sample: Scratch<D>,
     /// The sample's norms, side by side.
     pub(super) sample_norms: Scratch<D>,
     /// The fused filter's per-query thresholds and smallest dropped entries.
@@ -193,7 +191,6 @@ impl<D: Driver> Workspace<D> {
             radix: Scratch::new(),
             selected_keys: Scratch::new(),
             selected_slots: Scratch::new(),
-            sample: Scratch::new(),
             sample_norms: Scratch::new(),
             fused_state: Scratch::new(),
             fused_cand: Scratch::new(),

@@ -14,9 +14,9 @@
 use rayon::prelude::*;
 
 use super::abi::{
-    FewTopk, Finalize, Launch, MmaFilter, RadixCollect, RadixHist, RadixPick, RadixState, RoundRows, ScanAll,
-    ScanTopk, SelectCollect, SelectHist, SelectPick, SelectState, StridedNorms, TileTopk, WidenBytes,
-    read_back,
+    FewTopk, Finalize, Launch, MmaFilter, RadixCollect, RadixHist, RadixPick, RadixState, RoundRows,
+    SampleTau, ScanAll, ScanTopk, SelectCollect, SelectHist, SelectPick, SelectState, StridedNorms, TileTopk,
+    WidenBytes, read_back,
 };
 use super::driver::{DevicePtr, Driver, GemmInputs, GemmTn};
 use super::kernels::{BLOCK, FEW_ROWS, FEW_THREADS, MMA_TILE, mma_shared_bytes};
@@ -149,6 +149,11 @@ impl FewLists {
 /// Most blocks along a grid's y dimension (queries) in one launch.
 const MAX_GRID_Y: usize = 65_535;
 
+/// Gate bands that the fused filter's guessed threshold adds to its sample's j-th approximate
+/// distance (`hg_sample_tau`): the sample's own products may err by TF32's band, twice the
+/// rounded f16 filter's gate, and the filter's band comes on top.
+const SAMPLE_WIDEN: f32 = 3.0;
+
 /// Where each input lives in the workspace's input buffer.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Inputs {
@@ -162,6 +167,18 @@ pub(super) struct Inputs {
     /// The rows the products read where they are not the stored ones: an exact f16 copy of
     /// byte rows on the f16 paths (`GpuRows::widened_bytes`); 0 for the stored rows.
     pub(super) product_rows: DevicePtr,
+}
+
+/// What one GEMM of a path multiplies (`GpuRows::product_operands`): the queries (`element`
+/// bytes a value, scaled by `inv_scale` on the f16 path, else 0) and the rows (`row_element`
+/// bytes a value).
+struct Operands {
+    kind: GemmInputs,
+    queries: DevicePtr,
+    element: u64,
+    rows: DevicePtr,
+    row_element: u64,
+    inv_scale: DevicePtr,
 }
 
 /// Per-query candidate lists handed to finalize: `segments` lists of `len` entries per query,
@@ -270,14 +287,6 @@ impl<D: Driver> Sink<'_, D> {
         let outputs = super::merge::stage_host_lists(&device.driver, ws, lists, width)?;
         self.write(device, ws, &outputs, lists.len(), width)
     }
-}
-
-/// What the fused filter's thresholds are computed from, per query.
-struct Thresholds<'a> {
-    /// |q| in f64.
-    q_norms: &'a [f64],
-    /// The band's width in approximate-distance units (the gate's `add`).
-    gate_add: &'a [f32],
 }
 
 /// Where each output lives in the workspace's output buffer.
@@ -946,8 +955,7 @@ impl<D: Driver> GpuRows<D> {
                 self.radix_one(ws, &inputs, q, k, metric, &outputs, (gate_mul[q], gate_add[q]), q_norms[q])?;
             }
         } else if fused.is_some() {
-            let thresholds = Thresholds { q_norms, gate_add };
-            self.fused_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile, &thresholds)?;
+            self.fused_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile)?;
         } else if path == Approximation::Scan {
             self.scan_path(ws, &inputs, nq, k, metric, &outputs, &mut profile)?;
         } else {
@@ -1327,6 +1335,57 @@ impl<D: Driver> GpuRows<D> {
         Ok(())
     }
 
+    /// The operands of `path`'s GEMM: a `RoundedF16` filter's sample runs on TF32 (cuBLAS has
+    /// no f32-rows-in-f16 GEMM) under the filter's narrower gate (its threshold is a guess
+    /// either way, which the filter's finalize proves or rejects); byte rows on an f16 path
+    /// multiply their f16 copy.
+    fn product_operands(&self, inputs: &Inputs, path: Approximation, rows: DevicePtr) -> Operands {
+        let (kind, queries, element) = match path {
+            Approximation::GemmF16 { .. } => (GemmInputs::F16, inputs.half, 2u64),
+            Approximation::GemmTf32 | Approximation::RoundedF16 { .. } => {
+                (GemmInputs::Tf32, inputs.approx, 4)
+            }
+            _ => (GemmInputs::F32, inputs.approx, 4),
+        };
+        let inv_scale = if matches!(path, Approximation::GemmF16 { .. }) { inputs.inv_scale } else { 0 };
+        let (rows, row_element) = match inputs.product_rows {
+            0 => (rows, self.element_bytes() as u64),
+            copy => (copy, 2),
+        };
+        Operands { kind, queries, element, rows, row_element, inv_scale }
+    }
+
+    /// One GEMM tile of products on `stream`: the engine's own tiles where the metric or the
+    /// stored type needs them (and no f16 copy stands in for the rows), else the GEMM.
+    fn products(
+        &self,
+        stream: &D::Stream,
+        g: &GemmTn,
+        metric: GpuDistanceMetric,
+        inputs: &Inputs,
+    ) -> Result<()> {
+        if self.own_tiles(metric) && inputs.product_rows == 0 {
+            self.device.tiles(stream, g, metric, self.precision)
+        } else {
+            self.device.gemm(stream, g, self.tuning.own_gemm)
+        }
+    }
+
+    /// Every `stride`-th norm side by side in the workspace: a sample's norms, read by the
+    /// selections by sample row.
+    fn sample_norms(&self, ws: &mut Workspace<D>, norms: DevicePtr, stride: usize) -> Result<DevicePtr> {
+        let driver = self.driver().clone();
+        let n = self.len.div_ceil(stride);
+        let gathered = ws.sample_norms.get(&driver, n * 4)?;
+        self.device.launch(
+            &ws.stream,
+            self.device.kernels.strided_norms,
+            Launch::new((n.div_ceil(BLOCK as usize).min(1024) as u32, 1), BLOCK),
+            &StridedNorms { norms, stride: stride as u32, count: n as u32, out: gathered },
+        )?;
+        Ok(gathered)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn tile_path(
         &self,
@@ -1363,35 +1422,13 @@ impl<D: Driver> GpuRows<D> {
         let evicted = ws.evicted.get(&driver, states * 8)?;
         let thresholds = ws.thresholds.get(&driver, states * 4)?;
         let (rows, norms, dead) = self.arrays_ptrs(ws)?;
-        // The selection reads a sample's norms by sample row: gather them side by side.
         let norms = if stride > 1 && metric != GpuDistanceMetric::DotProduct {
-            let gathered = ws.sample_norms.get(&driver, n * 4)?;
-            self.device.launch(
-                &ws.stream,
-                self.device.kernels.strided_norms,
-                Launch::new((n.div_ceil(BLOCK as usize).min(1024) as u32, 1), BLOCK),
-                &StridedNorms { norms, stride: stride as u32, count: n as u32, out: gathered },
-            )?;
-            gathered
+            self.sample_norms(ws, norms, stride)?
         } else {
             norms
         };
-        // A `RoundedF16` filter's sample runs on TF32 (cuBLAS has no f32-rows-in-f16 GEMM)
-        // under the filter's narrower gate: its threshold is a guess either way, which the
-        // filter's finalize proves or rejects.
-        let (inputs_kind, queries, element) = match path {
-            Approximation::GemmF16 { .. } => (GemmInputs::F16, inputs.half, 2u64),
-            Approximation::GemmTf32 | Approximation::RoundedF16 { .. } => {
-                (GemmInputs::Tf32, inputs.approx, 4)
-            }
-            _ => (GemmInputs::F32, inputs.approx, 4),
-        };
-        let inv_scale = if matches!(path, Approximation::GemmF16 { .. }) { inputs.inv_scale } else { 0 };
-        // Byte rows on an f16 path: their f16 copy.
-        let (rows, row_element) = match inputs.product_rows {
-            0 => (rows, self.element_bytes() as u64),
-            copy => (copy, 2),
-        };
+        let Operands { kind: inputs_kind, queries, element, rows, row_element, inv_scale } =
+            self.product_operands(inputs, path, rows);
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
             driver.fill(&ws.stream, lists, 0xff, qc * segments * kcap * 8)?;
@@ -1419,11 +1456,7 @@ impl<D: Driver> GpuRows<D> {
                     ldc: tile_rows,
                     inputs: inputs_kind,
                 };
-                if self.own_tiles(metric) && inputs.product_rows == 0 {
-                    self.device.tiles(&ws.gemm_stream, &products, metric, self.precision)?;
-                } else {
-                    self.device.gemm(&ws.gemm_stream, &products, self.tuning.own_gemm)?;
-                }
+                self.products(&ws.gemm_stream, &products, metric, inputs)?;
                 driver.record(gemm_done, &ws.gemm_stream)?;
                 profile.mark(&*driver, &ws.gemm_stream, "gemm")?;
                 driver.wait(&ws.stream, gemm_done)?;
@@ -1462,7 +1495,7 @@ impl<D: Driver> GpuRows<D> {
         Ok(())
     }
 
-    /// The fused filter: thresholds from an exact search of every `SAMPLE_STRIDE`-th row,
+    /// The fused filter: thresholds guessed from a sample of every `SAMPLE_STRIDE`-th row,
     /// then one tensor-core kernel per query chunk that keeps the rows below them, then the
     /// usual finalize over each query's buffer.
     #[allow(clippy::too_many_arguments)]
@@ -1476,27 +1509,18 @@ impl<D: Driver> GpuRows<D> {
         path: Approximation,
         outputs: &Outputs,
         profile: &mut Profiler,
-        thresholds: &Thresholds<'_>,
     ) -> Result<()> {
         let driver = self.driver().clone();
         let tensor = self.device.kernels.tensor.as_ref().ok_or_else(|| {
             HiveGpuError::Internal("fused filter planned on a device without tensor-core kernels".into())
         })?;
         let (n, dim) = (self.len, self.dim);
-        let tau = self.sample_thresholds(ws, inputs, nq, k, metric, path, profile, thresholds)?;
-
         // Thresholds, then every query's smallest dropped entry: the threshold itself, since
         // only rows above it are dropped (slot 0 keeps the key at or below any such row's).
         let state_bytes = align(nq * 4) + align(nq * 8);
         let state = ws.fused_state.get(&driver, state_bytes)?;
         let (tau_ptr, evicted_ptr) = (state, state + align(nq * 4) as u64);
-        // The staging buffer may still feed the inputs' upload (or be reallocated): wait.
-        driver.synchronize(&ws.stream)?;
-        let host = ws.staging.get(&*driver, state_bytes)?;
-        let evicted: Vec<u64> = tau.iter().map(|&t| entry_key(t, 0)).collect();
-        host[..nq * 4].copy_from_slice(bytemuck::cast_slice(&tau));
-        host[align(nq * 4)..align(nq * 4) + nq * 8].copy_from_slice(bytemuck::cast_slice(&evicted));
-        driver.upload(&ws.stream, state, host, state_bytes)?;
+        self.sample_thresholds(ws, inputs, nq, k, metric, path, profile, tau_ptr, evicted_ptr)?;
 
         let kcap = self.path_list_size(k, path);
         let chunk = self.tuning.tile_queries.min(nq);
@@ -1524,13 +1548,10 @@ impl<D: Driver> GpuRows<D> {
             Approximation::RoundedF16 { row_scale, .. } => row_scale as f32,
             _ => 1.0,
         };
-        // Row tiles per block: enough to amortize loading its query tile, few enough that the
-        // grid has many blocks to balance.
-        let tiles = self.tuning.fused_tiles.max(n.div_ceil(MMA_TILE).div_ceil(MAX_GRID_Y));
-        let row_groups = n.div_ceil(MMA_TILE).div_ceil(tiles);
         let shared = mma_shared_bytes(row_element, element as usize, dim);
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
+            let (tiles, row_groups) = self.fused_grid(n, qc);
             driver.fill(&ws.stream, cand, 0xff, qc * FUSED_CAP * 8)?;
             driver.fill(&ws.stream, counts, 0, qc * 4)?;
             let q = q0 as u64;
@@ -1617,11 +1638,40 @@ impl<D: Driver> GpuRows<D> {
         Ok(Some((copy, quads, Launch::new((blocks as u32, 1), BLOCK))))
     }
 
-    /// Each query's fused-filter threshold, in approximate-distance units: the exact distance
-    /// of its j-th nearest row in the sample, moved to the kernels' form and widened by the
-    /// gate's band, with j such that about 2k + 8 * SAMPLE_STRIDE rows of the collection are
-    /// expected below it. +inf where the sample is too small or its search failed (every row
-    /// then passes, and an overflowing buffer flags the query).
+    /// Row tiles each block of the fused filter streams for `qc` queries over `n` rows, and
+    /// the grid's row groups. A block loads its 128 queries once for all its tiles, so more
+    /// tiles a block read fewer bytes; but the grid must also fill the device: 100k rows x
+    /// 1,000 queries at 32 tiles a block are 200 blocks for 132 multiprocessors, each running
+    /// two at a time (docs/PERFORMANCE.md, "The fused filter's grid follows the problem").
+    /// So the tiles shrink until the grid holds `Tuning::fused_blocks_per_sm` blocks a
+    /// multiprocessor (0: always `Tuning::fused_tiles`), and grow past that where the row
+    /// groups would not fit the grid's second dimension.
+    fn fused_grid(&self, n: usize, qc: usize) -> (usize, usize) {
+        let row_tiles = n.div_ceil(MMA_TILE);
+        let most = self.tuning.fused_tiles;
+        let tiles = match self.tuning.fused_blocks_per_sm {
+            0 => most,
+            per_sm => {
+                let wanted = self.driver().multiprocessors() as usize * per_sm;
+                (row_tiles * qc.div_ceil(MMA_TILE)).div_ceil(wanted).clamp(1, most)
+            }
+        };
+        let tiles = tiles.max(row_tiles.div_ceil(MAX_GRID_Y));
+        (tiles, row_tiles.div_ceil(tiles))
+    }
+
+    /// Each query's fused-filter threshold and smallest dropped entry, written to `tau` and
+    /// `evicted` on the device (`hg_sample_tau`): the approximate distance its j-th nearest row
+    /// of the sample (every `SAMPLE_STRIDE`-th slot) reaches, with j such that about 2k + 8 *
+    /// SAMPLE_STRIDE rows of the collection are expected below it, widened by
+    /// `SAMPLE_WIDEN` of the query's gate bands. The sample's products are the path's GEMM,
+    /// with the whole sample in one tile per chunk of queries. +inf where the sample is too
+    /// small (every row then passes, and an overflowing buffer flags the query).
+    ///
+    /// The threshold is a guess that the finalize proves or rejects: a query whose band
+    /// reaches past it is flagged and searched again on a narrower path. So it needs no exact
+    /// search of the sample and no trip through the host, which together took 0.27 ms of a
+    /// 1,000-query batch over 100k rows (docs/PERFORMANCE.md, the shape sweep's follow-up).
     #[allow(clippy::too_many_arguments)]
     fn sample_thresholds(
         &self,
@@ -1632,35 +1682,73 @@ impl<D: Driver> GpuRows<D> {
         metric: GpuDistanceMetric,
         path: Approximation,
         profile: &mut Profiler,
-        thresholds: &Thresholds<'_>,
-    ) -> Result<Vec<f32>> {
+        tau: DevicePtr,
+        evicted: DevicePtr,
+    ) -> Result<()> {
         let driver = self.driver().clone();
-        let mut tau = vec![f32::INFINITY; nq];
-        let Some(j) = self.sample_rank(ws, k) else {
-            return Ok(tau);
+        // hg_sample_tau ranks one value per thread: j <= BLOCK (sample_rank keeps j far below
+        // it for every k the filter's buffer admits).
+        let Some(j) = self.sample_rank(ws, k).filter(|&j| j <= BLOCK as usize) else {
+            let infinite = vec![f32::INFINITY; nq];
+            let evicted_keys = vec![entry_key(f32::INFINITY, 0); nq];
+            // The staging buffer may still feed the inputs' upload (or be reallocated): wait.
+            driver.synchronize(&ws.stream)?;
+            let host = ws.staging.get(&*driver, align(nq * 4) + nq * 8)?;
+            host[..nq * 4].copy_from_slice(bytemuck::cast_slice(&infinite));
+            host[align(nq * 4)..align(nq * 4) + nq * 8].copy_from_slice(bytemuck::cast_slice(&evicted_keys));
+            debug_assert_eq!(evicted, tau + align(nq * 4) as u64);
+            driver.upload(&ws.stream, tau, host, align(nq * 4) + nq * 8)?;
+            return Ok(());
         };
-        let sample = Outputs::at(ws.sample.get(&driver, Outputs::bytes_for(nq, j))?, nq, j);
-        // 0x7f bytes read as 1.4e306: "no distance" for a query whose sample search failed.
-        driver.fill(&ws.stream, sample.dist, 0x7f, nq * j * 8)?;
-        self.tile_path(ws, inputs, nq, j, metric, path, &sample, profile, SAMPLE_STRIDE)?;
-        // Growing the staging buffer frees the old one: nothing queued may still read it.
-        driver.synchronize(&ws.stream)?;
-        let host = ws.staging.get(&*driver, nq * j * 8)?;
-        driver.download(&ws.stream, host, sample.dist, nq * j * 8)?;
-        driver.synchronize(&ws.stream)?;
-        let dist: &[f64] = typed(host, 0, nq * j)?;
-        for (q, t) in tau.iter_mut().enumerate() {
-            let exact = dist[q * j + j - 1];
-            if exact.is_finite() && exact.abs() < 1e30 {
-                // The L2 kernels leave out |q|^2, the same for every row of a query.
-                let shift =
-                    if metric == GpuDistanceMetric::Euclidean { thresholds.q_norms[q].powi(2) } else { 0.0 };
-                let approximate = (exact - shift) as f32;
-                *t = approximate + thresholds.gate_add[q] + approximate.abs() * 1e-6;
-            }
+        let (stride, dim) = (SAMPLE_STRIDE, self.dim);
+        let n = self.len.div_ceil(stride);
+        let (rows, norms, dead) = self.arrays_ptrs(ws)?;
+        let norms = if metric == GpuDistanceMetric::DotProduct {
+            norms
+        } else {
+            self.sample_norms(ws, norms, stride)?
+        };
+        let operands = self.product_operands(inputs, path, rows);
+        let chunk = (self.tuning.tile_bytes / (n * 4)).clamp(1, nq);
+        let tile = ws.tiles[0].get(&driver, chunk * n * 4)?;
+        for q0 in (0..nq).step_by(chunk) {
+            let qc = chunk.min(nq - q0);
+            let products = GemmTn {
+                m: n,
+                n: qc,
+                k: dim,
+                a: operands.rows,
+                lda: dim * stride,
+                b: operands.queries + q0 as u64 * dim as u64 * operands.element,
+                ldb: dim,
+                c: tile,
+                ldc: n,
+                inputs: operands.kind,
+            };
+            self.products(&ws.stream, &products, metric, inputs)?;
+            self.device.launch(
+                &ws.stream,
+                self.device.kernels.sample_tau,
+                Launch::new((qc as u32, 1), BLOCK),
+                &SampleTau {
+                    dots: tile,
+                    ldc: n as u32,
+                    rows_n: n as u32,
+                    stride: stride as u32,
+                    norms,
+                    dead,
+                    metric: metric_code(metric),
+                    inv_scale: if operands.inv_scale == 0 { 0 } else { operands.inv_scale + q0 as u64 * 4 },
+                    gate_add: inputs.gate_add + q0 as u64 * 4,
+                    j: j as u32,
+                    widen: SAMPLE_WIDEN,
+                    tau: tau + q0 as u64 * 4,
+                    evicted: evicted + q0 as u64 * 8,
+                },
+            )?;
         }
         profile.mark(&*driver, &ws.stream, "sample")?;
-        Ok(tau)
+        Ok(())
     }
 
     /// The k smallest (key, slot) pairs of the re-ranked list `keys` / `slots` (`count` long),

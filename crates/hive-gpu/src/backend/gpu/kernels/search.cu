@@ -478,6 +478,49 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
     }
 }
 
+// The fused filter's threshold for each query, guessed on the device from a GEMM tile of its
+// products with a sample of the rows: no exact search of the sample and no trip through the
+// host. grid (qc), block HG_BLOCK. Row q of `dots` (query-major, leading dimension ldc) holds
+// query q's products with `rows_n` sample rows, sample row r being slot r * stride; `norms`
+// are the sample's, by sample row. Each thread keeps its least approximate distance over live
+// rows (a NaN never lowers it); the j-th smallest of those minima is reached by j distinct
+// sample rows, so it is at least the sample's j-th distance. Widened by `widen` of the query's
+// gate bands (the sample's own products may err by more than the filter's band), it becomes
+// tau[q], and evicted[q] = entry(tau, 0): only rows above tau are dropped. Fewer than j live
+// finite distances give +inf (every row passes; a buffer that overflows flags the query).
+// Nothing here has to be a bound: the finalize proves each query's band or flags the query,
+// which the host then searches again on a narrower path. 1 <= j <= HG_BLOCK.
+extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_sample_tau(const float* dots, u32 ldc, u32 rows_n,
+        u32 stride, const float* norms, const u32* dead, int metric, const float* inv_scale, const float* gate_add,
+        u32 j, float widen, float* tau, u64* evicted) {
+    __shared__ float scratch[HG_BLOCK];
+    __shared__ float kth_result;
+    const float inf = __uint_as_float(0x7f800000u);
+    u32 q = blockIdx.x;
+    const float* row = dots + (u64)q * ldc;
+    float dot_scale = inv_scale ? inv_scale[q] : 1.0f;
+    float least = inf;
+    for (u32 r = threadIdx.x; r < rows_n; r += blockDim.x) {
+        float dot = row[r] * dot_scale;
+        float d;
+        if (metric == HG_L2) d = fmaf(-2.0f, dot, norms[r]);
+        else if (metric == HG_DOT) d = -dot;
+        else if (metric == HG_COS) d = -dot / sqrtf(norms[r]);
+        else d = dot;  // hg_differences' distances (the fused filter never takes these)
+        if (d < least && !hg_dead(dead, r * stride)) least = d;
+    }
+    float kth = hg_block_kth(least, j, scratch, &kth_result);
+    if (threadIdx.x == 0) {
+        float t = inf;
+        if (kth < inf) {
+            float w = fmaf(widen, gate_add[q], kth);
+            t = w + fabsf(w) * 1e-6f + 1e-37f;
+        }
+        tau[q] = t;
+        evicted[q] = hg_entry(t, 0);
+    }
+}
+
 // The canonical distance from the sums in component order: acc of the squared differences
 // (L2) or of the products, rr of the row's squares (cosine only).
 __device__ __forceinline__ double hg_exact_finish(double acc, double rr, double q_norm, int metric) {
