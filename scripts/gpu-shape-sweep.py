@@ -37,6 +37,7 @@ matplotlib is importable (else plot sweep.json elsewhere with --plot-only).
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -94,8 +95,8 @@ def torch_knn(torch, xb, extra, xq, k, inner, tile_bytes=2 << 30):
     return best_d, best_i
 
 
-def hive(base, query, metric, batches, k, nq, columnar):
-    cmd = ["hive-gpu", "bench", "--base", base, "--query", query, "--backend", "cuda", "--metric", metric,
+def hive(base, query, metric, batches, k, nq, columnar, program=("hive-gpu",)):
+    cmd = [*program, "bench", "--base", base, "--query", query, "--backend", "cuda", "--metric", metric,
            "--batch", ",".join(map(str, batches)), "-k", str(k), "--nq", str(nq), "--exact-recall", "--json"]
     if columnar:
         cmd.append("--columnar")
@@ -159,10 +160,20 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/hive-sweep"))
     parser.add_argument("--work", default="/tmp/hive-sweep-data")
     parser.add_argument("--plot-only", help="a sweep.json to draw the heat maps of")
+    parser.add_argument("--compare", action="append", default=[], metavar="LABEL=COMMAND",
+                        help="also run another hive-gpu (a command line, e.g. 'old=/tmp/old/hive-gpu' or "
+                             "'knob=env HIVE_GPU_FUSED_MIN_WORK=1000000 hive-gpu') on every cell, alternating with "
+                             "the one on PATH; its QPS goes to hive_LABEL_qps")
     parser.add_argument("--lists", action="store_true",
                         help="hive-gpu returns a list of result structures per query (ids as strings) instead of "
                              "flat arrays, the default and what FAISS and PyTorch return")
     args = parser.parse_args()
+    compare = []
+    for spec in args.compare:
+        label, _, command = spec.partition("=")
+        if not label.isidentifier() or not command:
+            sys.exit(f"--compare {spec!r}: LABEL=COMMAND, LABEL a plain name")
+        compare.append((label, tuple(shlex.split(command))))
     os.makedirs(args.out, exist_ok=True)
     if args.plot_only:
         with open(args.plot_only) as f:
@@ -206,10 +217,17 @@ def main():
                     xq = torch.nn.functional.normalize(xq, dim=1)
                 # hive-gpu: one process for the single queries, one for the batches.
                 found = {}
+                others = {label: {} for label, _ in compare}
+                programs = [(None, ("hive-gpu",))] + compare
+                # Alternate which program runs first from one dataset to the next.
+                if len(cells) // max(1, len(nqs)) % 2:
+                    programs.reverse()
                 for batches, limit in (([1], args.singles), ([b for b in nqs if b > 1], max(nqs))):
                     if batches:
-                        for r in hive(base, query, metric, batches, k, limit, not args.lists):
-                            found[r["batch"]] = r
+                        for label, program in programs:
+                            into = found if label is None else others[label]
+                            for r in hive(base, query, metric, batches, k, limit, not args.lists, program):
+                                into[r["batch"]] = r
                 # FAISS GPU, from host arrays.
                 hb, hq = xb.cpu().numpy(), xq.cpu().numpy()
                 index = faiss.GpuIndexFlatIP(res, d) if inner else faiss.GpuIndexFlatL2(res, d)
@@ -240,11 +258,19 @@ def main():
                         "faiss_qps": nq / faiss_s[nq], "torch_qps": nq / torch_s[nq],
                         "faiss_ms": faiss_s[nq] * 1e3, "torch_ms": torch_s[nq] * 1e3,
                     }
+                    for label in others:
+                        other = others[label].get(nq)
+                        cell[f"hive_{label}_qps"] = other["qps"] if other else None
+                        cell[f"hive_{label}_recall"] = other.get("recall") if other else None
                     cells.append(cell)
                     if r:
                         print(f"{metric} n {n} d {d} nq {nq}: hive {r['qps']:,.0f} QPS (recall {r.get('recall')}) | "
                               f"faiss {cell['faiss_qps']:,.0f} ({r['qps'] / cell['faiss_qps']:.2f}x) | "
-                              f"torch {cell['torch_qps']:,.0f} ({r['qps'] / cell['torch_qps']:.2f}x)", flush=True)
+                              f"torch {cell['torch_qps']:,.0f} ({r['qps'] / cell['torch_qps']:.2f}x)"
+                              + "".join(f" | {label} {cell[f'hive_{label}_qps'] or 0:,.0f} "
+                                        f"({(cell[f'hive_{label}_qps'] or 0) / cell['faiss_qps']:.2f}x, "
+                                        f"recall {cell[f'hive_{label}_recall']})" for label in others),
+                              flush=True)
                     else:
                         print(f"{metric} n {n} d {d} nq {nq}: hive FAILED", flush=True)
                 with open(f"{args.out}/sweep.json", "w") as f:

@@ -202,7 +202,7 @@ kernel_params! {
 
     /// Folds one GEMM tile of dot products into the queries' candidate lists (`hg_tile_topk`).
     struct TileTopk for ["hg_tile_topk"] {
-        dots: Ptr, ldc: U32, tile_rows: U32, row0: U32, stride: U32, seg: U32, norms: Ptr,
+        dots: Ptr, ldc: U32, tile_rows: U32, row0: U32, seg: U32, norms: Ptr,
         dead: Ptr, metric: I32, inv_scale: Ptr, gate_mul: Ptr, gate_add: Ptr, k: U32, kcap: U32,
         sortn: U32, lists: Ptr, evicted: Ptr, thresholds: Ptr,
     }

@@ -959,7 +959,7 @@ impl<D: Driver> GpuRows<D> {
         } else if path == Approximation::Scan {
             self.scan_path(ws, &inputs, nq, k, metric, &outputs, &mut profile)?;
         } else {
-            self.tile_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile, 1)?;
+            self.tile_path(ws, &inputs, nq, k, metric, path, &outputs, &mut profile)?;
         }
         profile.mark(&*driver, &ws.stream, "candidates+finalize")?;
 
@@ -1397,11 +1397,9 @@ impl<D: Driver> GpuRows<D> {
         path: Approximation,
         outputs: &Outputs,
         profile: &mut Profiler,
-        stride: usize,
     ) -> Result<()> {
         let driver = self.driver().clone();
-        // Every `stride`-th slot: a strided GEMM operand, and slots scaled back in the kernel.
-        let (n, dim) = (self.len.div_ceil(stride), self.dim);
+        let (n, dim) = (self.len, self.dim);
         let kcap = self.path_list_size(k, path);
         let sortn = (2 * kcap).max(2048);
         let chunk = self.tuning.tile_queries.min(nq).min(MAX_GRID_Y);
@@ -1422,11 +1420,6 @@ impl<D: Driver> GpuRows<D> {
         let evicted = ws.evicted.get(&driver, states * 8)?;
         let thresholds = ws.thresholds.get(&driver, states * 4)?;
         let (rows, norms, dead) = self.arrays_ptrs(ws)?;
-        let norms = if stride > 1 && metric != GpuDistanceMetric::DotProduct {
-            self.sample_norms(ws, norms, stride)?
-        } else {
-            norms
-        };
         let Operands { kind: inputs_kind, queries, element, rows, row_element, inv_scale } =
             self.product_operands(inputs, path, rows);
         for q0 in (0..nq).step_by(chunk) {
@@ -1448,8 +1441,8 @@ impl<D: Driver> GpuRows<D> {
                     m: rt,
                     n: qc,
                     k: dim,
-                    a: rows + (r0 * stride) as u64 * dim as u64 * row_element,
-                    lda: dim * stride,
+                    a: rows + r0 as u64 * dim as u64 * row_element,
+                    lda: dim,
                     b: queries + q0 as u64 * dim as u64 * element,
                     ldb: dim,
                     c: tile,
@@ -1469,7 +1462,6 @@ impl<D: Driver> GpuRows<D> {
                         ldc: tile_rows as u32,
                         tile_rows: rt as u32,
                         row0: r0 as u32,
-                        stride: stride as u32,
                         seg: seg as u32,
                         norms,
                         dead,
@@ -1538,7 +1530,7 @@ impl<D: Driver> GpuRows<D> {
                 // copy, the own tiles (whose f32 error is inside this path's band).
                 None if self.precision == StoragePrecision::Bf16 => {
                     let path = Approximation::GemmF32;
-                    return self.tile_path(ws, inputs, nq, k, metric, path, outputs, profile, 1);
+                    return self.tile_path(ws, inputs, nq, k, metric, path, outputs, profile);
                 }
                 None => (tensor.f32h, inputs.half, 2, rows, 4),
             },

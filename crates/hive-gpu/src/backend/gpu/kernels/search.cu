@@ -313,10 +313,8 @@ extern "C" __global__ void hg_scan_all_u8(const u8* rows, const float* norms, co
 #define HG_TILE_PER_THREAD (4 * HG_TILE_LOADS)
 
 // grid (S, qc), block HG_BLOCK: folds one GEMM tile of dot products (or, under L1 and
-// L-infinity, hg_differences' distances) (query-major, leading
-// dimension ldc, covering rows [row0, row0 + tile_rows) of a sample that takes every
-// `stride`-th slot: row r is slot r * stride) into each query's candidate lists. `norms` are
-// the sample's, indexed by sample row (the collection's own when stride = 1).
+// L-infinity, hg_differences' distances) (query-major, leading dimension ldc, covering rows
+// [row0, row0 + tile_rows)) into each query's candidate lists.
 // Block (s, q) takes columns [s * seg, (s + 1) * seg) of the tile (seg a multiple of 4) and
 // keeps its own state (index q * S + s: list, smallest evicted entry, filter threshold) in
 // global memory, so few queries still fill the device. The list is only read and written when
@@ -327,7 +325,7 @@ extern "C" __global__ void hg_scan_all_u8(const u8* rows, const float* norms, co
 // which is the common case, they are pushed with no further synchronization; otherwise the
 // round is pushed slice by slice with merges in between.
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float* dots, u32 ldc, u32 tile_rows,
-        u32 row0, u32 stride, u32 seg, const float* norms, const u32* dead, int metric, const float* inv_scale,
+        u32 row0, u32 seg, const float* norms, const u32* dead, int metric, const float* inv_scale,
         const float* gate_mul, const float* gate_add, u32 k, u32 kcap, u32 sortn, u64* lists, u64* evicted,
         float* thresholds) {
     extern __shared__ __align__(16) u64 hg_smem[];
@@ -393,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
                 else if (metric >= HG_L1) d = dot;  // hg_differences' distances
                 else d = -dot / sqrtf(nv[e]);
                 a[i] = d;
-                if (j + e < cols && d <= thr && !hg_dead(dead, (row0 + j + e) * stride)) pass |= 1u << i;
+                if (j + e < cols && d <= thr && !hg_dead(dead, row0 + j + e)) pass |= 1u << i;
             }
         }
         u32 mine = __popc(pass);
@@ -439,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
                 if ((pass >> i) & 1u) {
                     u32 j = base + ((i / 4) * blockDim.x + threadIdx.x) * 4 + i % 4;
                     u32 pos = atomicAdd(&st.count, 1u);
-                    sh[kcap + pos] = hg_entry(a[i], (row0 + j) * stride);
+                    sh[kcap + pos] = hg_entry(a[i], row0 + j);
                 }
             }
             count += pending;
@@ -455,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
                 }
                 if (((pass >> i) & 1u) && a[i] <= st.thr) {
                     u32 j = base + ((i / 4) * blockDim.x + threadIdx.x) * 4 + i % 4;
-                    hg_push(sh, &st, kcap, sortn, a[i], (row0 + j) * stride);
+                    hg_push(sh, &st, kcap, sortn, a[i], row0 + j);
                 }
                 __syncthreads();
             }
