@@ -222,7 +222,8 @@ def main():
                 # Alternate which program runs first from one dataset to the next.
                 if len(cells) // max(1, len(nqs)) % 2:
                     programs.reverse()
-                for batches, limit in (([1], args.singles), ([b for b in nqs if b > 1], max(nqs))):
+                singles = [1] if 1 in nqs else []
+                for batches, limit in ((singles, args.singles), ([b for b in nqs if b > 1], max(nqs))):
                     if batches:
                         for label, program in programs:
                             into = found if label is None else others[label]
