@@ -2,7 +2,7 @@
 //! cooperative-matrix filter): which sample row gives a query's threshold, and how long the
 //! candidate lists are.
 
-/// The fused filter's thresholds come from a search of every `SAMPLE_STRIDE`-th row.
+/// The fused filters' thresholds come from the queries' distances to every `SAMPLE_STRIDE`-th row.
 pub(crate) const SAMPLE_STRIDE: usize = 32;
 /// Candidate entries per query in the fused filter's buffer.
 pub(crate) const FUSED_CAP: usize = 2048;

@@ -2,8 +2,9 @@
 //! (f64 re-rank of every row inside the proven error band, on the device):
 //! - few queries: a bandwidth-bound scan fused with per-block top-k, merged per query;
 //! - batches on tensor-core devices: one kernel multiplies on the tensor cores and keeps only
-//!   the distances below a per-query threshold taken from an exact search of a sample of the
-//!   rows (any threshold is safe: finalize proves that nothing inside the band was dropped);
+//!   the distances below a per-query threshold guessed on the device from the products with a
+//!   sample of the rows (any threshold is safe: finalize proves that nothing inside the band was
+//!   dropped, or flags the query for a narrower path);
 //! - other batches: GEMM tiles (cuBLAS) folded into per-query candidate lists tile by tile, so
 //!   the full distance matrix never exists;
 //! - any k too large for on-chip lists, and any query whose band overflowed its list: a
@@ -1639,17 +1640,8 @@ impl<D: Driver> GpuRows<D> {
     /// multiprocessor (0: always `Tuning::fused_tiles`), and grow past that where the row
     /// groups would not fit the grid's second dimension.
     fn fused_grid(&self, n: usize, qc: usize) -> (usize, usize) {
-        let row_tiles = n.div_ceil(MMA_TILE);
-        let most = self.tuning.fused_tiles;
-        let tiles = match self.tuning.fused_blocks_per_sm {
-            0 => most,
-            per_sm => {
-                let wanted = self.driver().multiprocessors() as usize * per_sm;
-                (row_tiles * qc.div_ceil(MMA_TILE)).div_ceil(wanted).clamp(1, most)
-            }
-        };
-        let tiles = tiles.max(row_tiles.div_ceil(MAX_GRID_Y));
-        (tiles, row_tiles.div_ceil(tiles))
+        let (most, per_sm) = (self.tuning.fused_tiles, self.tuning.fused_blocks_per_sm);
+        fused_grid(n, qc, self.driver().multiprocessors() as usize, per_sm, most)
     }
 
     /// Each query's fused-filter threshold and smallest dropped entry, written to `tau` and
@@ -1688,8 +1680,8 @@ impl<D: Driver> GpuRows<D> {
             let host = ws.staging.get(&*driver, align(nq * 4) + nq * 8)?;
             host[..nq * 4].copy_from_slice(bytemuck::cast_slice(&infinite));
             host[align(nq * 4)..align(nq * 4) + nq * 8].copy_from_slice(bytemuck::cast_slice(&evicted_keys));
-            debug_assert_eq!(evicted, tau + align(nq * 4) as u64);
-            driver.upload(&ws.stream, tau, host, align(nq * 4) + nq * 8)?;
+            driver.upload_at(&ws.stream, tau, host, 0, nq * 4)?;
+            driver.upload_at(&ws.stream, evicted, host, align(nq * 4), nq * 8)?;
             return Ok(());
         };
         let (stride, dim) = (SAMPLE_STRIDE, self.dim);
@@ -1701,8 +1693,11 @@ impl<D: Driver> GpuRows<D> {
             self.sample_norms(ws, norms, stride)?
         };
         let operands = self.product_operands(inputs, path, rows);
-        let chunk = (self.tuning.tile_bytes / (n * 4)).clamp(1, nq);
-        let tile = ws.tiles[0].get(&driver, chunk * n * 4)?;
+        // A leading dimension of whole 16-byte units.
+        let ldc = n.div_ceil(4) * 4;
+        let chunk = (self.tuning.tile_bytes / (ldc * 4)).clamp(1, nq);
+        let tile = ws.tiles[0].get(&driver, chunk * ldc * 4)?;
+        let [gemm_done, tau_done] = &ws.events[0];
         for q0 in (0..nq).step_by(chunk) {
             let qc = chunk.min(nq - q0);
             let products = GemmTn {
@@ -1714,17 +1709,23 @@ impl<D: Driver> GpuRows<D> {
                 b: operands.queries + q0 as u64 * dim as u64 * operands.element,
                 ldb: dim,
                 c: tile,
-                ldc: n,
+                ldc,
                 inputs: operands.kind,
             };
-            self.products(&ws.stream, &products, metric, inputs)?;
+            // cuBLAS runs on the GEMM stream (the one with a handle), after the inputs are in
+            // place and the previous chunk's thresholds have read the tile.
+            driver.record(tau_done, &ws.stream)?;
+            driver.wait(&ws.gemm_stream, tau_done)?;
+            self.products(&ws.gemm_stream, &products, metric, inputs)?;
+            driver.record(gemm_done, &ws.gemm_stream)?;
+            driver.wait(&ws.stream, gemm_done)?;
             self.device.launch(
                 &ws.stream,
                 self.device.kernels.sample_tau,
                 Launch::new((qc as u32, 1), BLOCK),
                 &SampleTau {
                     dots: tile,
-                    ldc: n as u32,
+                    ldc: ldc as u32,
                     rows_n: n as u32,
                     stride: stride as u32,
                     norms,
@@ -1900,8 +1901,44 @@ impl<D: Driver> GpuRows<D> {
     }
 }
 
+/// `GpuRows::fused_grid` for a device of `multiprocessors`: (row tiles a block, row groups).
+fn fused_grid(n: usize, qc: usize, multiprocessors: usize, per_sm: usize, most: usize) -> (usize, usize) {
+    let row_tiles = n.div_ceil(MMA_TILE);
+    let most = most.max(1);
+    let tiles = match per_sm {
+        0 => most,
+        per_sm => {
+            let wanted = multiprocessors.saturating_mul(per_sm).max(1);
+            row_tiles.saturating_mul(qc.div_ceil(MMA_TILE)).div_ceil(wanted).clamp(1, most)
+        }
+    };
+    let tiles = tiles.max(row_tiles.div_ceil(MAX_GRID_Y));
+    (tiles, row_tiles.div_ceil(tiles))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_fused_grid_fills_the_device_on_mid_sizes_and_keeps_long_blocks_on_large_ones() {
+        use super::{MAX_GRID_Y, MMA_TILE, fused_grid};
+        // 100k rows x 1,000 queries on 132 multiprocessors: 782 x 8 tiles over 1,056 wanted
+        // blocks is 6 tiles a block (32 gave 200 blocks, under two a multiprocessor).
+        assert_eq!(fused_grid(100_000, 1_000, 132, 8, 32), (6, 131));
+        // 1M rows x 2,000 queries has blocks to spare: the most tiles a block.
+        assert_eq!(fused_grid(1_000_000, 2_000, 132, 8, 32), (32, 245));
+        // Few rows: one tile a block; 0 aims at nothing and keeps the most.
+        assert_eq!(fused_grid(10_253, 1_000, 132, 8, 32), (1, 81));
+        assert_eq!(fused_grid(10_253, 1_000, 132, 0, 3), (3, 27));
+        // Settings of 0 or huge never panic, and the row groups always fit the grid's y.
+        for (n, qc, sms, per_sm, most) in
+            [(1, 1, 0, 8, 0), (5_000_000_000, 4096, 132, usize::MAX, 32), (10_000_000_000, 1, 1, 1, 1)]
+        {
+            let (tiles, groups) = fused_grid(n, qc, sms, per_sm, most);
+            assert!(tiles >= 1 && groups <= MAX_GRID_Y, "{n} {qc}: {tiles} {groups}");
+            assert!(tiles * groups >= n.div_ceil(MMA_TILE), "{n}: rows left out");
+        }
+    }
+
     #[test]
     fn the_block_lists_merge_to_the_k_least_pairs_reading_each_only_to_the_heads_bound() {
         // Blocks of up to 32 rows as the kernel lists them: each block's min(k, 32) best

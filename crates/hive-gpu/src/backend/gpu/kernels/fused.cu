@@ -1,9 +1,10 @@
 // Batch search fused with its filter on tensor cores (CUDA, compute capability 8.0 and later;
 // only compiled there). A block keeps 128 queries in shared memory, multiplies them by tiles of
 // 128 stored rows with mma.sync, turns the products into approximate distances in registers and
-// appends each one at or below its query's threshold to that query's candidate buffer. No distance matrix is ever written: the
-// host picks thresholds from an exact search of a sample of the rows, so few rows pass, and the
-// finalize kernel proves afterwards that no row inside the band was left out (search.rs).
+// appends each one at or below its query's threshold to that query's candidate buffer. No
+// distance matrix is ever written: the thresholds come from the queries' products with a sample
+// of the rows (hg_sample_tau), so few rows pass, and the finalize kernel proves afterwards that
+// no row inside the band was left out, or flags the query (search.rs).
 
 #define HG_MMA_TILE 128
 // Bytes of every row staged per pipeline step (32 f32 or 64 f16 components), and the padded

@@ -56,8 +56,8 @@ extern "C" __global__ void hg_gather(const u8* src, u8* dst, u64 row_bytes, cons
         hg_gather_units<u8>(src, dst, row_bytes, keep, count, norms_src, norms_dst);
 }
 
-// out[i] = norms[i * stride] for i < count: a sample's norms side by side, so the selection over
-// its GEMM tiles loads them four at a time instead of one cache line per row.
+// out[i] = norms[i * stride] for i < count: a sample's norms side by side, so the threshold
+// kernel over its GEMM tile (hg_sample_tau) reads them in whole lines instead of one line a row.
 extern "C" __global__ void hg_strided_norms(const float* norms, u32 stride, u32 count, float* out) {
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
         out[i] = norms[(u64)i * stride];

@@ -484,8 +484,9 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
 // rows (a NaN never lowers it); the j-th smallest of those minima is reached by j distinct
 // sample rows, so it is at least the sample's j-th distance. Widened by `widen` of the query's
 // gate bands (the sample's own products may err by more than the filter's band), it becomes
-// tau[q], and evicted[q] = entry(tau, 0): only rows above tau are dropped. Fewer than j live
-// finite distances give +inf (every row passes; a buffer that overflows flags the query).
+// tau[q], and evicted[q] = entry(tau, 0): only rows above tau are dropped. Where fewer than j
+// threads hold a live finite distance, or the widened value is not finite (products that
+// overflowed f32), tau is +inf: every row passes, and a buffer that overflows flags the query.
 // Nothing here has to be a bound: the finalize proves each query's band or flags the query,
 // which the host then searches again on a narrower path. 1 <= j <= HG_BLOCK.
 extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_sample_tau(const float* dots, u32 ldc, u32 rows_n,
@@ -510,9 +511,10 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_sample_tau(const float
     float kth = hg_block_kth(least, j, scratch, &kth_result);
     if (threadIdx.x == 0) {
         float t = inf;
-        if (kth < inf) {
+        if (kth > -inf && kth < inf) {
             float w = fmaf(widen, gate_add[q], kth);
             t = w + fabsf(w) * 1e-6f + 1e-37f;
+            if (!(t > -inf && t < inf)) t = inf;
         }
         tau[q] = t;
         evicted[q] = hg_entry(t, 0);
@@ -881,7 +883,8 @@ __device__ void hg_finalize(const u64* lists, const u64* evicted, u32 S, u32 hea
     float band = kth_entry == HG_NONE ? __uint_as_float(0x7f800000u) : hg_band(hg_entry_dist(kth_entry), mul, add);
     if (threadIdx.x == 0) {
         band_count = direct ? st.count : 0;
-        lost = st.evicted != HG_NONE && hg_entry_dist(st.evicted) <= band;
+        // Written so that a NaN band or threshold counts as lost: the query is searched again.
+        lost = st.evicted != HG_NONE && !(hg_entry_dist(st.evicted) > band);
         flags[q] = lost;
     }
     __syncthreads();
