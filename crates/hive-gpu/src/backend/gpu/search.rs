@@ -151,9 +151,15 @@ impl FewLists {
 const MAX_GRID_Y: usize = 65_535;
 
 /// Gate bands that the fused filter's guessed threshold adds to its sample's j-th approximate
-/// distance (`hg_sample_tau`): the sample's own products may err by TF32's band, twice the
-/// rounded f16 filter's gate, and the filter's band comes on top.
-const SAMPLE_WIDEN: f32 = 3.0;
+/// distance (`hg_sample_tau`). One band is what a query needs not to be flagged: its k-th
+/// nearest is far below the sample's j-th (about 2k + 256 rows of the collection are expected
+/// below that), so the k-th's band stays under the j-th's plus one band unless the two
+/// products err by more than a band between them, which their worst-case bounds allow but
+/// real errors do not reach. Three bands (covering those bounds) let so many rows pass in high
+/// dimensions, where distances crowd together, that buffers overflowed and their queries were
+/// searched again: 1M x 384 L2 batches ran at 0.42x (docs/PERFORMANCE.md, "Thresholds guessed
+/// on the device").
+const SAMPLE_WIDEN: f32 = 1.0;
 
 /// Where each input lives in the workspace's input buffer.
 #[derive(Debug, Clone, Copy)]
