@@ -483,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(HG_BLOCK) hg_tile_topk(const float*
 // are the sample's, by sample row. Each thread keeps its least approximate distance over live
 // rows (a NaN never lowers it); the j-th smallest of those minima is reached by j distinct
 // sample rows, so it is at least the sample's j-th distance. Widened by `widen` of the query's
-// gate bands (the sample's own products may err by more than the filter's band), it becomes
+// gate bands (search.rs, SAMPLE_WIDEN: one, as the exact sample search added), it becomes
 // tau[q], and evicted[q] = entry(tau, 0): only rows above tau are dropped. Where fewer than j
 // threads hold a live finite distance, or the widened value is not finite (products that
 // overflowed f32), tau is +inf: every row passes, and a buffer that overflows flags the query.
