@@ -23,8 +23,9 @@ pub(crate) enum Approximation {
     GemmF16 { scale: f64 },
     /// f16 tensor cores over f32 rows: the query scaled by `scale` and rounded to nearest f16
     /// on the host, the rows scaled by `row_scale` (powers of two) and rounded to nearest f16
-    /// on the device (CUDA's `cvt.rn`, subnormals kept).
-    RoundedF16 { scale: f64, row_scale: f64 },
+    /// on the device (CUDA's `cvt.rn`, subnormals kept); `least_row_norm` is at most every
+    /// stored row's norm (0 where unknown): cosine divides the rows' rounding floor by it.
+    RoundedF16 { scale: f64, row_scale: f64, least_row_norm: f64 },
     /// wgpu cooperative matrices: f16 operands, the query scaled by `scale` (a power of two);
     /// with `rows_rounded`, f32 rows are rounded to f16 too. Any f16 subnormal may be flushed.
     // Only the wgpu backend plans it.
@@ -85,17 +86,21 @@ pub(crate) fn gate(
         return (mul as f32, (4.0 * tiny * 1.01) as f32);
     }
     // Rows rounded to f16 on the device: the same floor for each row component, 2^-25 of the
-    // scaled row, against the query (cosine then divides by |x| >= 1e-18).
-    let row_floor = match path {
-        Approximation::RoundedF16 { row_scale, .. } => 2f64.powi(-25) * d.sqrt() * q_norm / row_scale,
-        _ => 0.0,
+    // scaled row, against the query. Cosine then divides by the kernel's root of the row's f32
+    // norm, at least `least_row_norm` and at least 1e-18 (stored cosine rows), less a rounding
+    // the 1% covers.
+    let (row_floor, cosine_divisor) = match path {
+        Approximation::RoundedF16 { row_scale, least_row_norm, .. } => {
+            (2f64.powi(-25) * d.sqrt() * q_norm / row_scale, (1.01 / least_row_norm).min(1e18))
+        }
+        _ => (0.0, 0.0),
     };
     let error = match metric {
         GpuDistanceMetric::Euclidean => {
             2.0 * (product * q_norm * r + f16_floor(r) + row_floor) + gamma * max_sq_norm
         }
         GpuDistanceMetric::DotProduct => product * q_norm * r + f16_floor(r) + row_floor,
-        GpuDistanceMetric::Cosine => product * q_norm + f16_floor(1.0) + 4.0 * u + row_floor * 1e18,
+        GpuDistanceMetric::Cosine => product * q_norm + f16_floor(1.0) + 4.0 * u + row_floor * cosine_divisor,
         // Returned above.
         GpuDistanceMetric::Manhattan | GpuDistanceMetric::Chebyshev => 0.0,
     };
@@ -153,9 +158,23 @@ mod tests {
         let coop = |rows_rounded| g(Approximation::CoopF16 { scale: 1024.0, rows_rounded });
         assert!(g(Approximation::GemmF16 { scale: 1024.0 }) <= coop(false));
         assert!(coop(false) < coop(true) && coop(true) < g(Approximation::GemmTf32));
-        let rounded = g(Approximation::RoundedF16 { scale: 1024.0, row_scale: 1024.0 });
+        let rounded = g(Approximation::RoundedF16 { scale: 1024.0, row_scale: 1024.0, least_row_norm: 0.0 });
         assert!(g(Approximation::GemmF16 { scale: 1024.0 }) < rounded && rounded < coop(true));
         let (mul, add) = gate(GpuDistanceMetric::Euclidean, Approximation::Scan, 1.0, 1.0, 128);
         assert!(mul > 1.0 && add >= 0.0);
+    }
+
+    #[test]
+    fn cosine_on_rounded_rows_beats_tf32_only_where_the_least_row_norm_is_known_and_not_tiny() {
+        // The rows' f16 rounding floor is absolute (subnormals), and cosine divides it by each
+        // row's norm: a row far smaller than the largest can move by more than TF32's band,
+        // so the gate takes the least stored norm, and 0 (unknown) as the 1e-18 cosine floor.
+        let g = |p| gate(GpuDistanceMetric::Cosine, p, 1.0, 1e4, 128).1;
+        let row_scale = f16_scale_below(100.0);
+        let rounded =
+            |least| g(Approximation::RoundedF16 { scale: 16384.0, row_scale, least_row_norm: least });
+        assert!(rounded(1.0) < g(Approximation::GemmTf32));
+        assert!(rounded(1e-12) > g(Approximation::GemmTf32));
+        assert!(rounded(0.0).is_finite() && rounded(0.0) >= rounded(1e-12));
     }
 }

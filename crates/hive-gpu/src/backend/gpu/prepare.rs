@@ -95,7 +95,9 @@ fn prepare_queries(
     let gate = |path: Approximation, scale: f64, kernel_norm: f64| {
         let p = match path {
             Approximation::GemmF16 { .. } => Approximation::GemmF16 { scale },
-            Approximation::RoundedF16 { row_scale, .. } => Approximation::RoundedF16 { scale, row_scale },
+            Approximation::RoundedF16 { row_scale, least_row_norm, .. } => {
+                Approximation::RoundedF16 { scale, row_scale, least_row_norm }
+            }
             other => other,
         };
         bounds::gate(metric, p, kernel_norm, max_sq_norm, dim)
@@ -209,7 +211,7 @@ mod tests {
             Approximation::Scan,
             Approximation::GemmF32,
             Approximation::GemmF16 { scale: 1.0 },
-            Approximation::RoundedF16 { scale: 1.0, row_scale: 8.0 },
+            Approximation::RoundedF16 { scale: 1.0, row_scale: 8.0, least_row_norm: 0.5 },
         ];
         for metric in [GpuDistanceMetric::Euclidean, GpuDistanceMetric::Cosine, GpuDistanceMetric::DotProduct]
         {

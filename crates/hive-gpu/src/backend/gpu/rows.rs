@@ -44,14 +44,17 @@ fn fill_staging(staging: &mut [u8], values: &[f32], precision: StoragePrecision)
         .for_each(|(dst, src)| narrow(src, precision, dst));
 }
 
-/// A bound on the squared norm the device computes for each of these stored rows, as
-/// `upload_rows` folds it into `max_sq_norm` (the streamed store bounds its rows the same way).
-fn stored_sq_norm_bound(stored: &[u8], precision: StoragePrecision, dim: usize) -> f32 {
-    device_sq_norm_bound(largest_squared_norm(stored, precision, dim), dim)
+/// Bounds (below, above) on the squared norm the device computes for each of these stored
+/// rows, as `upload_rows` folds them into `least_sq_norm` and `max_sq_norm` (the streamed
+/// store bounds its rows above the same way).
+fn stored_sq_norm_bounds(stored: &[u8], precision: StoragePrecision, dim: usize) -> (f32, f32) {
+    let (least, largest) = squared_norm_range(stored, precision, dim);
+    (device_sq_norm_floor(least, dim), device_sq_norm_bound(largest, dim))
 }
 
-/// The largest f64 squared norm of the whole rows of stored elements in `bytes`.
-pub(super) fn largest_squared_norm(bytes: &[u8], precision: StoragePrecision, dim: usize) -> f64 {
+/// The least and the largest f64 squared norms of the whole rows of stored elements in
+/// `bytes` (+inf and 0 for none).
+fn squared_norm_range(bytes: &[u8], precision: StoragePrecision, dim: usize) -> (f64, f64) {
     let mut row = Vec::with_capacity(dim);
     bytes
         .chunks_exact(dim * precision.element_bytes())
@@ -60,7 +63,12 @@ pub(super) fn largest_squared_norm(bytes: &[u8], precision: StoragePrecision, di
             crate::exact::elements::widen(stored, precision, &mut row);
             crate::exact::squared_norm_f64(&row)
         })
-        .fold(0.0, f64::max)
+        .fold((f64::INFINITY, 0.0), |(least, largest), n| (least.min(n), largest.max(n)))
+}
+
+/// The largest f64 squared norm of the whole rows of stored elements in `bytes`.
+pub(super) fn largest_squared_norm(bytes: &[u8], precision: StoragePrecision, dim: usize) -> f64 {
+    squared_norm_range(bytes, precision, dim).1
 }
 
 /// `largest` (an f64 squared norm) widened into a bound on what any device computes for it: a
@@ -68,6 +76,13 @@ pub(super) fn largest_squared_norm(bytes: &[u8], precision: StoragePrecision, di
 /// relatively, so this widening keeps the bound above it, rounding to f32 included.
 pub(super) fn device_sq_norm_bound(largest: f64, dim: usize) -> f32 {
     (largest * (1.0 + (dim as f64 + 2.0) * f64::powi(2.0, -22))) as f32
+}
+
+/// `least` (a squared norm, f64 or as a device computed it) narrowed into a bound below both:
+/// the mirror of [`device_sq_norm_bound`], whose margin (four times the device's `dim * 2^-24`)
+/// also covers the rounding to f32. 0 where the margin would reach the whole norm.
+fn device_sq_norm_floor(least: f64, dim: usize) -> f32 {
+    (least * (1.0 - (dim as f64 + 2.0) * f64::powi(2.0, -22))).max(0.0) as f32
 }
 
 /// The launch of `hg_gather` over `count` rows of `row_bytes`: a thread per unit it copies (4,
@@ -138,6 +153,10 @@ pub(crate) struct GpuRows<D: Driver> {
     dead_stale: Mutex<bool>,
     /// At least the largest squared norm of any slot, removed ones included.
     pub(super) max_sq_norm: f32,
+    /// At most the least squared norm of any slot, removed ones included, both as stored
+    /// (f64) and as the device computed it: +inf without rows, 0 where unknown (a streamed
+    /// window's rows). Cosine's rounded f16 filter needs it (`search.rs`).
+    pub(super) least_sq_norm: f32,
     /// Names the rows' contents, slots and removed rows: a new stamp at every change
     /// ([`GpuRows::touch`]). What a search derives from the rows and a filter (its skip words,
     /// the passing rows gathered) is kept under this and the filter's [`SlotSet::stamp`].
@@ -177,6 +196,7 @@ impl<D: Driver> GpuRows<D> {
             dead: SlotSet::default(),
             dead_stale: Mutex::new(false),
             max_sq_norm: 0.0,
+            least_sq_norm: f32::INFINITY,
             rows_stamp: crate::slots::new_stamp(),
             maintenance: Mutex::new(Maintenance {
                 stream,
@@ -284,7 +304,8 @@ impl<D: Driver> GpuRows<D> {
     }
 
     /// Uploads `rows` (whole rows, already validated) into slots starting at `first`, then
-    /// computes their norms on the device and folds them into `max_sq_norm`.
+    /// computes their norms on the device and folds them into `max_sq_norm` and
+    /// `least_sq_norm`.
     fn upload_rows(&mut self, first: usize, rows: Source<'_>) -> Result<()> {
         self.touch();
         let row_bytes = self.row_bytes();
@@ -324,7 +345,7 @@ impl<D: Driver> GpuRows<D> {
             // Only for an append that goes up in one chunk: the bound is of this chunk's rows
             // (rows of over 512 KiB make several chunks of a few rows).
             if count <= HOST_NORM_BOUND_MAX_ROWS && count <= rows_per_chunk {
-                host_bound = Some(stored_sq_norm_bound(&buffer[..bytes], precision, dim));
+                host_bound = Some(stored_sq_norm_bounds(&buffer[..bytes], precision, dim));
             }
             let offset = (first + start) * row_bytes;
             driver.upload(streams[side], rows_ptr + offset as u64, buffer, bytes)?;
@@ -352,21 +373,23 @@ impl<D: Driver> GpuRows<D> {
         // The uploads from both staging buffers finish before one is reused (or regrown), and
         // the norms before any search reads them (on another stream).
         driver.synchronize(stream)?;
-        if let Some(bound) = host_bound {
+        if let Some((least, largest)) = host_bound {
             drop(guard);
-            self.max_sq_norm = self.max_sq_norm.max(bound);
+            self.max_sq_norm = self.max_sq_norm.max(largest);
+            self.least_sq_norm = self.least_sq_norm.min(least);
             return Ok(());
         }
         let host = staging[0].get(&driver, count * 4)?;
         driver.download(stream, host, norms_ptr + (first * 4) as u64, count * 4)?;
         driver.synchronize(stream)?;
-        let max = host[..count * 4]
+        let (least, max) = host[..count * 4]
             .chunks_exact(4)
             .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            .fold(0f32, f32::max);
+            .fold((f32::INFINITY, 0f32), |(least, max), n| (least.min(n), max.max(n)));
         drop(guard);
         // Widened a little so bounds built on it stay bounds after rounding.
         self.max_sq_norm = self.max_sq_norm.max(max * (1.0 + 1e-6));
+        self.least_sq_norm = self.least_sq_norm.min(device_sq_norm_floor(f64::from(least), dim));
         Ok(())
     }
 
@@ -484,6 +507,7 @@ impl<D: Driver> GpuRows<D> {
         rows.len = keep.len();
         rows.dead.reset(keep.len());
         rows.max_sq_norm = self.max_sq_norm;
+        rows.least_sq_norm = self.least_sq_norm;
         Ok(rows)
     }
 
@@ -577,6 +601,8 @@ impl<D: Driver> GpuRows<D> {
         self.dead = dead;
         self.dead.cover(self.capacity());
         self.max_sq_norm = max_sq_norm;
+        // Unknown: the streamed store bounds its rows' norms above only.
+        self.least_sq_norm = 0.0;
         Ok(())
     }
 
@@ -744,6 +770,7 @@ impl<D: Driver> RowStore for GpuRows<D> {
         self.len = 0;
         self.dead = SlotSet::default();
         self.max_sq_norm = 0.0;
+        self.least_sq_norm = f32::INFINITY;
         if let Ok(mut stale) = self.dead_stale.lock() {
             *stale = false;
         }
@@ -986,9 +1013,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_host_norm_bound_is_above_every_f32_sum_a_device_may_compute() {
+    fn the_host_norm_bounds_hold_every_f32_sum_a_device_may_compute_between_them() {
         // Rows whose squares span many exponents, so that f32 sums in any order round; each
-        // order's sum must stay under the bound (it is what every gate over the rows rests on).
+        // order's sum must stay under the bound (it is what every gate over the rows rests on)
+        // and over the floor (cosine's rounded filter divides by it), and so must the f64 sum.
         let mut state = 12345u64;
         let mut next = || {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -1005,7 +1033,7 @@ mod tests {
                 };
                 let mut stored = vec![0u8; values.len() * precision.element_bytes()];
                 crate::exact::elements::narrow_into(&values, precision, &mut stored);
-                let bound = stored_sq_norm_bound(&stored, precision, dim);
+                let (floor, bound) = stored_sq_norm_bounds(&stored, precision, dim);
                 let mut widened = Vec::new();
                 crate::exact::elements::widen(&stored, precision, &mut widened);
                 for row in widened.chunks_exact(dim) {
@@ -1016,8 +1044,20 @@ mod tests {
                     let largest_first: f32 = sorted.iter().sum();
                     for sum in [forward, backward, largest_first] {
                         assert!(sum <= bound, "{precision:?} dim {dim}: {sum} over {bound}");
+                        assert!(sum >= floor, "{precision:?} dim {dim}: {sum} under {floor}");
                     }
+                    let exact = crate::exact::squared_norm_f64(row);
+                    assert!(exact >= f64::from(floor), "{precision:?} dim {dim}: {exact} under {floor}");
                 }
+                // Not merely 0: within a hair of the least row's norm.
+                let least = widened
+                    .chunks_exact(dim)
+                    .map(crate::exact::squared_norm_f64)
+                    .fold(f64::INFINITY, f64::min);
+                assert!(
+                    f64::from(floor) >= least * 0.999,
+                    "{precision:?} dim {dim}: floor {floor}, least {least}"
+                );
             }
         }
     }

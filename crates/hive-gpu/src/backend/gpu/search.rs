@@ -706,7 +706,9 @@ impl<D: Driver> GpuRows<D> {
     /// The tensor-core path of the fused filter for a batch that would take `path`, if the
     /// device has the kernels and the batch suits them. Exact and fast f32 batches round the
     /// rows to f16 on the device (`RoundedF16`: half TF32's band, half its tensor-core work;
-    /// L2 and dot product, dimension a multiple of 8), else run on TF32: the gate's band and
+    /// dimension a multiple of 8; cosine where no stored row is so much shorter than the
+    /// longest that its rounding floor matters, see [`Self::cosine_rounds`]), else run on
+    /// TF32: the gate's band and
     /// the f64 re-rank keep them exact, and queries whose band overflowed re-run on plain f32
     /// GEMMs. `Tuning::fused` turns the filter off and `Tuning::f16_filter` keeps f32 rows on
     /// TF32; `Tuning::fused_min_rows` is the size from which it runs (tests use 1), and
@@ -728,11 +730,15 @@ impl<D: Driver> GpuRows<D> {
             return None;
         }
         // Rows no scale brings into f16's range (a norm that overflowed f32) stay on TF32.
-        let rounded_path = Approximation::RoundedF16 { scale: 1.0, row_scale: self.row_scale() };
+        let rounded_path = Approximation::RoundedF16 {
+            scale: 1.0,
+            row_scale: self.row_scale(),
+            least_row_norm: self.least_row_norm(),
+        };
         // The shared-memory check takes the in-filter conversion's size, the larger of the two
         // (the copy may not fit the device's memory at search time): where it does not fit,
         // TF32 may.
-        let rounded = metric != GpuDistanceMetric::Cosine
+        let rounded = (metric != GpuDistanceMetric::Cosine || self.cosine_rounds())
             && self.dim.is_multiple_of(8)
             && self.largest_component() * self.row_scale() <= 32768.0
             && self.mma_shared_bytes(rounded_path) <= self.driver().max_shared_bytes()
@@ -775,6 +781,21 @@ impl<D: Driver> GpuRows<D> {
     /// largest component (at most the largest norm) lands at or below 2^15.
     fn row_scale(&self) -> f64 {
         bounds::f16_scale_below(self.largest_component())
+    }
+
+    /// A lower bound on every stored row's norm (removed rows included; 0 where unknown).
+    fn least_row_norm(&self) -> f64 {
+        f64::from(self.least_sq_norm).sqrt()
+    }
+
+    /// Whether cosine batches may round the rows to f16: the rounding's absolute floor (f16
+    /// subnormals, 2^-25 of a scaled component), which cosine divides by each row's norm, adds
+    /// at most 2^-14 to the band of a unit query, a sixteenth of the rounding's relative
+    /// error (2^-10). The rows' norms then span at most about 2^26 / sqrt(dim); a collection
+    /// with rows nearer zero, or whose least norm is unknown, stays on TF32.
+    fn cosine_rounds(&self) -> bool {
+        let floor = 2f64.powi(-25) * (self.dim as f64).sqrt() / (self.row_scale() * self.least_row_norm());
+        floor <= 2f64.powi(-14)
     }
 
     /// An upper bound on every stored component: the largest norm, widened for its f32
