@@ -43,6 +43,15 @@ pub struct Tuning {
     /// The largest f16 copy of the f32 rows one CUDA search makes for the f16 filter, in bytes;
     /// 0: no copy, the filter rounds every staged step itself. `HIVE_GPU_ROUNDED_COPY_BYTES`.
     pub rounded_copy_bytes: usize,
+    /// A CUDA batch (piece) of fewer queries than this rounds f32 rows inside the f16 filter
+    /// instead of making the copy (`rounded_copy_bytes`): one tile of 128 queries reads the
+    /// rows once either way, so the copy's extra pass is pure cost (tests use 0).
+    /// `HIVE_GPU_ROUNDED_COPY_MIN_QUERIES`.
+    pub rounded_copy_min_queries: usize,
+    /// Result entries (queries x k) of one flat search from which its host results are built
+    /// on the library's pool rather than the calling thread (at least 1).
+    /// `HIVE_GPU_PARALLEL_RESULTS`.
+    pub parallel_results: usize,
     /// Re-ranked lists of the radix path at least this long are cut to their k best by a linear
     /// selection before they are sorted (at least 1; tests use 1). `HIVE_GPU_SELECT_MIN`.
     pub select_min_candidates: usize,
@@ -186,15 +195,21 @@ impl Default for Tuning {
             own_gemm: false,
             fused: true,
             fused_min_rows: 131_072,
-            // On the H100 over 100k x 128 (docs/PERFORMANCE.md, the shape sweep): pieces of
-            // 2,000 queries ran 1.53x faster on the fused filter than on cuBLAS tiles (2e8), one
-            // batch of 1,000 8-23% faster (1e8), and 100 queries 1.8x slower (1e7).
-            fused_min_work: 100_000_000,
+            // 100 queries over 100k rows (1e7) ran 5-42% faster on the fused filter than on
+            // cuBLAS tiles on the H200 since its thresholds come from the device
+            // (docs/PERFORMANCE.md, "Cosine on the rounded filter"); before that, on the H100,
+            // 1.8x slower.
+            fused_min_work: 10_000_000,
             fused_tiles: 32,
             // Two blocks of the f16 filter fit a multiprocessor at d = 128: 8 is four waves.
             fused_blocks_per_sm: 8,
             f16_filter: true,
             rounded_copy_bytes: 512 << 20,
+            // One query tile (100 queries) over 1M rows at d 64-128 ran 15-23% faster without
+            // the copy, eight tiles (1,000) 2-14% faster with it (H200, docs/PERFORMANCE.md,
+            // "Cosine on the rounded filter"); two tiles were not measured.
+            rounded_copy_min_queries: 256,
+            parallel_results: crate::backend::PARALLEL_RESULTS,
             select_min_candidates: 8192,
             tile_queries: 4096,
             tile_bytes: 256 << 20,
@@ -307,12 +322,14 @@ impl Tuning {
         switch("HIVE_GPU_CPU_PACKED_LISTS", &mut t.cpu_packed_lists)?;
         switch("HIVE_GPU_NEAREST_KERNEL", &mut t.nearest_kernel)?;
         switch("HIVE_GPU_DEVICE_MERGE", &mut t.device_merge)?;
-        let sizes: [(&str, usize, &mut usize); 27] = [
+        let sizes: [(&str, usize, &mut usize); 29] = [
             ("HIVE_GPU_FUSED_MIN_ROWS", 1, &mut t.fused_min_rows),
             ("HIVE_GPU_FUSED_MIN_WORK", 1, &mut t.fused_min_work),
             ("HIVE_GPU_FUSED_TILES", 1, &mut t.fused_tiles),
             ("HIVE_GPU_FUSED_BLOCKS_PER_SM", 0, &mut t.fused_blocks_per_sm),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", 0, &mut t.rounded_copy_bytes),
+            ("HIVE_GPU_ROUNDED_COPY_MIN_QUERIES", 0, &mut t.rounded_copy_min_queries),
+            ("HIVE_GPU_PARALLEL_RESULTS", 1, &mut t.parallel_results),
             ("HIVE_GPU_SELECT_MIN", 1, &mut t.select_min_candidates),
             ("HIVE_GPU_TILE_QUERIES", 1, &mut t.tile_queries),
             ("HIVE_GPU_TILE_BYTES", 1, &mut t.tile_bytes),
@@ -371,6 +388,8 @@ mod tests {
             ("HIVE_GPU_FUSED_MIN_WORK", "77"),
             ("HIVE_GPU_FUSED_BLOCKS_PER_SM", "0"),
             ("HIVE_GPU_ROUNDED_COPY_BYTES", "0"),
+            ("HIVE_GPU_ROUNDED_COPY_MIN_QUERIES", "0"),
+            ("HIVE_GPU_PARALLEL_RESULTS", "9"),
             ("HIVE_GPU_TILE_ROWS", "512"),
             ("HIVE_GPU_WGPU_SUBGROUPS", "0"),
             ("HIVE_GPU_LIST_SCAN", "0"),
@@ -401,6 +420,7 @@ mod tests {
         assert_eq!(t.refine_batch_candidates, 0);
         assert_eq!((t.fused_min_rows, t.rounded_copy_bytes, t.tile_rows), (1, 0, Some(512)));
         assert_eq!((t.fused_min_work, t.fused_blocks_per_sm), (77, 0));
+        assert_eq!((t.rounded_copy_min_queries, t.parallel_results), (0, 9));
         assert_eq!((t.device_rows_bytes, t.stream_window_bytes), (Some(4096), 1024));
         assert_eq!((t.cpu_bf16_min_rows, t.cpu_here_products), (0, 0));
         assert_eq!((t.small_search_rows, t.small_piece_workers), (0, 6));

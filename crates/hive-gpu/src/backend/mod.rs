@@ -126,7 +126,9 @@ pub(crate) fn nearest_by_knn<S: RowStore + ?Sized>(store: &S, points: &[f32]) ->
 }
 
 /// Result counts (queries x k) from which turning a search's results into host structures is
-/// spread over threads: at 10k queries x k = 100 that is a million small allocations.
+/// spread over threads: at 10k queries x k = 100 that is a million small allocations. The
+/// default of `Tuning::parallel_results` (a flat search's public results), and the count where
+/// no tuning reaches (the engines' own lists, merges, padding).
 pub(crate) const PARALLEL_RESULTS: usize = 1 << 14;
 
 /// Whether `HIVE_GPU_PROFILE=1` asks searches to report their phase times on stderr (read once

@@ -1,7 +1,7 @@
 //! Exact (brute-force) search: validation, the backend's fused k-NN, and the one place where
 //! canonical distances become the metric's public score.
 
-use crate::backend::{MergeBuffer, Neighbor, PARALLEL_RESULTS, profiling};
+use crate::backend::{MergeBuffer, Neighbor, profiling};
 use crate::collection::{Collection, Subject, check_values};
 use crate::error::{HiveGpuError, Result};
 use crate::exec::Pieces;
@@ -41,7 +41,7 @@ pub(crate) fn search(
         return Ok(vec![Vec::new(); plan.nq]);
     }
     let pieces = search_pieces(&[collection], queries, &plan, |_, _, neighbours| {
-        to_results(collection, neighbours, plan.k, with_payload)
+        to_results(collection, neighbours, plan.k, with_payload, tuning.parallel_results)
     })?;
     Ok(pieces.into_iter().flatten().collect())
 }
@@ -136,7 +136,7 @@ pub(crate) fn search_results_across(
     search_pieces(members, queries, &plan, |i, member, neighbours| {
         let taken = rows[i].lock().ok().and_then(|mut r| r.take());
         let piece = taken.ok_or_else(|| HiveGpuError::Internal(format!("piece {i} written twice")))?;
-        to_columns(member, neighbours, piece)
+        to_columns(member, neighbours, piece, tuning.parallel_results)
     })?;
     drop(rows);
     Ok(())
@@ -562,12 +562,14 @@ impl Timeline {
     }
 }
 
-/// The public results of one piece's neighbours.
+/// The public results of one piece's neighbours, built on the library's pool from
+/// `parallel_from` entries (`Tuning::parallel_results`).
 fn to_results(
     collection: &Collection,
     neighbours: Vec<Vec<Neighbor>>,
     k: usize,
     with_payload: bool,
+    parallel_from: usize,
 ) -> Result<Vec<Vec<GpuSearchResult>>> {
     let config = *collection.config();
     let began = std::time::Instant::now();
@@ -588,7 +590,7 @@ fn to_results(
             })
             .collect()
     };
-    let results = if neighbours.len() * k >= PARALLEL_RESULTS {
+    let results = if neighbours.len() * k >= parallel_from {
         crate::exec::run(|| neighbours.into_par_iter().map(one).collect())?
     } else {
         neighbours.into_iter().map(one).collect()
@@ -622,9 +624,14 @@ struct RowMut<'a> {
 
 /// Writes one piece's neighbours into its rows of the flat arrays, rows in parallel for a big
 /// piece.
-fn to_columns(collection: &Collection, neighbours: Vec<Vec<Neighbor>>, rows: RowsMut<'_>) -> Result<()> {
+fn to_columns(
+    collection: &Collection,
+    neighbours: Vec<Vec<Neighbor>>,
+    rows: RowsMut<'_>,
+    parallel_from: usize,
+) -> Result<()> {
     let began = std::time::Instant::now();
-    fill_columns(collection.config().metric, &neighbours, rows, |n: &Neighbor| {
+    fill_columns(collection.config().metric, &neighbours, rows, parallel_from, |n: &Neighbor| {
         let (id, metadata, payload) = collection
             .entry(n.slot)
             .ok_or_else(|| HiveGpuError::Internal(format!("backend returned removed slot {}", n.slot)))?;
@@ -637,11 +644,12 @@ fn to_columns(collection: &Collection, neighbours: Vec<Vec<Neighbor>>, rows: Row
 }
 
 /// Writes `lists[q]` into row `q` of `rows`, each neighbour shown as `resolve` says; rows in
-/// parallel (on the library's pool) when there are many entries.
+/// parallel (on the library's pool) from `parallel_from` entries.
 pub(crate) fn fill_columns<'c, N: Sync>(
     metric: GpuDistanceMetric,
     lists: &[Vec<N>],
     rows: RowsMut<'_>,
+    parallel_from: usize,
     resolve: impl Fn(&N) -> Result<Resolved<'c>> + Sync,
 ) -> Result<()> {
     let RowsMut { k, lens, slots, ids, scores, metadata, payloads } = rows;
@@ -687,7 +695,7 @@ pub(crate) fn fill_columns<'c, N: Sync>(
         Ok(())
     };
     let rows = lens.len();
-    if rows * k >= PARALLEL_RESULTS {
+    if rows * k >= parallel_from {
         let metadata_rows: Vec<Option<&mut [Arc<Metadata>]>> = match metadata {
             Some(m) => m.chunks_mut(k).map(Some).collect(),
             None => (0..rows).map(|_| None).collect(),

@@ -606,7 +606,7 @@ fn fill_merged(
     let merged_at = began.elapsed();
     let rows =
         results.split_rows(&[nq]).pop().ok_or_else(|| HiveGpuError::Internal("no rows to fill".into()))?;
-    fill_columns(config.metric, merged, rows, |p: &Placed| {
+    fill_columns(config.metric, merged, rows, PARALLEL_RESULTS, |p: &Placed| {
         let (id, metadata, payload) =
             collections[p.shard as usize].entry(p.neighbour.slot).ok_or_else(|| {
                 HiveGpuError::Internal(format!(

@@ -154,8 +154,9 @@ pub(crate) struct GpuRows<D: Driver> {
     /// At least the largest squared norm of any slot, removed ones included.
     pub(super) max_sq_norm: f32,
     /// At most the least squared norm of any slot, removed ones included, both as stored
-    /// (f64) and as the device computed it: +inf without rows, 0 where unknown (a streamed
-    /// window's rows). Cosine's rounded f16 filter needs it (`search.rs`).
+    /// (f64) and as the device computed it: +inf before any row is stored, 0 where unknown (a
+    /// streamed window's rows). It never rises while rows are removed (the bound stays a
+    /// bound), only at `clear`. Cosine's rounded f16 filter needs it (`search.rs`).
     pub(super) least_sq_norm: f32,
     /// Names the rows' contents, slots and removed rows: a new stamp at every change
     /// ([`GpuRows::touch`]). What a search derives from the rows and a filter (its skip words,

@@ -1552,16 +1552,18 @@ impl<D: Driver> GpuRows<D> {
                 let rows = if inputs.product_rows == 0 { rows } else { inputs.product_rows };
                 (tensor.f16, inputs.half, 2u64, rows, 2)
             }
-            Approximation::RoundedF16 { row_scale, .. } => match self.rounded_rows(ws, rows, row_scale)? {
-                Some(copy) => (tensor.f16, inputs.half, 2, copy, 2),
-                // bf16 rows have nothing for the filter to convert: without room for their
-                // copy, the own tiles (whose f32 error is inside this path's band).
-                None if self.precision == StoragePrecision::Bf16 => {
-                    let path = Approximation::GemmF32;
-                    return self.tile_path(ws, inputs, nq, k, metric, path, outputs, profile);
+            Approximation::RoundedF16 { row_scale, .. } => {
+                match self.rounded_rows(ws, rows, row_scale, nq)? {
+                    Some(copy) => (tensor.f16, inputs.half, 2, copy, 2),
+                    // bf16 rows have nothing for the filter to convert: without room for their
+                    // copy, the own tiles (whose f32 error is inside this path's band).
+                    None if self.precision == StoragePrecision::Bf16 => {
+                        let path = Approximation::GemmF32;
+                        return self.tile_path(ws, inputs, nq, k, metric, path, outputs, profile);
+                    }
+                    None => (tensor.f32h, inputs.half, 2, rows, 4),
                 }
-                None => (tensor.f32h, inputs.half, 2, rows, 4),
-            },
+            }
             _ => (tensor.tf32, inputs.approx, 4, rows, 4),
         };
         let row_scale = match path {
@@ -1612,27 +1614,33 @@ impl<D: Driver> GpuRows<D> {
         Ok(())
     }
 
-    /// The rows scaled by `row_scale` and rounded to f16 in `ws`, for the f16 filter, if the
-    /// copy fits `Tuning::rounded_copy_bytes` and the device's memory.
-    /// One pass over the rows per search costs less than converting every staged step in
-    /// every block of the filter (which re-reads the rows once per 128 queries); beyond the
-    /// budget, or with too little memory, the filter converts in place (`f32h`).
+    /// The rows scaled by `row_scale` and rounded to f16 in `ws`, for the f16 filter over `nq`
+    /// queries, if the copy fits `Tuning::rounded_copy_bytes` and the device's memory and the
+    /// batch has `Tuning::rounded_copy_min_queries` (bf16 rows, which the filter cannot
+    /// convert, always copy). One pass over the rows per search costs less than converting
+    /// every staged step in every block of the filter, which re-reads the rows once per 128
+    /// queries; but a batch of one such tile reads them once either way, and the copy's pass
+    /// (4 bytes read and 2 written per value) then doubles the traffic. Beyond the budget,
+    /// with too little memory, or for few queries, the filter converts in place (`f32h`).
     fn rounded_rows(
         &self,
         ws: &mut Workspace<D>,
         rows: DevicePtr,
         row_scale: f64,
+        nq: usize,
     ) -> Result<Option<DevicePtr>> {
         let Some(tensor) = self.device.kernels.tensor.as_ref() else {
             return Ok(None);
         };
+        let bf16 = self.precision == StoragePrecision::Bf16;
         // Unlike the other sizes, 0 is a setting here: no copy.
-        if self.len * self.dim * 2 > self.tuning.rounded_copy_bytes {
+        if self.len * self.dim * 2 > self.tuning.rounded_copy_bytes
+            || (nq < self.tuning.rounded_copy_min_queries && !bf16)
+        {
             return Ok(None);
         }
         let Some((copy, quads, launch)) = self.f16_copy_buffer(ws)? else { return Ok(None) };
-        let kernel =
-            if self.precision == StoragePrecision::Bf16 { tensor.round_bf16_rows } else { tensor.round_rows };
+        let kernel = if bf16 { tensor.round_bf16_rows } else { tensor.round_rows };
         self.device.launch(
             &ws.stream,
             kernel,
