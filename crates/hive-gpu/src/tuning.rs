@@ -44,12 +44,15 @@ pub struct Tuning {
     /// 0: no copy, the filter rounds every staged step itself. `HIVE_GPU_ROUNDED_COPY_BYTES`.
     pub rounded_copy_bytes: usize,
     /// A CUDA batch (piece) of fewer queries than this rounds f32 rows inside the f16 filter
-    /// instead of making the copy (`rounded_copy_bytes`): one tile of 128 queries reads the
-    /// rows once either way, so the copy's extra pass is pure cost (tests use 0).
-    /// `HIVE_GPU_ROUNDED_COPY_MIN_QUERIES`.
+    /// instead of making the copy (`rounded_copy_bytes`; bf16 rows always copy). Without the
+    /// copy every tile of 128 queries reads 4 bytes a value; the copy reads 4 and writes 2 once,
+    /// then every tile reads 2: the two break even at three tiles, so up to two the copy saves
+    /// nothing (tests use 0). Counted in queries, so a `tile_queries` below 128 (many small
+    /// launches) makes the copy pay earlier than this says. `HIVE_GPU_ROUNDED_COPY_MIN_QUERIES`.
     pub rounded_copy_min_queries: usize,
-    /// Result entries (queries x k) of one flat search from which its host results are built
-    /// on the library's pool rather than the calling thread (at least 1).
+    /// Result entries (queries x k) of one piece of a flat search (a whole batch up to
+    /// `piece_queries`; a sharded search's merged lists) from which its public results are
+    /// built on the library's pool rather than the calling thread (at least 1).
     /// `HIVE_GPU_PARALLEL_RESULTS`.
     pub parallel_results: usize,
     /// Re-ranked lists of the radix path at least this long are cut to their k best by a linear

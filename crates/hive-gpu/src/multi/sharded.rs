@@ -557,7 +557,7 @@ fn search_shards(
         let merged = buffer.merge()?;
         let placed = placed_from(&merged, nq, key)?;
         let at = (began, searched_at, "device");
-        return fill_merged(config, collections, &placed, merged.k, options, at);
+        return fill_merged(config, shards, collections, &placed, merged.k, options, at);
     }
     let found: Vec<Result<(usize, Vec<Vec<Neighbor>>)>> =
         on_each(collections.iter().zip(shards).collect(), |_, (collection, shard)| {
@@ -582,7 +582,7 @@ fn search_shards(
         (0..nq).map(merge_one).collect()
     };
     drop(found);
-    fill_merged(config, collections, &merged, k, options, (began, searched_at, "host"))
+    fill_merged(config, shards, collections, &merged, k, options, (began, searched_at, "host"))
 }
 
 /// Results of the shards' lists merged: `k` columns, each query's list at most `k` long (an
@@ -591,6 +591,7 @@ fn search_shards(
 /// profile.
 fn fill_merged(
     config: &StorageConfig,
+    shards: &[GpuVectorStorage],
     collections: &[&Collection],
     merged: &[Vec<Placed>],
     k: usize,
@@ -606,7 +607,9 @@ fn fill_merged(
     let merged_at = began.elapsed();
     let rows =
         results.split_rows(&[nq]).pop().ok_or_else(|| HiveGpuError::Internal("no rows to fill".into()))?;
-    fill_columns(config.metric, merged, rows, PARALLEL_RESULTS, |p: &Placed| {
+    // The first shard's knob, as for the device merge (the shards share one context's).
+    let parallel_from = shards.first().map_or(PARALLEL_RESULTS, |s| s.tuning.parallel_results);
+    fill_columns(config.metric, merged, rows, parallel_from, |p: &Placed| {
         let (id, metadata, payload) =
             collections[p.shard as usize].entry(p.neighbour.slot).ok_or_else(|| {
                 HiveGpuError::Internal(format!(

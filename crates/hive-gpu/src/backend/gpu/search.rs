@@ -1621,7 +1621,8 @@ impl<D: Driver> GpuRows<D> {
     /// every staged step in every block of the filter, which re-reads the rows once per 128
     /// queries; but a batch of one such tile reads them once either way, and the copy's pass
     /// (4 bytes read and 2 written per value) then doubles the traffic. Beyond the budget,
-    /// with too little memory, or for few queries, the filter converts in place (`f32h`).
+    /// with too little memory, or for few queries, the filter converts f32 rows in place
+    /// (`f32h`); bf16 rows without their copy take the f32 tiles (`fused_path`).
     fn rounded_rows(
         &self,
         ws: &mut Workspace<D>,
